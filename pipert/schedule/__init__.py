@@ -1,0 +1,9 @@
+"""Schedule IR: actions, schedules, placement, lowering and validation."""
+from .action import (Action, Op, Payload, ScheduleFormatError, parse_action, COMPUTE_OPS, P2P_OPS,
+                     COLLECTIVE_OPS, MEMORY_OPS, BACKWARD_OPS)
+from .schedule import Placement, Schedule
+from .lowering import lower, add_optimizer_steps
+
+__all__ = ["Action", "Op", "Payload", "ScheduleFormatError", "parse_action", "Placement", "Schedule",
+           "lower", "add_optimizer_steps", "COMPUTE_OPS", "P2P_OPS", "COLLECTIVE_OPS", "MEMORY_OPS",
+           "BACKWARD_OPS"]

@@ -1,0 +1,231 @@
+"""One action of a schedule, and its text form.
+
+Text grammar (tokens separated by spaces, in this order, optional ones omitted)::
+
+    OP [PAYLOAD] [uU] [mM[,M...]] [sI/N] [->PEER | <-PEER] [@R,R,...] [^ROOT] [#TAG]
+    WAIT <text of the SEND or RECV it completes>
+
+Examples: ``F u3 m2``, ``B u0 m0,1``, ``SEND act u3 m2 ->1``, ``RECV grad u3 m2 <-2``,
+``BROADCAST weight u5 @3,4,5 ^4``, ``OPT u2``, ``WAIT RECV act u3 m2 <-0``.
+``parse(str(a)) == a`` holds for every valid action.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+__all__ = [
+    "Op", "Payload", "Action", "parse_action", "ScheduleFormatError",
+    "COMPUTE_OPS", "P2P_OPS", "COLLECTIVE_OPS", "MEMORY_OPS", "BACKWARD_OPS",
+]
+
+
+class ScheduleFormatError(ValueError):
+    """A schedule, action text or schedule file that does not follow the format."""
+
+
+class Op(str, Enum):
+    F = "F"                      # forward of one unit for one micro-batch (or a fold)
+    B = "B"                      # full backward: input grad and weight grad
+    D = "D"                      # input-grad only (zero-bubble "B" pass)
+    W = "W"                      # weight-grad only; needs the D of the same (unit, mb) first
+    OPT = "OPT"                  # optimizer step for one unit (or all units the rank owns)
+    RECOMPUTE = "RECOMPUTE"      # forward again to rebuild what backward needs
+    SEND = "SEND"
+    RECV = "RECV"
+    WAIT = "WAIT"                # completes an earlier SEND/RECV with the same fields
+    ALLGATHER = "ALLGATHER"
+    REDUCESCATTER = "REDUCESCATTER"
+    ALLREDUCE = "ALLREDUCE"
+    BROADCAST = "BROADCAST"
+    REDUCE = "REDUCE"
+    FREE = "FREE"
+    OFFLOAD = "OFFLOAD"
+    PREFETCH = "PREFETCH"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Payload(str, Enum):
+    ACT = "act"        # output activation of a unit
+    GRAD = "grad"      # gradient w.r.t. the output activation of a unit
+    WEIGHT = "weight"  # the parameters of a unit
+    WGRAD = "wgrad"    # an accumulated weight-gradient of a unit
+
+    def __str__(self) -> str:
+        return self.value
+
+
+COMPUTE_OPS = frozenset({Op.F, Op.B, Op.D, Op.W, Op.OPT, Op.RECOMPUTE})
+BACKWARD_OPS = frozenset({Op.B, Op.D, Op.W})
+P2P_OPS = frozenset({Op.SEND, Op.RECV})
+COLLECTIVE_OPS = frozenset({Op.ALLGATHER, Op.REDUCESCATTER, Op.ALLREDUCE, Op.BROADCAST, Op.REDUCE})
+MEMORY_OPS = frozenset({Op.FREE, Op.OFFLOAD, Op.PREFETCH})
+_ROOTED = frozenset({Op.BROADCAST, Op.REDUCE})
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One step of one rank's program.
+
+    Invariants (checked in ``__post_init__``): compute ops other than OPT name a unit and
+    at least one micro-batch; SEND/RECV name a payload and a peer; collectives name a
+    payload and a group; WAIT names the op it completes in ``waits``.
+    """
+
+    op: Op
+    unit: int | None = None
+    mb: tuple[int, ...] = ()
+    payload: Payload | None = None
+    peer: int | None = None
+    group: tuple[int, ...] = ()
+    root: int | None = None
+    tag: int = 0
+    sub: tuple[int, int] | None = None
+    waits: Op | None = None
+    _h: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.op, Op):
+            object.__setattr__(self, "op", Op(self.op))
+        if self.payload is not None and not isinstance(self.payload, Payload):
+            object.__setattr__(self, "payload", Payload(self.payload))
+        if isinstance(self.mb, int):
+            object.__setattr__(self, "mb", (self.mb,))
+        elif not isinstance(self.mb, tuple):
+            object.__setattr__(self, "mb", tuple(self.mb))
+        if not isinstance(self.group, tuple):
+            object.__setattr__(self, "group", tuple(self.group))
+        if self.waits is not None and not isinstance(self.waits, Op):
+            object.__setattr__(self, "waits", Op(self.waits))
+        if self.sub is not None:
+            object.__setattr__(self, "sub", tuple(self.sub))
+        self._check()
+        object.__setattr__(self, "_h", hash((self.op, self.unit, self.mb, self.payload, self.peer,
+                                              self.group, self.root, self.tag, self.sub, self.waits)))
+
+    def __hash__(self) -> int:
+        return self._h
+
+    def _check(self) -> None:
+        op = self.op
+        where = f"action {op.value}"
+        if op in COMPUTE_OPS and op is not Op.OPT:
+            if self.unit is None or not self.mb:
+                raise ScheduleFormatError(f"{where}: compute actions need a unit and a micro-batch")
+        if op is Op.WAIT:
+            if self.waits not in P2P_OPS:
+                raise ScheduleFormatError(f"{where}: WAIT must complete a SEND or RECV, got {self.waits}")
+        elif self.waits is not None:
+            raise ScheduleFormatError(f"{where}: only WAIT may name an op to wait for")
+        if op in P2P_OPS or op is Op.WAIT:
+            if self.payload is None or self.peer is None or self.unit is None:
+                raise ScheduleFormatError(f"{where}: point-to-point actions need a payload, a unit and a peer")
+        if op in COLLECTIVE_OPS:
+            if self.payload is None or len(self.group) < 1 or self.unit is None:
+                raise ScheduleFormatError(f"{where}: collectives need a payload, a unit and a group")
+            if (op in _ROOTED) != (self.root is not None):
+                raise ScheduleFormatError(f"{where}: BROADCAST and REDUCE (only) take a root")
+            if self.root is not None and self.root not in self.group:
+                raise ScheduleFormatError(f"{where}: root {self.root} is not in group {self.group}")
+        if op in MEMORY_OPS and (self.payload is None or self.unit is None):
+            raise ScheduleFormatError(f"{where}: memory actions need a payload and a unit")
+        if self.peer is not None and op not in P2P_OPS and op is not Op.WAIT:
+            raise ScheduleFormatError(f"{where}: only SEND/RECV/WAIT take a peer")
+        if self.sub is not None and not (len(self.sub) == 2 and 0 <= self.sub[0] < self.sub[1]):
+            raise ScheduleFormatError(f"{where}: sub-block must be (index, count) with 0 <= index < count")
+        if any(m < 0 for m in self.mb) or (self.unit is not None and self.unit < 0):
+            raise ScheduleFormatError(f"{where}: unit and micro-batch indices must be >= 0")
+
+    # --- derived views -------------------------------------------------------------
+    @property
+    def is_compute(self) -> bool:
+        return self.op in COMPUTE_OPS
+
+    @property
+    def is_comm(self) -> bool:
+        return self.op in P2P_OPS or self.op in COLLECTIVE_OPS
+
+    @property
+    def key(self) -> tuple:
+        """What a SEND and its RECV must agree on."""
+        return (self.payload, self.unit, self.mb, self.tag)
+
+    def __str__(self) -> str:
+        parts = [self.op.value]
+        if self.op is Op.WAIT:
+            parts.append(self.waits.value)
+        if self.payload is not None:
+            parts.append(self.payload.value)
+        if self.unit is not None:
+            parts.append(f"u{self.unit}")
+        if self.mb:
+            parts.append("m" + ",".join(map(str, self.mb)))
+        if self.sub is not None:
+            parts.append(f"s{self.sub[0]}/{self.sub[1]}")
+        if self.peer is not None:
+            send_like = self.op is Op.SEND or self.waits is Op.SEND
+            parts.append(("->" if send_like else "<-") + str(self.peer))
+        if self.group:
+            parts.append("@" + ",".join(map(str, self.group)))
+        if self.root is not None:
+            parts.append(f"^{self.root}")
+        if self.tag:
+            parts.append(f"#{self.tag}")
+        return " ".join(parts)
+
+
+def _ints(text: str, token: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ScheduleFormatError(f"bad number list in token {token!r}") from None
+
+
+def parse_action(text: str) -> Action:
+    """Parse the text form of an action; raises ScheduleFormatError naming the bad token."""
+    tokens = text.split()
+    if not tokens:
+        raise ScheduleFormatError("empty action text")
+    try:
+        op = Op(tokens[0])
+    except ValueError:
+        allowed = ", ".join(o.value for o in Op)
+        raise ScheduleFormatError(f"unknown op {tokens[0]!r} in {text!r}; allowed: {allowed}") from None
+    kw: dict = {"op": op}
+    rest = tokens[1:]
+    if op is Op.WAIT:
+        if not rest or rest[0] not in ("SEND", "RECV"):
+            raise ScheduleFormatError(f"WAIT must be followed by SEND or RECV in {text!r}")
+        kw["waits"] = Op(rest[0])
+        rest = rest[1:]
+    for tok in rest:
+        try:
+            if tok in Payload._value2member_map_:
+                kw["payload"] = Payload(tok)
+            elif tok[0] == "u":
+                kw["unit"] = int(tok[1:])
+            elif tok[0] == "m":
+                kw["mb"] = _ints(tok[1:], tok)
+            elif tok[0] == "s" and "/" in tok:
+                i, n = tok[1:].split("/")
+                kw["sub"] = (int(i), int(n))
+            elif tok.startswith("->") or tok.startswith("<-"):
+                send_like = op is Op.SEND or kw.get("waits") is Op.SEND
+                if (tok[0] == "-") != send_like:
+                    raise ScheduleFormatError(f"arrow {tok!r} in {text!r}: use ->PEER for SEND, <-PEER for RECV")
+                kw["peer"] = int(tok[2:])
+            elif tok[0] == "@":
+                kw["group"] = _ints(tok[1:], tok)
+            elif tok[0] == "^":
+                kw["root"] = int(tok[1:])
+            elif tok[0] == "#":
+                kw["tag"] = int(tok[1:])
+            else:
+                raise ScheduleFormatError(f"unknown token {tok!r} in {text!r}")
+        except (ValueError, IndexError) as e:
+            if isinstance(e, ScheduleFormatError):
+                raise
+            raise ScheduleFormatError(f"bad token {tok!r} in {text!r}") from None
+    return Action(**kw)

@@ -1,0 +1,95 @@
+"""Lowering: from placement + per-rank compute order to a full program with transfers.
+
+Activation edges: whenever unit u and unit u+1 of one micro-batch run on different ranks,
+the producer rank gets ``SEND act u m ->dst`` right after F(u, m) and the consumer gets
+``RECV act u m <-src`` right before F(u+1, m); gradients flow the same way backwards
+(``grad u`` is the gradient w.r.t. the output of unit u, produced by B/D of unit u+1).
+
+Weight edges (``weights=True``): a rank that computes unit u without owning it receives
+``weight u`` from the owner before its first use and returns its ``wgrad u`` after its
+last backward of u; the owner sends at the start and receives before ``OPT u``. Weight-
+passing generators that route weights through rings or groups emit transfers themselves.
+
+The position of a RECV in the list fixes its order in the rank's receive queue; it is
+posted as soon as the queue reaches it, independent of the compute queue.
+"""
+from __future__ import annotations
+
+from .action import Action, Op, Payload
+from .schedule import Placement, Schedule
+
+__all__ = ["lower", "add_optimizer_steps"]
+
+
+def _mbs(a: Action) -> tuple[int, ...]:
+    return a.mb
+
+
+def _rank_of(placement: Placement, unit: int, mbs: tuple[int, ...]) -> int:
+    ranks = {placement.rank(unit, m) for m in mbs}
+    if len(ranks) != 1:
+        raise ValueError(f"unit {unit} of folded micro-batches {mbs} is placed on several ranks {sorted(ranks)}")
+    return ranks.pop()
+
+
+def add_optimizer_steps(compute: list[list[Action]], placement: Placement) -> list[list[Action]]:
+    """Append ``OPT u`` on each unit's weight owner after its last compute action."""
+    out = [list(c) for c in compute]
+    for u, owner in enumerate(placement.weight_owner):
+        out[owner].append(Action(Op.OPT, unit=u))
+    return out
+
+
+def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, placement: Placement,
+          compute: list[list[Action]], meta: dict | None = None, weights: bool = False) -> Schedule:
+    """Insert the SEND/RECV actions that ``placement`` implies into per-rank compute orders."""
+    last = num_units - 1
+    out: list[list[Action]] = [[] for _ in range(num_ranks)]
+    if weights:
+        first_use, last_bwd = _weight_uses(compute, placement)
+        for (r, u) in sorted(first_use):
+            out[placement.weight_owner[u]].append(Action(Op.SEND, unit=u, payload=Payload.WEIGHT, peer=r))
+    for r, acts in enumerate(compute):
+        prog = out[r]
+        for i, a in enumerate(acts):
+            u, mbs = a.unit, _mbs(a)
+            if a.op is Op.OPT and weights:
+                for (src, uu) in sorted(last_bwd):
+                    if uu == u:
+                        prog.append(Action(Op.RECV, unit=u, payload=Payload.WGRAD, peer=src))
+            if weights and (r, u) in first_use and first_use[(r, u)] == i:
+                prog.append(Action(Op.RECV, unit=u, payload=Payload.WEIGHT, peer=placement.weight_owner[u]))
+            if a.op is Op.F and u > 0:
+                src = _rank_of(placement, u - 1, mbs)
+                if src != r:
+                    prog.append(Action(Op.RECV, unit=u - 1, mb=mbs, payload=Payload.ACT, peer=src))
+            elif a.op in (Op.B, Op.D) and u < last:
+                src = _rank_of(placement, u + 1, mbs)
+                if src != r:
+                    prog.append(Action(Op.RECV, unit=u, mb=mbs, payload=Payload.GRAD, peer=src))
+            prog.append(a)
+            if a.op is Op.F and u < last:
+                dst = _rank_of(placement, u + 1, mbs)
+                if dst != r:
+                    prog.append(Action(Op.SEND, unit=u, mb=mbs, payload=Payload.ACT, peer=dst))
+            elif a.op in (Op.B, Op.D) and u > 0:
+                dst = _rank_of(placement, u - 1, mbs)
+                if dst != r:
+                    prog.append(Action(Op.SEND, unit=u - 1, mb=mbs, payload=Payload.GRAD, peer=dst))
+            if weights and last_bwd.get((r, u)) == i:
+                prog.append(Action(Op.SEND, unit=u, payload=Payload.WGRAD, peer=placement.weight_owner[u]))
+    return Schedule(name, num_ranks, num_units, num_microbatches, placement, out, dict(meta or {}))
+
+
+def _weight_uses(compute: list[list[Action]], placement: Placement) -> tuple[dict, dict]:
+    """(rank, unit) -> index of first compute / last weight-gradient compute, off-owner only."""
+    first: dict[tuple[int, int], int] = {}
+    last_bwd: dict[tuple[int, int], int] = {}
+    for r, acts in enumerate(compute):
+        for i, a in enumerate(acts):
+            if a.unit is None or a.op is Op.OPT or placement.weight_owner[a.unit] == r:
+                continue
+            first.setdefault((r, a.unit), i)
+            if a.op in (Op.B, Op.W):
+                last_bwd[(r, a.unit)] = i
+    return first, last_bwd

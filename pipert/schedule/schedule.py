@@ -1,0 +1,184 @@
+"""Schedule and Placement: per-rank action lists plus where work and weights live."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from .action import Action, Op, ScheduleFormatError, parse_action
+
+__all__ = ["Placement", "Schedule", "FORMAT_NAME", "FORMAT_VERSION"]
+
+FORMAT_NAME = "pipert.schedule"
+FORMAT_VERSION = 1
+_KINDS = ("unit", "microbatch", "table")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each (unit, micro-batch) computes and which rank holds each unit's weights.
+
+    kind "unit": ``ranks[u]`` (activation passing: 1F1B, ZB, interleaved, CrossPipe);
+    kind "microbatch": ``ranks[m]`` (weight passing: WeiPipe, TawPipe);
+    kind "table": ``ranks[u][m]`` (anything else, e.g. HelixPipe attention units).
+    ``weight_owner[u]`` is the rank that keeps unit u's master weights and optimizer state.
+    """
+
+    kind: str
+    ranks: tuple
+    weight_owner: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ScheduleFormatError(f"placement kind {self.kind!r} unknown; allowed: {', '.join(_KINDS)}")
+        object.__setattr__(self, "ranks", tuple(tuple(r) if isinstance(r, (list, tuple)) else r
+                                                for r in self.ranks))
+        object.__setattr__(self, "weight_owner", tuple(self.weight_owner))
+
+    @staticmethod
+    def by_unit(unit_ranks: list[int] | tuple[int, ...]) -> "Placement":
+        """Activation passing: unit u always runs on ``unit_ranks[u]``, which owns its weights."""
+        return Placement("unit", tuple(unit_ranks), tuple(unit_ranks))
+
+    @staticmethod
+    def by_microbatch(mb_ranks: list[int] | tuple[int, ...], weight_owner: list[int] | tuple[int, ...]) -> "Placement":
+        """Weight passing: micro-batch m runs all its units on ``mb_ranks[m]``."""
+        return Placement("microbatch", tuple(mb_ranks), tuple(weight_owner))
+
+    def rank(self, unit: int, mb: int) -> int:
+        if self.kind == "unit":
+            return self.ranks[unit]
+        if self.kind == "microbatch":
+            return self.ranks[mb]
+        return self.ranks[unit][mb]
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "ranks": [list(r) if isinstance(r, tuple) else r for r in self.ranks],
+                "weight_owner": list(self.weight_owner)}
+
+    @staticmethod
+    def from_dict(d: dict) -> "Placement":
+        try:
+            return Placement(d["kind"], tuple(d["ranks"]), tuple(d["weight_owner"]))
+        except (KeyError, TypeError) as e:
+            raise ScheduleFormatError(f"placement needs 'kind', 'ranks' and 'weight_owner': {e}") from None
+
+
+@dataclass
+class Schedule:
+    """A complete pipeline program: ``actions[r]`` is rank r's ordered action list.
+
+    Units ``0..num_units-1`` form one chain per micro-batch: unit u consumes the output
+    activation of unit u-1 (unit 0 reads the batch, the last unit computes the loss).
+    ``meta`` holds generator facts consumers may use (e.g. ``chunks``, ``stages``,
+    ``update_every`` for schedules that step the optimizer more than once per batch).
+    """
+
+    name: str
+    num_ranks: int
+    num_units: int
+    num_microbatches: int
+    placement: Placement
+    actions: list[list[Action]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.actions) != self.num_ranks:
+            raise ScheduleFormatError(f"schedule {self.name!r}: {len(self.actions)} action lists for "
+                                      f"{self.num_ranks} ranks")
+        if len(self.placement.weight_owner) != self.num_units:
+            raise ScheduleFormatError(f"schedule {self.name!r}: weight_owner has {len(self.placement.weight_owner)}"
+                                      f" entries for {self.num_units} units")
+
+    # --- queries ---------------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[int, int, Action]]:
+        for r, acts in enumerate(self.actions):
+            for i, a in enumerate(acts):
+                yield r, i, a
+
+    def num_actions(self) -> int:
+        return sum(len(a) for a in self.actions)
+
+    def compute_actions(self, rank: int) -> list[Action]:
+        return [a for a in self.actions[rank] if a.is_compute]
+
+    def units_owned(self, rank: int) -> list[int]:
+        return [u for u, r in enumerate(self.placement.weight_owner) if r == rank]
+
+    # --- text and JSON forms -----------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT_NAME, "version": FORMAT_VERSION, "name": self.name,
+            "num_ranks": self.num_ranks, "num_units": self.num_units,
+            "num_microbatches": self.num_microbatches, "placement": self.placement.to_dict(),
+            "actions": [[str(a) for a in acts] for acts in self.actions], "meta": self.meta,
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @staticmethod
+    def from_dict(d: Any, source: str = "schedule") -> "Schedule":
+        if not isinstance(d, dict):
+            raise ScheduleFormatError(f"{source}: expected a JSON object, got {type(d).__name__}")
+        if d.get("format") != FORMAT_NAME:
+            raise ScheduleFormatError(f"{source}: 'format' must be {FORMAT_NAME!r}, got {d.get('format')!r}")
+        if d.get("version") != FORMAT_VERSION:
+            raise ScheduleFormatError(f"{source}: unsupported version {d.get('version')!r}; "
+                                      f"this pipert reads version {FORMAT_VERSION}")
+        missing = [k for k in ("name", "num_ranks", "num_units", "num_microbatches", "placement", "actions")
+                   if k not in d]
+        if missing:
+            raise ScheduleFormatError(f"{source}: missing field(s) {', '.join(missing)}")
+        if not isinstance(d["actions"], list) or not all(isinstance(x, list) for x in d["actions"]):
+            raise ScheduleFormatError(f"{source}: 'actions' must be a list (one per rank) of lists of strings")
+        actions = []
+        for r, texts in enumerate(d["actions"]):
+            acts = []
+            for i, t in enumerate(texts):
+                if not isinstance(t, str):
+                    raise ScheduleFormatError(f"{source}: rank {r} action {i} is not a string: {t!r}")
+                try:
+                    acts.append(parse_action(t))
+                except ScheduleFormatError as e:
+                    raise ScheduleFormatError(f"{source}: rank {r} action {i}: {e}") from None
+            actions.append(acts)
+        return Schedule(str(d["name"]), int(d["num_ranks"]), int(d["num_units"]), int(d["num_microbatches"]),
+                        Placement.from_dict(d["placement"]), actions, dict(d.get("meta") or {}))
+
+    @staticmethod
+    def from_json(text: str, source: str = "schedule") -> "Schedule":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ScheduleFormatError(f"{source}: not valid JSON ({e})") from None
+        return Schedule.from_dict(d, source)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(indent=1))
+
+    @staticmethod
+    def load(path: str | Path) -> "Schedule":
+        p = Path(path)
+        if not p.is_file():
+            raise ScheduleFormatError(f"schedule file {str(p)!r} does not exist")
+        return Schedule.from_json(p.read_text(), source=str(p))
+
+    def grid(self, compute_only: bool = True, width: int = 14) -> str:
+        """Step x rank table: row k holds the k-th (compute) action of every rank."""
+        cols = [[a for a in acts if a.is_compute or not compute_only] for acts in self.actions]
+        rows = max((len(c) for c in cols), default=0)
+        head = "step " + "".join(f"{'rank ' + str(r):<{width}}" for r in range(self.num_ranks))
+        lines = [head.rstrip()]
+        for k in range(rows):
+            cells = "".join(f"{(str(c[k]) if k < len(c) else ''):<{width}}" for c in cols)
+            lines.append(f"{k:<5}{cells}".rstrip())
+        return "\n".join(lines)
+
+    def with_actions(self, actions: list[list[Action]], name: str | None = None) -> "Schedule":
+        return Schedule(name or self.name, self.num_ranks, self.num_units, self.num_microbatches,
+                        self.placement, actions, dict(self.meta))
+
+    def count(self, op: Op) -> int:
+        return sum(1 for _, _, a in self if a.op is op)
