@@ -1,0 +1,503 @@
+"""Analytic cost model of a LLaMA-style decoder (RMSNorm, RoPE, GQA attention, SwiGLU MLP).
+
+Everything is per micro-batch of ``b = micro_batch`` sequences of ``s = seq`` tokens,
+``T = b*s``, hidden ``h``, ``kv = kv_heads*head_dim``, FFN width ``f``, vocab ``V``,
+``a`` heads and ``B = dtype_bytes``. Times are seconds, sizes bytes.
+
+A layer has three parts, which are also the fine units (HelixPipe's split):
+``pre_attn`` (RMSNorm, QKV projection, RoPE), ``attn`` (the core softmax(QK^T)V, no
+weights) and ``post_attn`` (out projection, residual, RMSNorm, MLP, residual). The
+embedding lives in the first unit, the final norm + LM head + cross-entropy in the last.
+
+FLOPs (forward): weight matmuls ``2*T*params``; attention core ``4*b*s^2*h``, halved when
+``causal and flash`` (FlashAttention skips masked blocks; a materialised score matrix is
+computed in full and then masked). Backward: D (input grad) repeats the weight-matmul
+FLOPs and does the whole attention backward (``2x`` its forward, ``2.5x`` with flash,
+which recomputes QK^T); W (weight grad) repeats the weight-matmul FLOPs; ``B = D + W``;
+``RECOMPUTE = F``. Time = FLOPs / (peak * efficiency) plus, with ``elementwise=True``,
+the bytes of the elementwise kernels (norms, RoPE, activation, residuals, softmax or the
+flash I/O, embedding gather, cross-entropy) / memory bandwidth, added because they are
+separate kernels that do not overlap the GEMMs; D moves twice the forward bytes, W none
+except the embedding's scatter-add. ``OPT`` = params * ``opt_bytes_per_param`` / bandwidth.
+
+Saved activations (``stash``) follow Korthikanti et al. 2022 ("Reducing Activation
+Recomputation in Large Transformer Models"), tensor by tensor, generalised to GQA, gated
+MLPs and optional dropout; for a GPT layer (ffn = 4h, MHA, dropout, 2-byte activations,
+no flash) it is exactly ``s*b*h*(34 + 5*a*s/h)``; with flash the ``a*s^2`` terms become
+the attention output plus its fp32 log-sum-exp (``34*s*b*h + 4*a*s*b``). ``stash_w``
+(kept from D until W) is the input and output-gradient of every weight matmul, which is
+``32*s*b*h`` for the GPT layer, as in the Zero Bubble paper (Qi et al. 2023). For fine
+units it can exceed ``stash`` (the QKV output-gradient is wider than the saved inputs).
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping, Sequence
+
+from ..schedule.action import Action, Op, Payload
+from .devices import DeviceSpec, _replace
+
+__all__ = [
+    "ModelSpec", "MODEL_PRESETS", "PAPER_LAYERS", "UnitSpec", "UNIT_KINDS", "TransformerCost",
+    "partition_layers", "partition_fine", "swiglu_ffn", "llama_like", "paper_model",
+]
+
+UNIT_KINDS = ("layers", "pre_attn", "attn", "post_attn")
+_PARTS = ("pre_attn", "attn", "post_attn")
+_LSE_BYTES = 4     # flash attention's log-sum-exp is fp32, one per (token, head)
+_ID_BYTES = 8      # token ids are int64
+
+
+def _positive_int(obj: Any, name: str) -> None:
+    v = getattr(obj, name)
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
+        raise ValueError(f"{type(obj).__name__}.{name}={v!r}: must be a positive integer")
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a LLaMA-style decoder and of one micro-batch."""
+
+    layers: int
+    """Number of decoder layers."""
+    hidden: int
+    """Model width h."""
+    ffn: int
+    """MLP inner width f."""
+    heads: int
+    """Query heads a; must divide ``hidden``."""
+    kv_heads: int
+    """Key/value heads (GQA); must divide ``heads``."""
+    vocab: int
+    """Vocabulary size V."""
+    seq: int
+    """Tokens per sequence s."""
+    micro_batch: int = 1
+    """Sequences per micro-batch b."""
+    dtype_bytes: int = 2
+    """Bytes per element of weights, activations and messages (2 = bf16/fp16, 8 = the
+    float64 CPU test runs)."""
+    tied_embedding: bool = False
+    """LM head shares the embedding matrix (counted once in ``num_params``; a unit that
+    holds the embedding or the head holds its own copy)."""
+    flash: bool = True
+    """FlashAttention: no s x s score matrix is stored, and causal masking halves its FLOPs."""
+    causal: bool = True
+    """Causal attention mask (only saves FLOPs together with ``flash``)."""
+    gated_mlp: bool = True
+    """SwiGLU MLP (three f x h matrices); False = GeLU MLP with two (GPT)."""
+    dropout: bool = False
+    """Dropout after attention softmax and both residual branches (GPT); LLaMA has none."""
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "seq", "micro_batch"):
+            _positive_int(self, name)
+        if self.dtype_bytes not in (1, 2, 4, 8):
+            raise ValueError(f"ModelSpec.dtype_bytes={self.dtype_bytes!r}: allowed 1, 2, 4, 8")
+        if self.hidden % self.heads:
+            raise ValueError(f"ModelSpec.heads={self.heads} must divide hidden={self.hidden}; "
+                             f"allowed: {_divisors(self.hidden)}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"ModelSpec.kv_heads={self.kv_heads} must divide heads={self.heads}; "
+                             f"allowed: {_divisors(self.heads)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K (and of V): ``kv_heads * head_dim``."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per micro-batch T = b*s."""
+        return self.micro_batch * self.seq
+
+    @property
+    def params_per_layer(self) -> int:
+        return _pre_params(self) + _post_params(self)
+
+    @property
+    def num_params(self) -> int:
+        """Parameters of the whole model (a tied embedding counted once)."""
+        emb = self.vocab * self.hidden
+        return self.layers * self.params_per_layer + emb + self.hidden + (0 if self.tied_embedding else emb)
+
+    @classmethod
+    def from_config(cls, cfg: Any, seq: int, micro_batch: int = 1, **overrides: Any) -> "ModelSpec":
+        """The spec of a ``pipert.models.llama.LlamaConfig`` (or any object with its fields)."""
+        dtype = str(getattr(cfg, "dtype", "bfloat16")).removeprefix("torch.")
+        nbytes = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 2)
+        kw: dict[str, Any] = dict(layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn, heads=cfg.heads,
+                                  kv_heads=cfg.kv_heads, vocab=cfg.vocab, seq=seq, micro_batch=micro_batch,
+                                  dtype_bytes=nbytes, tied_embedding=bool(getattr(cfg, "tie_embeddings", False)))
+        return _replace(cls(**kw), overrides)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "ModelSpec":
+        """A copy of ``MODEL_PRESETS[name]`` with fields replaced, e.g. ``preset('7b', seq=8192)``."""
+        if name not in MODEL_PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; allowed: {', '.join(MODEL_PRESETS)}")
+        return _replace(MODEL_PRESETS[name], overrides)
+
+
+def _pre_params(m: ModelSpec) -> int:
+    return m.hidden + m.hidden * (m.hidden + 2 * m.kv_dim)
+
+
+def _post_params(m: ModelSpec) -> int:
+    return m.hidden * m.hidden + m.hidden + m.hidden * m.ffn * (3 if m.gated_mlp else 2)
+
+
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    "tiny": ModelSpec(layers=4, hidden=256, ffn=688, heads=4, kv_heads=4, vocab=256, seq=128),
+    # TinyLlama-1.1B (GQA: 32 query heads, 4 KV heads).
+    "1b": ModelSpec(layers=22, hidden=2048, ffn=5632, heads=32, kv_heads=4, vocab=32000, seq=2048),
+    "7b": ModelSpec(layers=32, hidden=4096, ffn=11008, heads=32, kv_heads=32, vocab=32000, seq=4096),
+    "13b": ModelSpec(layers=40, hidden=5120, ffn=13824, heads=40, kv_heads=40, vocab=32000, seq=4096),
+    "70b": ModelSpec(layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8, vocab=32000, seq=4096),
+}
+
+# Layer counts of the weight-passing papers' models (WeiPipe: L=32, TawPipe: L=48).
+PAPER_LAYERS: dict[str, int] = {"weipipe": 32, "tawpipe": 48}
+
+
+def swiglu_ffn(hidden: int, multiple_of: int = 32) -> int:
+    """LLaMA's SwiGLU width: ``int(8*hidden/3)`` rounded up to a multiple of ``multiple_of``."""
+    f = int(2 * (4 * hidden) / 3)
+    return multiple_of * ((f + multiple_of - 1) // multiple_of)
+
+
+def llama_like(hidden: int, layers: int, *, heads: int = 32, kv_heads: int | None = None,
+               vocab: int = 32000, seq: int = 4096, multiple_of: int = 32, **overrides: Any) -> ModelSpec:
+    """A LLaMA-shaped model of width ``hidden``: SwiGLU ffn from ``swiglu_ffn``, MHA unless ``kv_heads``."""
+    kw = dict(layers=layers, hidden=hidden, ffn=swiglu_ffn(hidden, multiple_of), heads=heads,
+              kv_heads=heads if kv_heads is None else kv_heads, vocab=vocab, seq=seq)
+    kw.update(overrides)
+    names = {f.name for f in fields(ModelSpec)}
+    bad = [k for k in kw if k not in names]
+    if bad:
+        raise ValueError(f"unknown ModelSpec field(s) {', '.join(bad)}; allowed: {', '.join(sorted(names))}")
+    return ModelSpec(**kw)
+
+
+def paper_model(paper: str, hidden: int, seq: int = 4096, micro_batch: int | None = None,
+                **overrides: Any) -> ModelSpec:
+    """The WeiPipe / TawPipe models: 32 heads, V=32000, SwiGLU ffn rounded to 32, L from
+    ``PAPER_LAYERS``. Both papers keep ``micro_batch*seq = 65536`` tokens, the default
+    micro-batch; TawPipe's code ties the embedding, WeiPipe's Llama-2 model does not."""
+    if paper not in PAPER_LAYERS:
+        raise ValueError(f"unknown paper {paper!r}; allowed: {', '.join(PAPER_LAYERS)}")
+    mb = max(1, 65536 // seq) if micro_batch is None else micro_batch
+    kw: dict[str, Any] = dict(micro_batch=mb, tied_embedding=(paper == "tawpipe"))
+    kw.update(overrides)
+    return llama_like(hidden, PAPER_LAYERS[paper], seq=seq, **kw)
+
+
+# --------------------------------------------------------------------------------------
+# Units and partitions
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """What one unit of the chain computes."""
+
+    kind: str
+    """One of UNIT_KINDS: ``layers`` (whole decoder layers) or one part of one layer."""
+    layers: tuple[int, ...] = ()
+    """Layer indices, ascending; exactly one for a part kind; may be empty for a
+    ``layers`` unit that holds only the embedding or the head."""
+    embed: bool = False
+    """Holds the token embedding (runs before its layers)."""
+    head: bool = False
+    """Holds the final norm, LM head and loss (runs after its layers)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in UNIT_KINDS:
+            raise ValueError(f"UnitSpec.kind={self.kind!r}; allowed: {', '.join(UNIT_KINDS)}")
+        if not isinstance(self.layers, tuple):
+            object.__setattr__(self, "layers", tuple(self.layers))
+        if self.kind != "layers" and len(self.layers) != 1:
+            raise ValueError(f"UnitSpec.layers={self.layers}: a {self.kind!r} unit covers exactly one layer")
+        if not self.layers and not (self.embed or self.head):
+            raise ValueError("UnitSpec.layers is empty: a unit needs layers, the embedding or the head")
+        if any(isinstance(l, bool) or not isinstance(l, numbers.Integral) or l < 0 for l in self.layers):
+            raise ValueError(f"UnitSpec.layers={self.layers}: layer indices must be integers >= 0")
+
+    def parts(self) -> list[tuple[str, int]]:
+        """The unit's pieces in execution order: ("embed", -1), (part, layer)..., ("head", -1)."""
+        out: list[tuple[str, int]] = [("embed", -1)] if self.embed else []
+        kinds = _PARTS if self.kind == "layers" else (self.kind,)
+        out += [(p, l) for l in self.layers for p in kinds]
+        if self.head:
+            out.append(("head", -1))
+        return out
+
+
+def partition_layers(model: ModelSpec, num_units: int, sizes: Sequence[int] | None = None) -> list[UnitSpec]:
+    """Split the layers into ``num_units`` contiguous ``layers`` units.
+
+    Default sizes follow ``pipert.models.partition`` (so costs describe the units the
+    runtime builds): counts differ by at most one and the first ``L mod n`` units get the
+    spare layer. The embedding (unit 0) costs no GEMM FLOPs, the head (last unit) about
+    ``hV/params_per_layer`` of a layer (~0.65 at 7B) and never gets a spare layer; nothing
+    else compensates for it. Pass ``sizes`` (layers per unit) for any other split.
+    """
+    n = num_units
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= model.layers:
+        raise ValueError(f"num_units={n!r}: allowed 1..{model.layers} (one layer per unit at least)")
+    if sizes is None:
+        sizes = [model.layers // n + (1 if u < model.layers % n else 0) for u in range(n)]
+    sizes = list(sizes)
+    if len(sizes) != n or sum(sizes) != model.layers or min(sizes) < 1:
+        raise ValueError(f"sizes={sizes}: allowed {n} positive layer counts summing to layers={model.layers}")
+    units, start = [], 0
+    for u, k in enumerate(sizes):
+        units.append(UnitSpec("layers", tuple(range(start, start + k)), embed=(u == 0), head=(u == n - 1)))
+        start += k
+    return units
+
+
+def partition_fine(model: ModelSpec) -> list[UnitSpec]:
+    """Three units per layer (pre_attn, attn, post_attn); embedding on the first pre_attn,
+    head on the last post_attn."""
+    last = model.layers - 1
+    return [UnitSpec(p, (l,), embed=(l == 0 and p == "pre_attn"), head=(l == last and p == "post_attn"))
+            for l in range(model.layers) for p in _PARTS]
+
+
+# --------------------------------------------------------------------------------------
+# Per-piece accounting
+# --------------------------------------------------------------------------------------
+
+@dataclass
+class _Piece:
+    """Per-micro-batch costs of one piece (or a sum of pieces)."""
+
+    params: float = 0.0
+    mm: float = 0.0        # forward weight-matmul FLOPs; D and W each repeat them
+    attn: float = 0.0      # forward attention-core FLOPs; their backward is all in D
+    ew_f: float = 0.0      # elementwise bytes moved in F
+    ew_d: float = 0.0      # ... in D
+    ew_w: float = 0.0      # ... in W
+    stash: float = 0.0     # saved by F for backward
+    stash_w: float = 0.0   # kept from D until W
+
+    def __iadd__(self, o: "_Piece") -> "_Piece":
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(o, f.name))
+        return self
+
+
+def _pieces(m: ModelSpec) -> dict[str, _Piece]:
+    T, h, kv, f, V, B = m.tokens, m.hidden, m.kv_dim, m.ffn, m.vocab, m.dtype_bytes
+    a, s, b = m.heads, m.seq, m.micro_batch
+    th = T * h * B                                   # bytes of one [T, h] tensor
+    drop_mask = T * h if m.dropout else 0            # 1-byte masks of the residual dropouts
+    # pre_attn: norm1 input and QKV input saved; RoPE rewrites q and k.
+    ew = 2 * th + 2 * T * (h + kv) * B
+    pre = _Piece(params=_pre_params(m), mm=2 * T * h * (h + 2 * kv), ew_f=ew, ew_d=2 * ew,
+                 stash=2 * th, stash_w=th + T * (h + 2 * kv) * B)
+    # attn core: saves Q, K, V and either (O, lse) or the probabilities (+ dropout mask/output).
+    scores = b * a * s * s
+    qkv = T * (h + 2 * kv) * B
+    if m.flash:
+        flops = 4 * b * s * s * h * (0.5 if m.causal else 1.0)
+        stash, ew = qkv + th + T * a * _LSE_BYTES, qkv + th
+    else:
+        flops = 4 * b * s * s * h
+        stash = qkv + scores * B + (scores * (1 + B) if m.dropout else 0)
+        ew = 2 * scores * B + ((2 * scores * B + scores) if m.dropout else 0)
+    attn = _Piece(attn=flops, ew_f=ew, ew_d=2 * ew, stash=stash)
+    # post_attn: out-proj input, norm2 input, MLP input, activation inputs + down-proj input.
+    nmat = 3 if m.gated_mlp else 2
+    act_saved = T * f * B * nmat                      # gate+up+down-input, or fc1-out+fc2-in
+    ew = 2 * 3 * th + 2 * th + T * f * B * (3 if m.gated_mlp else 2) + (2 * (2 * th + T * h) if m.dropout else 0)
+    post = _Piece(params=_post_params(m), mm=2 * T * h * h + 2 * T * h * f * nmat, ew_f=ew, ew_d=2 * ew,
+                  stash=3 * th + act_saved + 2 * drop_mask,
+                  stash_w=(2 * th + T * f * B) + (th + T * f * B * (nmat - 1) + th))
+    embed = _Piece(params=V * h, ew_f=2 * th, ew_w=2 * th, stash=T * _ID_BYTES, stash_w=T * _ID_BYTES + th)
+    ew = 2 * th + 2 * T * V * B
+    head = _Piece(params=h + V * h, mm=2 * T * h * V, ew_f=ew, ew_d=2 * ew,
+                  stash=2 * th + T * V * B, stash_w=th + T * V * B)
+    return {"embed": embed, "pre_attn": pre, "attn": attn, "post_attn": post, "head": head}
+
+
+def _check_chain(m: ModelSpec, units: list[UnitSpec]) -> None:
+    """Units, read in order, must run embed?, every (part, layer) once in order, head?."""
+    got = [(u, p) for u, spec in enumerate(units) for p in spec.parts()]
+    parts = [p for _, p in got]
+    want = [("embed", -1)] if ("embed", -1) in parts else []
+    want += [(p, l) for l in range(m.layers) for p in _PARTS]
+    want += [("head", -1)] if ("head", -1) in parts else []
+    for i, (w, g) in enumerate(zip(want, got)):
+        if w != g[1]:
+            raise ValueError(f"unit {g[0]} ({units[g[0]]}) runs {g[1]} where the chain needs {w}: units must "
+                             f"cover layers 0..{m.layers - 1} in order, each part once, embed first, head last")
+    if len(want) != len(got):
+        extra = f"extra piece {got[len(want)][1]}" if len(got) > len(want) else f"missing {want[len(got)]}"
+        raise ValueError(f"units do not cover the model exactly: {extra}")
+
+
+# --------------------------------------------------------------------------------------
+# The cost model
+# --------------------------------------------------------------------------------------
+
+@dataclass
+class TransformerCost:
+    """CostModel of a LLaMA-style model cut into ``units`` (seconds and bytes)."""
+
+    model: ModelSpec
+    """Model and micro-batch shape."""
+    device: DeviceSpec
+    """Device of every rank not in ``rank_devices``."""
+    units: list[UnitSpec] | None = None
+    """The chain of units; default: one ``layers`` unit per layer (``partition_layers``)."""
+    elementwise: bool = True
+    """Add elementwise-kernel bytes / memory bandwidth to GEMM time (see module doc)."""
+    opt_bytes_per_param: float = 30.0
+    """Optimizer-step traffic per parameter: AdamW with fp32 master, moments and gradient
+    (4 tensors read, 3 written) plus a 16-bit weight copy written: 4*4 + 3*4 + 2."""
+    rank_devices: Mapping[int, DeviceSpec] = field(default_factory=dict)
+    """Per-rank device overrides (heterogeneous clusters)."""
+
+    def __post_init__(self) -> None:
+        if self.units is None:
+            self.units = partition_layers(self.model, self.model.layers)
+        self.units = list(self.units)
+        if not self.units:
+            raise ValueError("TransformerCost.units is empty")
+        for u, spec in enumerate(self.units):
+            if not isinstance(spec, UnitSpec):
+                raise ValueError(f"TransformerCost.units[{u}]={spec!r}: expected a UnitSpec")
+        _check_chain(self.model, self.units)
+        if not self.opt_bytes_per_param >= 0:
+            raise ValueError(f"TransformerCost.opt_bytes_per_param={self.opt_bytes_per_param!r}: must be >= 0")
+        pieces = _pieces(self.model)
+        self._sums: list[_Piece] = []
+        dup_o = self.model.tokens * self.model.hidden * self.model.dtype_bytes if self.model.flash else 0
+        for spec in self.units:
+            acc = _Piece()
+            parts = spec.parts()
+            for p, l in parts:
+                acc += pieces[p]
+                if p == "post_attn" and ("attn", l) in parts:
+                    acc.stash -= dup_o        # flash's saved O is the out-proj input: one tensor
+            self._sums.append(acc)
+        self._out_bytes = [self._output_bytes(spec) for spec in self.units]
+
+    # --- per-unit quantities -------------------------------------------------------------
+    @property
+    def num_units(self) -> int:
+        return len(self._sums)
+
+    def _piece(self, unit: int) -> _Piece:
+        if isinstance(unit, bool) or not isinstance(unit, numbers.Integral) or not 0 <= unit < len(self._sums):
+            raise ValueError(f"unit={unit!r}: allowed 0..{len(self._sums) - 1}")
+        return self._sums[unit]
+
+    def params(self, unit: int) -> float:
+        """Parameters held by ``unit`` (its own copy of a tied embedding)."""
+        return self._piece(unit).params
+
+    def flops(self, unit: int, op: Op | str) -> float:
+        """FLOPs of ``op`` (F, B, D, W, RECOMPUTE) on ``unit`` for one micro-batch."""
+        p, op = self._piece(unit), Op(op)
+        k = 2.5 if self.model.flash else 2.0
+        by_op = {Op.F: p.mm + p.attn, Op.RECOMPUTE: p.mm + p.attn, Op.D: p.mm + k * p.attn,
+                 Op.W: p.mm, Op.B: 2 * p.mm + k * p.attn}
+        if op not in by_op:
+            raise ValueError(f"op={op.value!r} has no FLOPs; allowed: F, B, D, W, RECOMPUTE")
+        return by_op[op]
+
+    def elementwise_bytes(self, unit: int, op: Op | str) -> float:
+        """Bytes moved by elementwise kernels of ``op`` on ``unit`` for one micro-batch."""
+        p, op = self._piece(unit), Op(op)
+        by_op = {Op.F: p.ew_f, Op.RECOMPUTE: p.ew_f, Op.D: p.ew_d, Op.W: p.ew_w, Op.B: p.ew_d + p.ew_w}
+        if op not in by_op:
+            raise ValueError(f"op={op.value!r}; allowed: F, B, D, W, RECOMPUTE")
+        return by_op[op]
+
+    def unit_time(self, unit: int, op: Op | str, rank: int | None = None) -> float:
+        """Seconds of ``op`` on ``unit`` for one micro-batch (OPT: one step of the unit)."""
+        dev = self.rank_devices.get(rank, self.device) if rank is not None else self.device
+        op = Op(op)
+        if op is Op.OPT:
+            return self._piece(unit).params * self.opt_bytes_per_param / dev.mem_bandwidth
+        t = self.flops(unit, op) / dev.flops
+        if self.elementwise:
+            t += self.elementwise_bytes(unit, op) / dev.mem_bandwidth
+        return t
+
+    # --- CostModel protocol --------------------------------------------------------------
+    def compute_time(self, action: Action, rank: int) -> float:
+        """Duration of a compute action: per-micro-batch time x folded micro-batches / sub-blocks;
+        0 for memory and communication actions (as in UniformCost)."""
+        if not action.is_compute:
+            return 0.0
+        if action.unit is None:
+            raise ValueError(f"{action}: OPT needs a unit for an analytic cost model")
+        t = self.unit_time(action.unit, action.op, rank)
+        if action.op is not Op.OPT:
+            t *= len(action.mb)
+        if action.sub is not None:
+            t /= action.sub[1]
+        return t
+
+    def _output_bytes(self, spec: UnitSpec) -> float:
+        """Bytes of the unit's output for one micro-batch (the last piece decides):
+        pre_attn sends q, k, v and the residual; attn sends its output and the residual;
+        everything else one [T, h] hidden state (nominal for the head, which sends nothing)."""
+        m = self.model
+        th = m.tokens * m.hidden * m.dtype_bytes
+        last = spec.parts()[-1][0]
+        if last == "pre_attn":
+            return th + m.tokens * (m.hidden + 2 * m.kv_dim) * m.dtype_bytes
+        if last == "attn":
+            return 2 * th
+        return th
+
+    def message_bytes(self, payload: Payload | str, unit: int, num_mbs: int = 1) -> float:
+        """act/grad: output bytes x ``num_mbs``; weight/wgrad: params x dtype_bytes (any num_mbs)."""
+        payload = Payload(payload)
+        if isinstance(num_mbs, bool) or not isinstance(num_mbs, numbers.Integral) or num_mbs < 1:
+            raise ValueError(f"num_mbs={num_mbs!r}: must be a positive integer")
+        if payload in (Payload.ACT, Payload.GRAD):
+            self._piece(unit)
+            return self._out_bytes[unit] * num_mbs
+        return self._piece(unit).params * self.model.dtype_bytes
+
+    def memory(self, kind: str, unit: int) -> float:
+        """Bytes of one value of ``kind`` (stash, stash_w, act, grad, weight, wgrad) of ``unit``."""
+        p = self._piece(unit)
+        if kind == "stash":
+            return p.stash
+        if kind == "stash_w":
+            return p.stash_w
+        if kind in ("act", "grad", "weight", "wgrad"):
+            return self.message_bytes(kind, unit)
+        raise ValueError(f"memory kind {kind!r}; allowed: stash, stash_w, act, grad, weight, wgrad")
+
+    # --- reporting -----------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Model, device and per-unit F/B/D/W/OPT seconds, FLOPs and bytes, for printing."""
+        rows = []
+        for u, spec in enumerate(self.units):
+            row: dict[str, Any] = {"unit": u, "kind": spec.kind, "layers": list(spec.layers),
+                                   "embed": spec.embed, "head": spec.head, "params": self.params(u)}
+            for op in ("F", "B", "D", "W", "OPT"):
+                row[op] = self.unit_time(u, op)
+            row["flops_F"] = self.flops(u, "F")
+            for kind in ("act", "weight", "stash", "stash_w"):
+                row[f"{kind}_bytes"] = self.memory(kind, u)
+            rows.append(row)
+        totals = {k: sum(r[k] for r in rows) for k in ("F", "B", "D", "W", "OPT", "params", "flops_F")}
+        model = dict(asdict(self.model), num_params=self.model.num_params)
+        return {"model": model, "device": asdict(self.device), "units": rows, "totals": totals}
