@@ -2,8 +2,8 @@
 from .action import (Action, Op, Payload, ScheduleFormatError, parse_action, COMPUTE_OPS, P2P_OPS,
                      COLLECTIVE_OPS, MEMORY_OPS, BACKWARD_OPS)
 from .schedule import Placement, Schedule
-from .lowering import lower, add_optimizer_steps
+from .lowering import lower, add_optimizer_steps, order_recvs_by_send
 
 __all__ = ["Action", "Op", "Payload", "ScheduleFormatError", "parse_action", "Placement", "Schedule",
-           "lower", "add_optimizer_steps", "COMPUTE_OPS", "P2P_OPS", "COLLECTIVE_OPS", "MEMORY_OPS",
+           "lower", "add_optimizer_steps", "order_recvs_by_send", "COMPUTE_OPS", "P2P_OPS", "COLLECTIVE_OPS", "MEMORY_OPS",
            "BACKWARD_OPS"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from .action import Action, Op, Payload
 from .schedule import Placement, Schedule
 
-__all__ = ["lower", "add_optimizer_steps"]
+__all__ = ["lower", "add_optimizer_steps", "order_recvs_by_send"]
 
 
 def _mbs(a: Action) -> tuple[int, ...]:
@@ -41,8 +41,13 @@ def add_optimizer_steps(compute: list[list[Action]], placement: Placement) -> li
 
 
 def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, placement: Placement,
-          compute: list[list[Action]], meta: dict | None = None, weights: bool = False) -> Schedule:
-    """Insert the SEND/RECV actions that ``placement`` implies into per-rank compute orders."""
+          compute: list[list[Action]], meta: dict | None = None, weights: bool = False,
+          order_recvs: bool = True) -> Schedule:
+    """Insert the SEND/RECV actions that ``placement`` implies into per-rank compute orders.
+
+    With ``order_recvs`` (the default) every link's RECVs are then put in its SEND order
+    (:func:`order_recvs_by_send`), as FIFO matching requires.
+    """
     last = num_units - 1
     out: list[list[Action]] = [[] for _ in range(num_ranks)]
     if weights:
@@ -78,7 +83,8 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
                     prog.append(Action(Op.SEND, unit=u - 1, mb=mbs, payload=Payload.GRAD, peer=dst))
             if weights and last_bwd.get((r, u)) == i:
                 prog.append(Action(Op.SEND, unit=u, payload=Payload.WGRAD, peer=placement.weight_owner[u]))
-    return Schedule(name, num_ranks, num_units, num_microbatches, placement, out, dict(meta or {}))
+    sched = Schedule(name, num_ranks, num_units, num_microbatches, placement, out, dict(meta or {}))
+    return order_recvs_by_send(sched) if order_recvs else sched
 
 
 def _weight_uses(compute: list[list[Action]], placement: Placement) -> tuple[dict, dict]:
@@ -93,3 +99,35 @@ def _weight_uses(compute: list[list[Action]], placement: Placement) -> tuple[dic
             if a.op in (Op.B, Op.W):
                 last_bwd[(r, a.unit)] = i
     return first, last_bwd
+
+
+def order_recvs_by_send(schedule: Schedule) -> Schedule:
+    """Reorder RECVs so that, per directed link, they follow the sender's SEND order.
+
+    SEND/RECV match by FIFO position per link (docs/semantics.md). Lowering puts each RECV
+    just before its consumer, so when a rank consumes two messages of one link in another
+    order than they were sent (ZB-V: ``act`` and ``grad`` share the 0->1 link), the
+    earlier-sent RECV is hoisted to just before the RECV it must precede. RECVs only ever
+    move earlier and non-RECV actions keep their relative order, so every consumer still
+    follows its RECV. A schedule whose links are already in order is returned unchanged.
+    """
+    sent: dict[tuple[int, int], dict[tuple, int]] = {}
+    for src, _, a in schedule:
+        if a.op is Op.SEND:
+            link = sent.setdefault((src, a.peer), {})
+            link[a.key] = len(link)
+    out: list[list[Action]] = []
+    for dst, acts in enumerate(schedule.actions):
+        slot: dict[int, tuple[int, int]] = {}   # action index -> (new position, send index)
+        for src in {a.peer for a in acts if a.op is Op.RECV}:
+            order = sent.get((src, dst), {})
+            recvs = sorted((order.get(a.key, -1), i) for i, a in enumerate(acts)
+                           if a.op is Op.RECV and a.peer == src)
+            earliest = len(acts)
+            for k, i in reversed(recvs):         # position = min over this and later-sent RECVs
+                earliest = min(earliest, i)
+                slot[i] = (earliest, k)
+        out.append([acts[i] for i in sorted(range(len(acts)), key=lambda i: slot.get(i, (i, 0)))])
+    if out == schedule.actions:
+        return schedule
+    return schedule.with_actions(out)
