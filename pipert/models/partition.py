@@ -1,0 +1,287 @@
+"""Cut a model into units: the atoms of work a schedule places and orders.
+
+Unit I/O contract (``pipert.runtime.unit.UnitRunner`` and the reference rely on it):
+
+- A unit is an ``nn.Module``. A non-last unit computes ``y = unit(x)``; the last unit
+  computes ``loss = unit(x, targets)``, a scalar: the mean loss over its micro-batch.
+- ``x`` and ``y`` are activations: one Tensor or a tuple of Tensors, passed as ONE
+  positional argument. Unit ``u + 1`` takes exactly what unit ``u`` returns.
+- The first unit takes the batch input (token ids ``[b, s]`` int64 for the LLaMA model).
+- Units share parameter tensors with the model they were cut from (no copies); no
+  parameter belongs to two units (``partition`` raises otherwise).
+- Inside a unit, parameters keep the model's names (``layers.3.attn.wq.weight``); a
+  pipelined run names them ``unit{u}.{name}`` (``pipert.runtime.reference.unit_param_names``).
+
+LLaMA, coarse (``fine=False``): unit u holds a contiguous chunk of layers; unit 0 also the
+embedding, the last unit also the final norm, the head and the loss. Layer counts differ by
+at most one; the first ``layers % num_units`` units get the extra layer.
+
+    unit 0:     tokens [b, s]  -> x [b, s, hidden]        (x, targets -> loss if it is also last)
+    unit u:     x [b, s, hidden] -> x [b, s, hidden]
+    last unit:  (x [b, s, hidden], targets [b, s]) -> loss
+
+LLaMA, fine (``fine=True``): three units per layer l, ``num_units == 3 * layers``:
+
+    pre(l)  = unit 3l:     x [b,s,hidden] (tokens for l = 0, embedding folded in)
+                           -> (x, q [b,s,H,d], k [b,s,Hkv,d], v [b,s,Hkv,d])    attn_norm, wq/wk/wv, rotary
+    attn(l) = unit 3l+1:   (x, q, k, v) -> (x, o [b,s,hidden])                 no parameters
+    post(l) = unit 3l+2:   (x, o) -> x                                          wo, residual, mlp_norm, mlp, residual
+                           last layer: ((x, o), targets) -> loss                + final norm, head, loss
+
+The residual ``x`` travels with the attention inputs so that each unit needs only its
+predecessor's output. Every unit class names its ``kind`` (``layers``, ``pre_attn``,
+``attn``, ``post_attn``, ``modules``) for cost models.
+
+User modules (``nn.Sequential`` or a list of modules, plus ``loss_fn(output, targets)``):
+``num_units`` contiguous, non-empty groups, applied in order to one tensor; the last unit
+applies ``loss_fn``. ``balance="count"``: group sizes differ by at most one (first groups
+larger); ``balance="params"``: the split minimising the largest group's parameter count
+(ties: the lexicographically smallest list of group sizes). Parameter names are
+``{index}.{name}`` with the module's index in the full list (``nn.Sequential``'s names).
+
+Tied embeddings: a tied LLaMA model can only be one unit (the weight would live in the
+first and the last unit). Pipelined runs use untied models (``LlamaConfig.tie_embeddings``
+is False by default; ``LlamaModel.untie()`` converts), and so does their reference.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .llama import LlamaModel, attention_core, lm_loss, project_qkv
+
+__all__ = [
+    "partition", "LlamaUnit", "PreAttentionUnit", "AttentionUnit", "PostAttentionUnit",
+    "SequentialUnit", "LossFn",
+]
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def _final_loss(x: Tensor, norm: nn.Module, head_weight: Tensor, targets: Tensor | None) -> Tensor:
+    logits = F.linear(norm(x), head_weight)
+    return logits if targets is None else lm_loss(logits, targets)
+
+
+class LlamaUnit(nn.Module):
+    """A chunk of decoder layers, with the embedding if first and norm + head + loss if last."""
+
+    kind = "layers"
+
+    def __init__(self, model: LlamaModel, layer_ids: Sequence[int], *, first: bool, last: bool) -> None:
+        super().__init__()
+        self.embed = model.embed if first else None
+        self.layers = nn.ModuleDict({str(i): model.layers[i] for i in layer_ids})
+        self.norm = model.norm if last else None
+        self.head = model.head if last else None  # None with a tied model: the unit is also first
+        self.is_last = last
+
+    def forward(self, x: Tensor, targets: Tensor | None = None) -> Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for layer in self.layers.values():
+            x = layer(x)
+        if not self.is_last:
+            return x
+        w = self.embed.weight if self.head is None else self.head.weight
+        return _final_loss(x, self.norm, w, targets)
+
+
+class _QKV(nn.Module):
+    """The q/k/v projections and rotary tables of one attention module (shared, not copied)."""
+
+    def __init__(self, attn: nn.Module) -> None:
+        super().__init__()
+        self.wq, self.wk, self.wv, self.rope = attn.wq, attn.wk, attn.wv, attn.rope
+        self.heads, self.kv_heads = attn.heads, attn.kv_heads
+
+
+class PreAttentionUnit(nn.Module):
+    """pre(l): ``x -> (x, q, k, v)``; with the embedding folded in for layer 0."""
+
+    kind = "pre_attn"
+
+    def __init__(self, model: LlamaModel, layer: int) -> None:
+        super().__init__()
+        src = model.layers[layer]
+        part = nn.Module()
+        part.attn_norm, part.attn = src.attn_norm, _QKV(src.attn)
+        self.embed = model.embed if layer == 0 else None
+        self.layers = nn.ModuleDict({str(layer): part})
+        self.layer_index = layer
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        if self.embed is not None:
+            x = self.embed(x)
+        part = self.layers[str(self.layer_index)]
+        q, k, v = project_qkv(part.attn, part.attn_norm(x), part.attn.heads, part.attn.kv_heads)
+        return x, q, k, v
+
+
+class AttentionUnit(nn.Module):
+    """attn(l): ``(x, q, k, v) -> (x, o)``, causal grouped-query attention; no parameters."""
+
+    kind = "attn"
+
+    def __init__(self, layer: int) -> None:
+        super().__init__()
+        self.layer_index = layer
+
+    def forward(self, xs: tuple[Tensor, Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        x, q, k, v = xs
+        return x, attention_core(q, k, v)
+
+
+class PostAttentionUnit(nn.Module):
+    """post(l): ``(x, o) -> x + wo(o) + mlp(...)``; the last layer adds norm, head and loss."""
+
+    kind = "post_attn"
+
+    def __init__(self, model: LlamaModel, layer: int, *, last: bool) -> None:
+        super().__init__()
+        src = model.layers[layer]
+        part = nn.Module()
+        part.attn = nn.Module()
+        part.attn.wo = src.attn.wo
+        part.mlp_norm, part.mlp = src.mlp_norm, src.mlp
+        self.layers = nn.ModuleDict({str(layer): part})
+        self.norm = model.norm if last else None
+        self.head = model.head if last else None
+        self.layer_index = layer
+
+    def forward(self, xs: tuple[Tensor, Tensor], targets: Tensor | None = None) -> Tensor:
+        x, o = xs
+        part = self.layers[str(self.layer_index)]
+        x = x + part.attn.wo(o)
+        x = x + part.mlp(part.mlp_norm(x))
+        if self.norm is None:
+            return x
+        return _final_loss(x, self.norm, self.head.weight, targets)
+
+
+class SequentialUnit(nn.Module):
+    """A contiguous group of user modules; the last group also applies ``loss_fn``."""
+
+    kind = "modules"
+
+    def __init__(self, modules: Sequence[nn.Module], start: int, loss_fn: LossFn | None = None) -> None:
+        super().__init__()
+        self.order = [str(start + i) for i in range(len(modules))]
+        for name, m in zip(self.order, modules):
+            self.add_module(name, m)
+        self.loss_fn = loss_fn  # registered as a submodule when it is an nn.Module
+
+    def forward(self, x: Tensor, targets: Tensor | None = None) -> Tensor:
+        for name in self.order:
+            x = self._modules[name](x)
+        if self.loss_fn is None or targets is None:
+            return x
+        return self.loss_fn(x, targets)
+
+
+def _even_sizes(n: int, k: int) -> list[int]:
+    return [n // k + (1 if i < n % k else 0) for i in range(k)]
+
+
+def _param_balanced_sizes(weights: list[int], k: int) -> list[int]:
+    """Contiguous split of ``weights`` into k non-empty groups minimising the largest sum."""
+    n = len(weights)
+    prefix = [0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    inf = float("inf")
+    # best[j][i]: smallest achievable max-sum splitting the first i items into j groups
+    best = [[inf] * (n + 1) for _ in range(k + 1)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0
+    for j in range(1, k + 1):
+        for i in range(j, n - (k - j) + 1):
+            for s in range(j - 1, i):  # last group is items s..i-1; smallest s wins ties
+                cost = max(best[j - 1][s], prefix[i] - prefix[s])
+                if cost < best[j][i]:
+                    best[j][i], cut[j][i] = cost, s
+    sizes, i = [], n
+    for j in range(k, 0, -1):
+        s = cut[j][i]
+        sizes.append(i - s)
+        i = s
+    return sizes[::-1]
+
+
+def _check_disjoint(units: list[nn.Module]) -> None:
+    owner: dict[int, int] = {}
+    for u, unit in enumerate(units):
+        for name, p in unit.named_parameters():
+            if id(p) in owner and owner[id(p)] != u:
+                raise ValueError(f"parameter {name!r} is shared by units {owner[id(p)]} and {u}; "
+                                 f"units must own disjoint parameters (untie shared weights first)")
+            owner[id(p)] = u
+
+
+def _partition_llama(model: LlamaModel, num_units: int, fine: bool) -> list[nn.Module]:
+    n_layers = len(model.layers)
+    if model.head is None and (fine or num_units > 1):
+        raise ValueError("a model with tied embeddings cannot be cut into several units: the weight "
+                         "would live in the first and the last unit; build it with "
+                         "tie_embeddings=False or call model.untie() first")
+    if fine:
+        if num_units != 3 * n_layers:
+            raise ValueError(f"fine partition of a {n_layers}-layer model has {3 * n_layers} units "
+                             f"(3 per layer), got num_units={num_units}")
+        units: list[nn.Module] = []
+        for l in range(n_layers):
+            units += [PreAttentionUnit(model, l), AttentionUnit(l),
+                      PostAttentionUnit(model, l, last=l == n_layers - 1)]
+        return units
+    if num_units > n_layers:
+        raise ValueError(f"cannot cut {n_layers} layers into {num_units} units: "
+                         f"more units ({num_units}) than layers ({n_layers})")
+    units, start = [], 0
+    for u, size in enumerate(_even_sizes(n_layers, num_units)):
+        units.append(LlamaUnit(model, range(start, start + size), first=u == 0, last=u == num_units - 1))
+        start += size
+    return units
+
+
+def partition(model_or_modules: LlamaModel | nn.Sequential | Sequence[nn.Module], num_units: int, *,
+              fine: bool = False, loss_fn: LossFn | None = None, balance: str = "count") -> list[nn.Module]:
+    """Cut a model into ``num_units`` units following the contract in the module docstring.
+
+    ``model_or_modules``: a ``LlamaModel`` (``fine`` selects the three-units-per-layer cut;
+    ``loss_fn`` and ``balance`` do not apply), or an ``nn.Sequential`` / list of modules with
+    ``loss_fn`` (``balance`` is ``"count"`` or ``"params"``).
+    """
+    if num_units < 1:
+        raise ValueError(f"num_units must be >= 1, got {num_units}")
+    if isinstance(model_or_modules, LlamaModel):
+        if loss_fn is not None or balance != "count":
+            raise ValueError("loss_fn and balance apply to user modules; a LlamaModel brings its own "
+                             "loss and is cut by layer count")
+        units = _partition_llama(model_or_modules, num_units, fine)
+        _check_disjoint(units)
+        return units
+    if fine:
+        raise ValueError("fine=True applies to the built-in LlamaModel only")
+    if loss_fn is None:
+        raise ValueError("partitioning user modules needs loss_fn(output, targets) for the last unit")
+    modules = list(model_or_modules)
+    if not modules:
+        raise ValueError("no modules to partition")
+    if num_units > len(modules):
+        raise ValueError(f"cannot cut {len(modules)} modules into {num_units} units: "
+                         f"more units ({num_units}) than modules ({len(modules)})")
+    if balance == "count":
+        sizes = _even_sizes(len(modules), num_units)
+    elif balance == "params":
+        sizes = _param_balanced_sizes([sum(p.numel() for p in m.parameters()) for m in modules], num_units)
+    else:
+        raise ValueError(f"balance={balance!r}; allowed: 'count', 'params'")
+    units, start = [], 0
+    for u, size in enumerate(sizes):
+        last = u == num_units - 1
+        units.append(SequentialUnit(modules[start:start + size], start, loss_fn if last else None))
+        start += size
+    _check_disjoint(units)
+    return units

@@ -1,0 +1,98 @@
+"""Buffers: boundary tensor specs, packing of tuple activations, flat weight/grad views."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["BoundarySpec", "pack", "unpack", "flatten_params", "flatten_grads", "load_params", "load_grads"]
+
+
+@dataclass(frozen=True)
+class BoundarySpec:
+    """Shape(s) and dtype of what crosses one unit boundary for one micro-batch.
+
+    ``shapes`` has one entry per tensor; ``packed`` is True when the value is a tuple,
+    sent as one flat buffer (all parts share ``dtype``).
+    """
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: torch.dtype
+    device: torch.device
+    packed: bool
+
+    @staticmethod
+    def of(value: torch.Tensor | tuple) -> "BoundarySpec":
+        if isinstance(value, torch.Tensor):
+            return BoundarySpec((tuple(value.shape),), value.dtype, value.device, False)
+        dtypes = {t.dtype for t in value}
+        if len(dtypes) != 1:
+            raise TypeError(f"a unit boundary tuple must share one dtype, got {sorted(map(str, dtypes))}")
+        return BoundarySpec(tuple(tuple(t.shape) for t in value), value[0].dtype, value[0].device, True)
+
+    def numel(self) -> int:
+        total = 0
+        for s in self.shapes:
+            n = 1
+            for d in s:
+                n *= d
+            total += n
+        return total
+
+    def empty(self) -> torch.Tensor:
+        if self.packed:
+            return torch.empty(self.numel(), dtype=self.dtype, device=self.device)
+        return torch.empty(self.shapes[0], dtype=self.dtype, device=self.device)
+
+
+def pack(parts: tuple | list) -> torch.Tensor:
+    return torch.cat([p.reshape(-1) for p in parts])
+
+
+def unpack(flat: torch.Tensor, spec: BoundarySpec) -> tuple[torch.Tensor, ...]:
+    out, off = [], 0
+    for s in spec.shapes:
+        n = 1
+        for d in s:
+            n *= d
+        out.append(flat[off:off + n].view(s))
+        off += n
+    return tuple(out)
+
+
+def flatten_params(module: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def flatten_grads(module: nn.Module) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
+                      for p in module.parameters()])
+
+
+def load_params(module: nn.Module, flat: torch.Tensor) -> None:
+    off = 0
+    with torch.no_grad():
+        for p in module.parameters():
+            n = p.numel()
+            p.copy_(flat[off:off + n].view_as(p))
+            off += n
+
+
+def load_grads(module: nn.Module, flat: torch.Tensor | None, accumulate: bool = False) -> None:
+    """Set (or add into) every parameter's ``.grad`` from ``flat``; ``None`` zeroes them."""
+    off = 0
+    for p in module.parameters():
+        n = p.numel()
+        if flat is None:
+            if p.grad is not None:
+                p.grad.zero_()
+            continue
+        part = flat[off:off + n].view_as(p)
+        if p.grad is None:
+            p.grad = part.clone()
+        elif accumulate:
+            p.grad.add_(part)
+        else:
+            p.grad.copy_(part)
+        off += n

@@ -1,0 +1,235 @@
+"""Transports: how one rank's tensors reach another.
+
+Both transports give the same non-blocking interface: ``isend``/``irecv``/``collective``
+return a handle whose ``wait(timeout)`` completes the operation or raises ``CommTimeout``.
+Point-to-point messages on one directed link are matched in posting order (FIFO), which is
+the rule the validator enforces, so gloo, NCCL and the local transport agree.
+
+- ``DistTransport``: torch.distributed (gloo on CPU, NCCL on GPUs). Messages to a higher
+  rank and to a lower rank travel in two separate process groups, so the two directions
+  never serialise behind each other (NCCL runs each communicator on its own stream).
+- ``LocalTransport``: every rank in one process (threads), for tests and emulation.
+"""
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Protocol, Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["CommTimeout", "PeerFailure", "Handle", "Transport", "DistTransport", "LocalHub", "LocalTransport"]
+
+
+class CommTimeout(RuntimeError):
+    """A communication wait did not complete in time."""
+
+
+class PeerFailure(RuntimeError):
+    """A communication failed because a peer went away."""
+
+
+class Handle(Protocol):
+    def wait(self, timeout: float) -> None: ...
+
+
+class Transport(Protocol):
+    rank: int
+    world_size: int
+
+    def isend(self, tensor: torch.Tensor, peer: int) -> Handle: ...
+
+    def irecv(self, tensor: torch.Tensor, peer: int) -> Handle: ...
+
+    def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None) -> Handle: ...
+
+
+class _Done:
+    def wait(self, timeout: float) -> None:
+        return None
+
+
+# --------------------------------------------------------------------------- torch.distributed
+class _DistHandle:
+    def __init__(self, work: dist.Work) -> None:
+        self.work = work
+
+    def wait(self, timeout: float) -> None:
+        try:
+            self.work.wait(datetime.timedelta(seconds=timeout))
+        except RuntimeError as e:
+            text = str(e)
+            if "Timed out" in text or "timed out" in text or "Timeout" in text:
+                raise CommTimeout(text) from None
+            raise PeerFailure(text) from None
+
+
+class DistTransport:
+    """Point-to-point and collectives over an initialised default process group."""
+
+    def __init__(self, groups: Sequence[Sequence[int]] = ()) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("DistTransport needs torch.distributed initialised (torchrun or pipert's launcher)")
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        # Every rank must create the same groups in the same order.
+        self.up = dist.new_group(list(range(self.world_size)))
+        self.down = dist.new_group(list(range(self.world_size)))
+        self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        for g in groups:
+            key = tuple(sorted(g))
+            if key not in self.groups:
+                self.groups[key] = dist.new_group(list(key))
+
+    def _pg(self, src: int, dst: int) -> dist.ProcessGroup:
+        return self.up if src < dst else self.down
+
+    def isend(self, tensor: torch.Tensor, peer: int) -> Handle:
+        return _DistHandle(dist.isend(tensor, peer, group=self._pg(self.rank, peer)))
+
+    def irecv(self, tensor: torch.Tensor, peer: int) -> Handle:
+        return _DistHandle(dist.irecv(tensor, peer, group=self._pg(peer, self.rank)))
+
+    def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None) -> Handle:
+        key = tuple(sorted(group))
+        if len(key) == 1:
+            return _Done()
+        pg = self.groups.get(key)
+        if pg is None:
+            raise RuntimeError(f"group {key} was not created up front; pass it to DistTransport(groups=...)")
+        if op == "BROADCAST":
+            work = dist.broadcast(tensor, root, group=pg, async_op=True)
+        elif op == "REDUCE":
+            work = dist.reduce(tensor, root, op=dist.ReduceOp.SUM, group=pg, async_op=True)
+        elif op == "ALLREDUCE":
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=pg, async_op=True)
+        else:
+            raise ValueError(f"collective {op} is not supported by DistTransport; allowed: BROADCAST, REDUCE, ALLREDUCE")
+        return _DistHandle(work)
+
+
+# --------------------------------------------------------------------------- one process
+class _Future:
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.error: BaseException | None = None
+
+    def set(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self._event.set()
+
+    def wait(self, timeout: float) -> None:
+        if not self._event.wait(timeout):
+            raise CommTimeout(f"timed out after {timeout:g} s")
+        if self.error is not None:
+            raise self.error
+
+
+class _Link:
+    """One directed link of a LocalHub: message k is matched by the k-th receive posted."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.messages: dict[int, torch.Tensor] = {}
+        self.sent = 0
+        self.posted = 0
+
+
+class _RecvHandle:
+    def __init__(self, link: _Link, seq: int, tensor: torch.Tensor, hub: "LocalHub") -> None:
+        self.link, self.seq, self.tensor, self.hub = link, seq, tensor, hub
+
+    def wait(self, timeout: float) -> None:
+        with self.link.cond:
+            ok = self.link.cond.wait_for(lambda: self.seq in self.link.messages or bool(self.hub.failed), timeout)
+            if self.seq in self.link.messages:
+                data = self.link.messages.pop(self.seq)
+            elif self.hub.failed:
+                raise PeerFailure(self.hub.failed)
+            else:
+                raise CommTimeout(f"timed out after {timeout:g} s")
+        self.tensor.copy_(data)
+
+
+class LocalHub:
+    """Shared state of all ranks of one process: FIFO mailboxes per directed link, and
+    rendezvous points for collectives."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.links = {(s, d): _Link() for s in range(world_size) for d in range(world_size) if s != d}
+        self.lock = threading.Lock()
+        self.pending: dict[tuple, dict] = {}
+        self.counts: dict[tuple[int, tuple[int, ...]], int] = {}
+        self.failed: str = ""
+
+    def fail(self, message: str) -> None:
+        """Mark the run failed: every pending and future receive raises PeerFailure."""
+        self.failed = message
+        for link in self.links.values():
+            with link.cond:
+                link.cond.notify_all()
+
+    def transport(self, rank: int) -> "LocalTransport":
+        return LocalTransport(self, rank)
+
+    def _collective(self, rank: int, op: str, tensor: torch.Tensor, group: tuple[int, ...],
+                    root: int | None) -> _Future:
+        with self.lock:
+            n = self.counts.get((rank, group), 0)
+            self.counts[(rank, group)] = n + 1
+            slot = self.pending.setdefault((group, n), {"parts": {}, "futures": {}})
+            slot["parts"][rank] = tensor
+            fut = _Future()
+            slot["futures"][rank] = fut
+            if len(slot["parts"]) < len(group):
+                return fut
+            del self.pending[(group, n)]
+        parts = slot["parts"]
+        if op == "BROADCAST":
+            for r, t in parts.items():
+                if r != root:
+                    t.copy_(parts[root])
+        elif op in ("REDUCE", "ALLREDUCE"):
+            total = sum(parts[r].clone() for r in group)
+            targets = [root] if op == "REDUCE" else list(group)
+            for r in targets:
+                parts[r].copy_(total)
+        else:
+            err = ValueError(f"collective {op} is not supported; allowed: BROADCAST, REDUCE, ALLREDUCE")
+            for f in slot["futures"].values():
+                f.set(err)
+            return fut
+        for f in slot["futures"].values():
+            f.set()
+        return fut
+
+
+class LocalTransport:
+    """One rank's view of a LocalHub. Sends copy the tensor, so the sender may reuse it."""
+
+    def __init__(self, hub: LocalHub, rank: int) -> None:
+        self.hub, self.rank, self.world_size = hub, rank, hub.world_size
+
+    def isend(self, tensor: torch.Tensor, peer: int) -> Handle:
+        link = self.hub.links[(self.rank, peer)]
+        data = tensor.detach().clone()
+        with link.cond:
+            link.messages[link.sent] = data
+            link.sent += 1
+            link.cond.notify_all()
+        return _Done()
+
+    def irecv(self, tensor: torch.Tensor, peer: int) -> Handle:
+        link = self.hub.links[(peer, self.rank)]
+        with link.cond:
+            seq = link.posted
+            link.posted += 1
+        return _RecvHandle(link, seq, tensor, self.hub)
+
+    def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None) -> Handle:
+        key = tuple(sorted(group))
+        if len(key) == 1:
+            return _Done()
+        return self.hub._collective(self.rank, op, tensor, key, root)

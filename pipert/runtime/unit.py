@@ -1,0 +1,314 @@
+"""Autograd mechanics of one unit: the F, B, D, W and RECOMPUTE ops the executor calls.
+
+A ``UnitRunner`` wraps one unit module (contract: ``pipert.models.partition``) and keeps a
+stash per micro-batch between its forward and its backward:
+
+- ``forward(mb, x)`` (F) runs the unit with autograd recording and returns its output
+  detached, ready to send; the last unit takes ``targets`` and returns its loss (detached,
+  the unscaled mean over its tokens). Inputs of a non-first unit are detached from whatever
+  produced them and their floating tensors are made leaves that require grad, so the graph
+  of a unit ends at its own inputs. ``keep_graph=False`` records nothing and keeps only the
+  inputs; ``recompute(mb)`` (RECOMPUTE) later rebuilds the graph.
+- ``backward(mb, grad)`` (B) computes the input gradient and accumulates every parameter's
+  ``.grad``; it frees the stash.
+- ``backward_input(mb, grad)`` (D) computes only the input gradient and keeps what the
+  weight gradient needs; ``backward_weight(mb)`` (W) accumulates the parameter gradients of
+  that micro-batch into ``.grad`` and frees the stash. D then W gives the same gradients as
+  B (up to floating-point summation order).
+
+Gradients: ``grad`` has the structure of the unit's output (Tensor or tuple; ``None``
+entries allowed for outputs that received no gradient). The returned input gradient has the
+structure of the input; a floating input that the unit does not use gets zeros, a
+non-floating input gets ``None``; the first unit returns ``None`` (its input is data).
+
+Loss scaling: the last unit's backward seeds its loss with ``loss_scale`` (default: the
+constructor's, 1.0). The executor passes ``1/M`` so that the accumulated gradients are
+those of the mean over M micro-batches, matching ``pipert.runtime.reference``. Other units
+ignore ``loss_scale``. An explicit ``grad`` for the last unit replaces the seed.
+
+D/W split (``split="intermediates"``, the default when available): the method of
+``torch.distributed.pipelining`` (zero-bubble). D walks the autograd graph once to find,
+for each parameter, the nodes where its path joins the path from the inputs to the outputs
+("intermediates"), records the gradients flowing into those nodes while computing the
+input gradient, and drops the graph above them. W restarts autograd from the recorded
+nodes, so it does only the weight-gradient work: D + W cost about one B plus a graph walk.
+Outputs that do not depend on the inputs (every output of the first unit) are kept whole
+and differentiated in W. D is written here on torch's graph helpers rather than calling
+``stage_backward_input``, which detaches outputs in place (an error for view outputs such
+as the q/k/v of a pre-attention unit) and drops the gradient of outputs independent of
+the inputs; W is torch's ``stage_backward_weight``. ``split="retain"`` (the fallback when the torch helpers do not
+import) keeps the whole graph after D and runs W as a second backward from the outputs to
+the parameters: simple, but W repeats the activation-gradient chain, so D + W costs about
+B + D. Memory between D and W: "intermediates" keeps the graph below the recorded nodes
+(what W needs) and frees the rest; "retain" keeps the whole graph of the unit.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Union
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["UnitRunner", "Activation"]
+
+Activation = Union[Tensor, tuple[Tensor, ...]]
+
+
+def _split_helpers() -> Any:
+    """The torch zero-bubble graph helpers, or None when this torch has none."""
+    try:
+        from torch.distributed.pipelining import _backward as helpers
+        arity = {"_get_grad_fn_or_grad_acc": 1, "construct_reverse_graph": 1, "reverse_closure": 3,
+                 "get_param_groups": 3}
+        for name, n in arity.items():  # the signatures this module was written against
+            if len(inspect.signature(getattr(helpers, name)).parameters) != n:
+                return None
+        if "param_groups" not in inspect.signature(helpers.stage_backward_weight).parameters:
+            return None
+        return helpers
+    except Exception:  # noqa: BLE001 - any failure selects the fallback
+        return None
+
+
+@dataclass
+class _Entry:
+    """What one micro-batch keeps between its forward and its (last) backward."""
+
+    inputs: tuple[Tensor, ...]        # leaves the module consumed (floating ones require grad unless first)
+    single: bool                      # the input activation was one Tensor, not a tuple
+    targets: Tensor | None
+    outputs: tuple[Tensor, ...] | None = None  # graph roots; None while awaiting RECOMPUTE or after D
+    groups: list | None = None        # after D (intermediates): parameter groups with captured grads
+    rest: tuple[list, list] | None = None  # after D: (outputs, grads) that W must differentiate whole
+    input_done: bool = False          # D ran; only W may follow
+
+
+def _as_tuple(x: Activation) -> tuple[tuple[Tensor, ...], bool]:
+    if isinstance(x, Tensor):
+        return (x,), True
+    if isinstance(x, (tuple, list)) and all(isinstance(t, Tensor) for t in x):
+        return tuple(x), False
+    raise TypeError(f"an activation is a Tensor or a tuple of Tensors, got {type(x).__name__}")
+
+
+def _accumulate(p: Tensor, g: Tensor | None) -> None:
+    if g is None:
+        return
+    if p.grad is None:
+        p.grad = g
+    else:
+        p.grad.add_(g)
+
+
+class UnitRunner:
+    """Runs F/B/D/W/RECOMPUTE of one unit for any number of in-flight micro-batches."""
+
+    def __init__(self, module: nn.Module, is_first: bool, is_last: bool, *,
+                 loss_scale: float = 1.0, split: str = "auto") -> None:
+        if split not in ("auto", "intermediates", "retain"):
+            raise ValueError(f"split={split!r}; allowed: 'auto', 'intermediates', 'retain'")
+        self.module = module
+        self.is_first = is_first
+        self.is_last = is_last
+        self.loss_scale = loss_scale
+        self._helpers = _split_helpers() if split != "retain" else None
+        if split == "intermediates" and self._helpers is None:
+            raise RuntimeError("split='intermediates' needs torch.distributed.pipelining._backward")
+        self.split = "intermediates" if self._helpers is not None else "retain"
+        self._stash: dict[int, _Entry] = {}
+
+    # ------------------------------------------------------------------ queries
+    def stashed(self) -> list[int]:
+        """Micro-batches with a stash (forward done, last backward not yet run)."""
+        return sorted(self._stash)
+
+    def awaiting_weight(self) -> list[int]:
+        """Micro-batches whose D ran and whose W has not."""
+        return sorted(m for m, e in self._stash.items() if e.input_done)
+
+    def clear(self) -> None:
+        """Drop every stash (e.g. after a failed step)."""
+        self._stash.clear()
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, mb: int, inputs: Activation, targets: Tensor | None = None, *,
+                keep_graph: bool = True) -> Activation:
+        """F: run the unit on ``inputs``; return the detached output, or the loss if last."""
+        if mb in self._stash:
+            raise RuntimeError(f"forward of micro-batch {mb}: it is already stashed (forward twice?)")
+        if self.is_last and targets is None:
+            raise ValueError(f"forward of micro-batch {mb}: the last unit needs targets")
+        xs, single = _as_tuple(inputs)
+        leaves = tuple(self._leaf(t) for t in xs)
+        entry = _Entry(leaves, single, targets)
+        out = self._run(entry, record=keep_graph)
+        self._stash[mb] = entry
+        return out
+
+    def recompute(self, mb: int) -> None:
+        """RECOMPUTE: rebuild the graph of a forward that ran with ``keep_graph=False``."""
+        entry = self._get(mb, "RECOMPUTE")
+        if entry.outputs is not None or entry.input_done:
+            raise RuntimeError(f"RECOMPUTE of micro-batch {mb}: its graph is already present")
+        self._run(entry, record=True)
+
+    def _leaf(self, t: Tensor) -> Tensor:
+        t = t.detach()
+        if not self.is_first and (t.is_floating_point() or t.is_complex()):
+            t.requires_grad_(True)
+        return t
+
+    def _run(self, entry: _Entry, record: bool) -> Activation:
+        x = entry.inputs[0] if entry.single else entry.inputs
+        with torch.set_grad_enabled(record):
+            out = self.module(x, entry.targets) if self.is_last else self.module(x)
+        if self.is_last:
+            if not isinstance(out, Tensor) or out.numel() != 1:
+                raise TypeError("the last unit must return a scalar loss tensor")
+            if record:
+                entry.outputs = (out,)
+            return out.detach()
+        outs, single = _as_tuple(out)
+        if record:
+            entry.outputs = outs
+        detached = tuple(o.detach() for o in outs)
+        return detached[0] if single else detached
+
+    # ------------------------------------------------------------------ backward
+    def backward(self, mb: int, grad_output: Activation | None = None, *,
+                 loss_scale: float | None = None) -> Activation | None:
+        """B: return the input gradient and accumulate the parameter gradients; frees the stash."""
+        entry = self._ready(mb, "B")
+        outs, grads = self._roots(mb, entry, grad_output, loss_scale)
+        del self._stash[mb]
+        if outs:
+            torch.autograd.backward(outs, grads)
+        return self._input_grads(entry, [t.grad for t in entry.inputs])
+
+    def backward_input(self, mb: int, grad_output: Activation | None = None, *,
+                       loss_scale: float | None = None) -> Activation | None:
+        """D: return the input gradient; keep what ``backward_weight(mb)`` needs."""
+        entry = self._ready(mb, "D")
+        outs, grads = self._roots(mb, entry, grad_output, loss_scale)
+        wanted = [t for t in entry.inputs if t.requires_grad]
+        if self.split == "retain":
+            got = self._grad(outs, wanted, grads, retain=True)
+            entry.rest = (outs, grads)
+        else:
+            got = self._input_grads_capturing(entry, outs, grads, wanted)
+        entry.outputs, entry.input_done = None, True
+        it = iter(got)
+        return self._input_grads(entry, [next(it) if t.requires_grad else None for t in entry.inputs])
+
+    def backward_weight(self, mb: int) -> None:
+        """W: accumulate the parameter gradients of ``mb`` (after its D); frees the stash."""
+        entry = self._stash.get(mb)
+        if entry is None or not entry.input_done:
+            raise RuntimeError(f"W of micro-batch {mb}: no D ran for it (stashed: {self.stashed()}, "
+                               f"awaiting W: {self.awaiting_weight()})")
+        del self._stash[mb]
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if entry.rest is not None and entry.rest[0]:
+            outs, grads = entry.rest
+            for p, g in zip(params, self._grad(outs, params, grads, retain=bool(entry.groups))):
+                _accumulate(p, g)
+        if entry.groups:
+            self._helpers.stage_backward_weight(iter(params), entry.groups)  # frees the graph below
+
+    # ------------------------------------------------------------------ helpers
+    def _get(self, mb: int, op: str) -> _Entry:
+        entry = self._stash.get(mb)
+        if entry is None:
+            raise RuntimeError(f"{op} of micro-batch {mb}: nothing stashed (stashed: {self.stashed()})")
+        return entry
+
+    def _ready(self, mb: int, op: str) -> _Entry:
+        entry = self._get(mb, op)
+        if entry.input_done:
+            raise RuntimeError(f"{op} of micro-batch {mb}: its D already ran; only W may follow")
+        if entry.outputs is None:
+            raise RuntimeError(f"{op} of micro-batch {mb}: forward ran without a graph; RECOMPUTE first")
+        return entry
+
+    def _roots(self, mb: int, entry: _Entry, grad_output: Activation | None,
+               loss_scale: float | None) -> tuple[list[Tensor], list[Tensor]]:
+        """Outputs to differentiate and their seeds, skipping those without grad."""
+        outs = entry.outputs
+        if self.is_last and grad_output is None:
+            scale = self.loss_scale if loss_scale is None else loss_scale
+            grads: tuple = (torch.full_like(outs[0], scale),)
+        elif grad_output is None:
+            raise ValueError(f"backward of micro-batch {mb}: a non-last unit needs the output gradient")
+        elif isinstance(grad_output, Tensor):
+            grads = (grad_output,)
+        else:
+            grads = tuple(grad_output)
+        if len(grads) != len(outs):
+            raise ValueError(f"backward of micro-batch {mb}: {len(grads)} gradient(s) for {len(outs)} output(s)")
+        keep_o, keep_g = [], []
+        for i, (o, g) in enumerate(zip(outs, grads)):
+            if g is None or not o.requires_grad:
+                continue
+            if g.shape != o.shape:
+                raise ValueError(f"backward of micro-batch {mb}: gradient {i} has shape {tuple(g.shape)}, "
+                                 f"output has {tuple(o.shape)}")
+            keep_o.append(o)
+            keep_g.append(g.to(o.dtype))
+        return keep_o, keep_g
+
+    @staticmethod
+    def _grad(outs: list[Tensor], wrt: list[Tensor], grads: list[Tensor], retain: bool) -> tuple:
+        if not outs or not wrt:
+            return tuple(None for _ in wrt)
+        return torch.autograd.grad(outs, wrt, grads, retain_graph=retain, allow_unused=True)
+
+    def _input_grads(self, entry: _Entry, grads: list[Tensor | None]) -> Activation | None:
+        if self.is_first:
+            return None
+        res = tuple(None if not t.requires_grad else (torch.zeros_like(t) if g is None else g)
+                    for t, g in zip(entry.inputs, grads))
+        return res[0] if entry.single else res
+
+    def _input_grads_capturing(self, entry: _Entry, outs: list[Tensor], grads: list[Tensor],
+                               wanted: list[Tensor]) -> tuple:
+        """D by the torch zero-bubble method; fills ``entry.groups`` and ``entry.rest``."""
+        h = self._helpers
+        node = h._get_grad_fn_or_grad_acc
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        out_nodes = [node(o) for o in outs]
+        in_nodes = [node(t) for t in wanted]
+        reverse = h.construct_reverse_graph(out_nodes)
+        in_closure, _ = h.reverse_closure(in_nodes, set(), reverse)
+        # an output whose node is outside the inputs' closure does not depend on the inputs:
+        # no intermediate can carry its gradient, so W differentiates it whole
+        dep = [i for i, n in enumerate(out_nodes) if n in in_closure]
+        indep = [i for i in range(len(outs)) if i not in dep]
+        entry.rest = ([outs[i] for i in indep], [grads[i] for i in indep])
+        groups = h.get_param_groups(in_nodes, [node(p) for p in params], reverse) if dep else []
+        handles = []
+        try:
+            for group in groups:
+                group["intermediates"] = list(group["intermediates"])
+                for i, inter in enumerate(group["intermediates"]):
+                    handles.append(inter.register_prehook(_capture(group, i)))
+            got = self._grad([outs[i] for i in dep], wanted, [grads[i] for i in dep], retain=True)
+        finally:
+            for handle in handles:
+                handle.remove()
+        entry.groups = []
+        for group in groups:  # W restarts only from intermediates that a gradient reached
+            seen = group.pop("captured", {})
+            if seen:
+                group["intermediates"] = [group["intermediates"][i] for i in sorted(seen)]
+                group["grads"] = [seen[i] for i in sorted(seen)]
+                entry.groups.append(group)
+        return got
+
+
+def _capture(group: dict, i: int):
+    """Pre-hook recording the gradient that flows into intermediate ``i`` of ``group``."""
+    def hook(grad_outputs):
+        group.setdefault("captured", {})[i] = grad_outputs
+    return hook

@@ -1,0 +1,162 @@
+"""Equality checks of pipelined training against the single-process reference step.
+
+Used by the test-suite and by ``pipert train --check``: the same tiny model, the same batch,
+one step with a schedule, and the relative errors of loss, gradients and updated parameters.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["Case", "CaseResult", "tiny_units", "make_batch", "run_case", "run_cases_dist", "rel_err", "sgd"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One schedule configuration to check."""
+
+    schedule: str
+    stages: int
+    microbatches: int
+    dtype: str = "float64"
+    chunks: int | None = None
+    options: tuple = ()
+    """Extra generator options as (name, value) pairs."""
+    steps: int = 1
+    """Training steps; every step is checked against a reference started from the same weights."""
+    fine: bool = False
+    """Partition into three units per layer instead of chunks of layers."""
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    loss_err: float
+    grad_err: float
+    param_err: float
+    sent_bytes: dict
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["case"] = asdict(self.case)
+        return d
+
+
+def sgd(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    """The tests' optimizer: plain SGD with momentum (updates depend on gradients linearly)."""
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def tiny_units(num_units: int, dtype: str, seed: int = 0, fine: bool = False) -> list[nn.Module]:
+    from .models import LlamaConfig, LlamaModel, partition
+    if fine and num_units % 3:
+        raise ValueError(f"a fine partition has 3 units per layer; {num_units} units is not a multiple of 3")
+    layers = num_units // 3 if fine else num_units
+    cfg = LlamaConfig(vocab=64, hidden=32, layers=layers, heads=4, kv_heads=2, ffn=48, max_seq=16, dtype=dtype)
+    return partition(LlamaModel(cfg, seed=seed), num_units, fine=fine)
+
+
+def make_batch(microbatches: int, seed: int = 0, mb_size: int = 2, seq: int = 8, vocab: int = 64):
+    g = torch.Generator().manual_seed(1000 + seed)
+    tokens = torch.randint(0, vocab, (microbatches * mb_size, seq + 1), generator=g)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """max over tensors of max|a-b| / max|b| (b is the reference); keys must agree."""
+    if set(a) != set(b):
+        missing, extra = sorted(set(b) - set(a))[:3], sorted(set(a) - set(b))[:3]
+        raise AssertionError(f"parameter names differ: missing {missing}, unexpected {extra}")
+    worst = 0.0
+    for k, ref in b.items():
+        diff = (a[k].double().cpu() - ref.double().cpu()).abs().max().item()
+        worst = max(worst, diff / max(ref.double().abs().max().item(), 1e-300))
+    return worst
+
+
+def _schedule(case: Case):
+    from .schedules import build_schedule
+    return build_schedule(case.schedule, stages=case.stages, microbatches=case.microbatches, chunks=case.chunks,
+                          **dict(case.options))
+
+
+def _snapshot(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone().cpu() for k, v in named.items()}
+
+
+def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, timeout: float = 60.0,
+             gather: Callable[[dict], dict] | None = None) -> CaseResult | None:
+    """Train ``case.steps`` steps with the schedule and with the reference; worst errors.
+
+    For backend "dist" every rank calls this; rank 0 returns the result, the others None.
+    """
+    from .runtime.pipeline import Pipeline
+    from .runtime.reference import reference_step
+    schedule = _schedule(case)
+    units = tiny_units(schedule.num_units, case.dtype, fine=case.fine)
+    ref_units = copy.deepcopy(units)
+    ref_opt = optimizer([p for u in ref_units for p in u.parameters()])
+    pipe = Pipeline(units, schedule, optimizer=optimizer, backend=backend, timeout=timeout)
+    gather = gather or (lambda d: d)
+    worst = [0.0, 0.0, 0.0]
+    sent: dict = {}
+    for step in range(case.steps):
+        x, y = make_batch(case.microbatches, seed=step)
+        loss = pipe.step(x, y)
+        grads = gather(_snapshot(pipe.named_grads()))
+        params = gather(_snapshot(pipe.named_parameters()))
+        for r in pipe.last_results.values():
+            for k, v in r.sent_bytes.items():
+                sent[k] = sent.get(k, 0) + v
+        if backend == "dist" and dist.get_rank() != 0:
+            continue
+        ref = reference_step(ref_units, x, y, case.microbatches, optimizer=ref_opt)
+        ref_loss = float(ref.loss)
+        worst[0] = max(worst[0], abs(loss - ref_loss) / max(abs(ref_loss), 1e-300))
+        worst[1] = max(worst[1], rel_err(grads, ref.grads))
+        worst[2] = max(worst[2], rel_err(params, ref.params_after))
+    if backend == "dist":
+        parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(sent, parts, dst=0)
+        if dist.get_rank() != 0:
+            return None
+        sent = {}
+        for part in parts:
+            for k, v in part.items():
+                sent[k] = sent.get(k, 0) + v
+    return CaseResult(case, worst[0], worst[1], worst[2], sent)
+
+
+def _gather_to_zero(d: dict) -> dict:
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(d, parts, dst=0)
+    if dist.get_rank() != 0:
+        return {}
+    out: dict = {}
+    for p in parts:
+        out.update(p)
+    return out
+
+
+def run_cases_dist(rank: int, world: int, cases: Sequence[Case], out_path: str, timeout: float = 60.0) -> None:
+    """Process entry (see ``pipert.runtime.launch.launch``): run every case, rank 0 writes JSON."""
+    torch.set_num_threads(1)
+    results = []
+    for case in cases:
+        try:
+            res = run_case(case, backend="dist", gather=_gather_to_zero, timeout=timeout)
+            if res is not None:
+                results.append(res.as_dict())
+        except Exception as e:  # noqa: BLE001 - recorded per case; the test reports it
+            if rank == 0:
+                results.append({"case": asdict(case), "error": f"{type(e).__name__}: {e}"})
+            raise
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)

@@ -1,0 +1,37 @@
+"""Pipelined training in one process (local transport) equals the reference step."""
+import pytest
+import torch
+
+from pipert.schedules import build_schedule
+from pipert.testing import Case, rel_err, run_case
+
+CLASSIC = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"]
+CASES = [Case(n, P, M, "float64", steps=2) for n in CLASSIC for P in (2, 3, 4) for M in (P, 2 * P, 2 * P + 1)]
+
+
+def _allowed(c: Case) -> bool:
+    try:
+        build_schedule(c.schedule, stages=c.stages, microbatches=c.microbatches)
+        return True
+    except ValueError:
+        return False
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if _allowed(c)], ids=lambda c: f"{c.schedule}-P{c.stages}-M{c.microbatches}")
+def test_local_float64_equals_reference(case):
+    r = run_case(case)
+    assert r.loss_err <= 1e-12 and r.grad_err <= 1e-10 and r.param_err <= 1e-10, r
+
+
+@pytest.mark.parametrize("name", CLASSIC)
+def test_local_float32_equals_reference(name):
+    r = run_case(Case(name, 4, 8, "float32"))
+    assert r.loss_err <= 1e-5 and r.grad_err <= 1e-5 and r.param_err <= 1e-5, r
+
+
+def test_rel_err_detects_a_one_ulp_change():
+    a = {"w": torch.tensor([1.0, 2.0], dtype=torch.float64)}
+    b = {"w": torch.nextafter(a["w"], torch.tensor(3.0, dtype=torch.float64))}
+    assert rel_err(a, b) > 0
+    with pytest.raises(AssertionError, match="names differ"):
+        rel_err(a, {"v": a["w"]})
