@@ -10,7 +10,8 @@ Weight edges (``weights=True``): a rank that computes unit u without owning it r
 last backward of u; the owner sends at the start and receives before ``OPT u``. Weight-
 passing generators that route weights through rings or groups emit transfers themselves.
 
-The position of a RECV in the list fixes its order in the rank's receive queue; it is
+A compute split into sub-blocks (``sub=(i, n)``) receives before its first piece and sends
+after its last. The position of a RECV in the list fixes its order in the rank's receive queue; it is
 posted as soon as the queue reaches it, independent of the compute queue.
 """
 from __future__ import annotations
@@ -64,20 +65,22 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
                         prog.append(Action(Op.RECV, unit=u, payload=Payload.WGRAD, peer=src))
             if weights and (r, u) in first_use and first_use[(r, u)] == i:
                 prog.append(Action(Op.RECV, unit=u, payload=Payload.WEIGHT, peer=placement.weight_owner[u]))
-            if a.op is Op.F and u > 0:
+            first_piece = a.sub is None or a.sub[0] == 0
+            last_piece = a.sub is None or a.sub[0] == a.sub[1] - 1
+            if a.op is Op.F and u > 0 and first_piece:
                 src = _rank_of(placement, u - 1, mbs)
                 if src != r:
                     prog.append(Action(Op.RECV, unit=u - 1, mb=mbs, payload=Payload.ACT, peer=src))
-            elif a.op in (Op.B, Op.D) and u < last:
+            elif a.op in (Op.B, Op.D) and u < last and first_piece:
                 src = _rank_of(placement, u + 1, mbs)
                 if src != r:
                     prog.append(Action(Op.RECV, unit=u, mb=mbs, payload=Payload.GRAD, peer=src))
             prog.append(a)
-            if a.op is Op.F and u < last:
+            if a.op is Op.F and u < last and last_piece:
                 dst = _rank_of(placement, u + 1, mbs)
                 if dst != r:
                     prog.append(Action(Op.SEND, unit=u, mb=mbs, payload=Payload.ACT, peer=dst))
-            elif a.op in (Op.B, Op.D) and u > 0:
+            elif a.op in (Op.B, Op.D) and u > 0 and last_piece:
                 dst = _rank_of(placement, u - 1, mbs)
                 if dst != r:
                     prog.append(Action(Op.SEND, unit=u - 1, mb=mbs, payload=Payload.GRAD, peer=dst))

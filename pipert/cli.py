@@ -1,0 +1,144 @@
+"""The ``pipert`` command: simulate | compare | train | emulate | plan."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+
+__all__ = ["main", "build_parser"]
+
+
+def _schedule_names() -> list[str]:
+    from .schedules import available
+    return available()
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .scenario import scenario_from_args
+    from .sim import simulate, validate
+    from .schedule import Schedule
+    sc = scenario_from_args(args)
+    if args.schedule.endswith(".json"):
+        sched = Schedule.load(args.schedule)
+    else:
+        sched = sc.build(args.schedule)
+    validate(sched, cost=sc.cost_for(sched), memory_limit=sc.memory_limit)
+    res = simulate(sched, sc.cost_for(sched), links=sc.links, topology=sc.topology)
+    if args.trace:
+        from .sim.export import write_chrome_trace
+        write_chrome_trace(res, args.trace)
+    if args.plot:
+        from .sim.export import plot_gantt
+        plot_gantt(res, args.plot)
+    if args.save:
+        sched.save(args.save)
+    if args.json:
+        print(json.dumps(res.summary()))
+        return 0
+    print(f"schedule      {sched.name}  (P={sched.num_ranks}, M={sched.num_microbatches}, units={sched.num_units})")
+    print(f"makespan      {res.makespan:.6g}")
+    print(f"bubble ratio  {res.bubble_ratio:.4f}")
+    print(f"peak memory   {', '.join(f'{m:.6g}' for m in res.peak_memory)}")
+    print(f"comm bytes    {', '.join(f'{k}={v:.6g}' for k, v in res.comm_bytes.items()) or 'none'}")
+    if args.grid:
+        from .sim.export import text_grid
+        print(text_grid(res))
+    for what, path in (("trace", args.trace), ("plot", args.plot), ("schedule", args.save)):
+        if path:
+            print(f"wrote {what} to {path}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare, print_ranking
+    from .scenario import scenario_from_args
+    sc = scenario_from_args(args)
+    rows = compare(sc, names=args.schedules.split(",") if args.schedules else None)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows]))
+    else:
+        print_ranking(rows, sc)
+    if args.plot:
+        from .compare import plot_comparison
+        plot_comparison(rows, sc, args.plot)
+        if not args.json:
+            print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .train import TrainConfig, run_train
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    run_train(cfg)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .scenario import add_scenario_args
+    from .train import TrainConfig
+    p = argparse.ArgumentParser(prog="pipert", description="Pipeline-parallel schedules: simulate, compare, train.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("simulate", help="simulate one schedule on one scenario")
+    s.add_argument("schedule", help="registered schedule name, or a schedule .json file")
+    add_scenario_args(s)
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--trace", help="write a Chrome-trace JSON (open in Perfetto)")
+    s.add_argument("--plot", help="write a PNG Gantt chart")
+    s.add_argument("--grid", action="store_true", help="print a time-aligned text grid")
+    s.add_argument("--save", help="write the schedule as JSON")
+    s.set_defaults(fn=cmd_simulate)
+
+    c = sub.add_parser("compare", help="simulate every applicable schedule on one scenario, ranked")
+    add_scenario_args(c)
+    c.add_argument("--schedules", help="comma-separated names (default: all registered)")
+    c.add_argument("--json", action="store_true", help="print a JSON list")
+    c.add_argument("--plot", default="pipert-compare.png", help="PNG with one Gantt chart per schedule ('' to skip)")
+    c.set_defaults(fn=cmd_compare)
+
+    t = sub.add_parser("train", help="train the built-in model with a pipeline schedule")
+    defaults = TrainConfig()
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = getattr(defaults, f.name)
+        doc = (f.metadata.get("help") if f.metadata else None) or ""
+        if isinstance(default, bool):
+            t.add_argument(flag, action="store_true", help=doc)
+        else:
+            kind = type(default) if default is not None else int
+            t.add_argument(flag, type=kind, default=default, help=doc)
+    t.set_defaults(fn=cmd_train)
+
+    for register in _extra_commands():
+        register(sub)
+    return p
+
+
+def _extra_commands() -> list:
+    out = []
+    try:
+        from .emulate.cli import register as reg_emulate
+        out.append(reg_emulate)
+    except ImportError:
+        pass
+    try:
+        from .plan import register as reg_plan
+        out.append(reg_plan)
+    except ImportError:
+        pass
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"pipert {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""A scenario: schedule config + cost model + topology + links, built from CLI-style flags.
+
+Shared by ``simulate``, ``compare``, ``emulate`` and ``plan`` so they read flags the same way.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .cost.topology import Links, Topology
+from .cost.uniform import UniformCost
+from .schedule import Schedule
+from .schedules import build_schedule, family
+
+__all__ = ["Scenario", "add_scenario_args", "scenario_from_args"]
+
+
+@dataclass
+class Scenario:
+    """Everything needed to build and time schedules on one configuration."""
+
+    stages: int
+    """Pipeline stages = ranks P."""
+    microbatches: int
+    """Micro-batches per step M."""
+    chunks: int | None
+    """Units per rank V for interleaved schedules (None: each schedule's default)."""
+    cost_fn: Callable[[int], Any]
+    """num_units -> CostModel (analytic models size their units by the schedule's count)."""
+    topology: Topology
+    links: Any
+    """A LinkModel, or None when all transfers are free."""
+    memory_limit: float | None = None
+    """Per-rank memory limit in the cost model's memory unit (None: unlimited)."""
+    options: dict = field(default_factory=dict)
+    """Extra generator options (e.g. ranks_per_node for tawpipe)."""
+    per_stage: bool = False
+    """Uniform times describe one stage (one rank's share of the model) rather than one
+    unit: a schedule with P·V units gets times / V, so every schedule trains the same
+    model. ``compare`` sets this."""
+
+    def cost_for(self, schedule: Schedule) -> Any:
+        """The cost model for ``schedule``'s units."""
+        cost = self.cost_fn(schedule.num_units)
+        if self.per_stage and hasattr(cost, "scaled") and schedule.num_units != self.stages:
+            return cost.scaled(self.stages / schedule.num_units)
+        return cost
+
+    @property
+    def cost(self) -> Any:
+        """The cost model of a plain P-unit pipeline (one unit per stage)."""
+        return self.cost_fn(self.stages)
+
+    def build(self, name: str) -> Schedule:
+        """The schedule ``name`` on this scenario. ``chunks`` and options reach only the
+        families that take them, so one scenario can compare every family."""
+        fam = family(name)
+        chunks = self.chunks
+        if chunks is not None and not (fam.min_chunks <= chunks <= (fam.max_chunks or chunks)):
+            chunks = None
+        return build_schedule(name, stages=self.stages, microbatches=self.microbatches, chunks=chunks,
+                              **self.options_for(name))
+
+    def options_for(self, name: str) -> dict:
+        opts = dict(self.options)
+        opts.update(cost=self.cost, links=self.links, topology=self.topology, memory_limit=self.memory_limit)
+        accepted = family(name).options()
+        return opts if accepted is None else {k: v for k, v in opts.items() if k in accepted}
+
+
+def add_scenario_args(p: argparse.ArgumentParser, *, stages: int = 4, microbatches: int = 8) -> None:
+    g = p.add_argument_group("pipeline")
+    g.add_argument("--stages", "-P", type=int, default=stages, help="pipeline stages (ranks)")
+    g.add_argument("--microbatches", "-M", type=int, default=microbatches, help="micro-batches per step")
+    g.add_argument("--chunks", "-V", type=int, default=None, help="units per rank for interleaved schedules")
+    u = p.add_argument_group("uniform costs (time of one unit for one micro-batch)")
+    u.add_argument("--tf", type=float, default=None, help="forward time (default 1.0)")
+    u.add_argument("--tb", type=float, default=None, help="full backward time (default 2.0)")
+    u.add_argument("--td", type=float, default=None, help="input-gradient time (default tb/2)")
+    u.add_argument("--tw", type=float, default=None, help="weight-gradient time (default tb/2)")
+    m = p.add_argument_group("analytic transformer costs (instead of uniform)")
+    m.add_argument("--model", default=None, help="model preset: tiny, 1b, 7b, 13b, 70b")
+    m.add_argument("--seq", type=int, default=None, help="sequence length")
+    m.add_argument("--micro-batch-size", type=int, default=None, help="sequences per micro-batch")
+    m.add_argument("--device", default="h100", help="device preset for the analytic model")
+    t = p.add_argument_group("topology and links")
+    t.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: all on one node)")
+    t.add_argument("--dcs", type=int, default=1, help="datacenters; stages split into equal consecutive blocks")
+    t.add_argument("--dc-latency", type=float, default=0.0, help="latency of a cross-DC message (time unit of --tf)")
+    t.add_argument("--dc-transfer", type=float, default=0.0, help="link occupancy of a cross-DC message")
+    p.add_argument("--memory-limit", type=float, default=None, help="per-rank memory limit (cost-model units)")
+
+
+def scenario_from_args(args: argparse.Namespace) -> Scenario:
+    topo = Topology(args.stages, ranks_per_node=args.ranks_per_node, num_dcs=args.dcs)
+    options: dict = {}
+    if args.ranks_per_node:
+        options["ranks_per_node"] = args.ranks_per_node
+    if args.model:
+        from .cost.devices import DeviceSpec
+        from .cost.transformer import ModelSpec, TransformerCost, partition_layers
+        overrides = {k: v for k, v in (("seq", args.seq), ("micro_batch", args.micro_batch_size)) if v}
+        spec = ModelSpec.preset(args.model, **overrides)
+        device = DeviceSpec.preset(args.device)
+
+        def cost(num_units: int) -> TransformerCost:
+            return TransformerCost(spec, device, partition_layers(spec, num_units))
+        links = Links.preset(topo)
+    else:
+        if any(v is not None and v <= 0 for v in (args.tf, args.tb)):
+            bad = "--tf" if args.tf is not None and args.tf <= 0 else "--tb"
+            raise ValueError(f"{bad} must be > 0")
+        tf = args.tf if args.tf is not None else 1.0
+        tb = args.tb
+        if tb is None and (args.td is None or args.tw is None):
+            tb = 2.0
+        uniform = UniformCost(tf=tf, tb=tb, td=args.td, tw=args.tw)
+
+        def cost(num_units: int) -> UniformCost:
+            return uniform
+        links = Links.uniform_dc(topo, args.dc_latency, args.dc_transfer) if (args.dc_latency or args.dc_transfer) else None
+    return Scenario(args.stages, args.microbatches, args.chunks, cost, topo, links, args.memory_limit, options)
+

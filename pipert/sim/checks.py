@@ -1,0 +1,107 @@
+"""Rules checked after pass 1 has walked every rank: matching completeness, compute
+completeness, and whether a missing input is produced later or never."""
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING
+
+from ..schedule.action import Action, Op, Payload
+from .keys import describe_key, vkey
+
+if TYPE_CHECKING:
+    from .effects import BuilderState
+
+__all__ = ["finish_checks", "produced_keys"]
+
+_KD = {Payload.ACT: 0, Payload.GRAD: 3}
+
+
+def produced_keys(a: Action) -> list[int]:
+    """Value keys action ``a`` may produce (slow; used only to explain errors)."""
+    op, u = a.op, a.unit
+    if op is Op.F:
+        return [vkey(k, u, m) for m in a.mb for k in (0, 1)]
+    if op is Op.RECOMPUTE:
+        return [vkey(1, u, m) for m in a.mb]
+    if op in (Op.B, Op.D):
+        keys = [vkey(3, u - 1, m) for m in a.mb] if u else []
+        return keys + ([vkey(2, u, m) for m in a.mb] if op is Op.D else [])
+    if op is Op.RECV or a.is_comm:
+        if a.payload is Payload.WEIGHT:
+            return [vkey(4, u)]
+        if a.payload in _KD:
+            return [vkey(_KD[a.payload], u, m) for m in a.mb]
+    return []
+
+
+def finish_checks(b: "BuilderState") -> None:
+    _unmatched(b)
+    _collectives(b)
+    _completeness(b)
+    _classify_missing(b)
+
+
+def _unmatched(b: "BuilderState") -> None:
+    for lk, ls in b.link_state.items():
+        ns, nr = ls[0], ls[1]
+        if ns == nr:
+            continue
+        src, dst = divmod(lk, b.P)
+        what = f"link {src}->{dst} carries {ns} SEND(s) and {nr} RECV(s)"
+        for first in ls[3][min(ns, nr):]:
+            a, r, i = first
+            if a.op is Op.SEND:
+                b.error(r, i, a, "unmatched_send", f"no matching RECV on rank {dst}: {what}")
+            else:
+                b.error(r, i, a, "unmatched_recv", f"no matching SEND on rank {src}: {what}")
+
+
+def _collectives(b: "BuilderState") -> None:
+    for n, members in b.coll_members.items():
+        fa, fr, fi = members[0]
+        posted = {r for _, r, _ in members}
+        absent = sorted(set(fa.group) - posted)
+        if absent:
+            b.error(fr, fi, fa, "collective", f"collective is not posted by rank(s) {absent} of its group "
+                    f"{list(fa.group)} (each member must post the same k-th collective of the group)")
+
+
+def _completeness(b: "BuilderState") -> None:
+    fwd, bwd, wdone = b.fwd, b.bwd, b.wdone
+    for u in range(b.U):
+        for m in range(b.M):
+            fk = u << 32 | m
+            f = fwd.get(fk)
+            if f is None:
+                try:
+                    r = b.s.placement.rank(u, m)
+                except (IndexError, TypeError):
+                    r = 0
+                b.error(r, -1, None, "missing_compute", f"unit {u}, micro-batch {m} has no F on any rank")
+                continue
+            bk = bwd.get(fk)
+            r, i = f >> 32, f & 0xFFFFFFFF
+            if bk is None:
+                b.error(r, i, b.s.actions[r][i], "missing_compute", f"micro-batch {m} of unit {u} has no B or D")
+            elif bk & 1 and fk not in wdone:
+                loc = bk >> 1
+                r, i = loc >> 32, loc & 0xFFFFFFFF
+                b.error(r, i, b.s.actions[r][i], "missing_compute", f"micro-batch {m} of unit {u} has a D but no W")
+
+
+def _classify_missing(b: "BuilderState") -> None:
+    by_rank: dict[int, dict[int, list[int]]] = {}
+    for r, i, key in b.missing:
+        index = by_rank.get(r)
+        if index is None:
+            index = by_rank[r] = {}
+            for j, a in enumerate(b.s.actions[r]):
+                for k in produced_keys(a):
+                    index.setdefault(k, []).append(j)
+        later = index.get(key, [])
+        k = bisect.bisect_right(later, i)
+        a = b.s.actions[r][i]
+        if k < len(later):
+            b.error(r, i, a, "input_later", f"input {describe_key(key)} is produced later, at action {later[k]}")
+        else:
+            b.error(r, i, a, "missing_input", f"input {describe_key(key)} is never produced on rank {r}")

@@ -1,0 +1,91 @@
+"""Metrics derived from a timed graph: exposed communication, bytes per link class, events."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..cost.base import LINK_CLASSES
+from ..schedule.action import COLLECTIVE_OPS, Action, Op
+from .graph import Graph
+from .keys import K_TRANSFER, QUEUES
+from .timing import Times
+
+__all__ = ["exposed_comm", "comm_bytes", "events", "Event"]
+
+Event = tuple[int, str, Action, float, float]  # (rank, queue, action, start, end)
+
+
+def exposed_comm(g: Graph, t: Times) -> list[float]:
+    """Per rank: time its compute queue sat idle waiting for communicated data, beyond when
+    that data's producer had finished. At zero link cost this is 0 unless a rendezvous or a
+    queue stalled a transfer; waiting for upstream compute counts as bubble, not here.
+    A transfer's data is due when its producer ends; a collective's when it starts."""
+    comm_of: dict[int, list[int]] = {}
+    for n, c in g.comm_in:
+        comm_of.setdefault(n, []).append(c)
+    start, end0, end1 = t.start, t.end0, t.end1
+    out = []
+    for nodes in g.compute_nodes:
+        prev = total = 0.0
+        for n in nodes:
+            s = start[n]
+            if s > prev:
+                due = prev
+                for c in comm_of.get(n, ()):
+                    if g.kind[c] == K_TRANSFER:
+                        p = g.tx_prod.get(c)
+                        f = end1[p] if p is not None else 0.0
+                    else:
+                        f = start[c]
+                    if f > due:
+                        due = f
+                if s > due:
+                    total += s - due
+            prev = end0[n]
+        out.append(total)
+    return out
+
+
+def comm_bytes(g: Graph, topology: Any) -> dict[str, float]:
+    """Bytes moved per link class. A collective counts the bytes its ring algorithm puts on
+    each ring link: allreduce 2(n-1)/n·b, allgather/reducescatter (n-1)/n·b per link,
+    broadcast/reduce b on each of the n-1 links of the chain."""
+    out = {c: 0.0 for c in LINK_CLASSES}
+    for (s, d), b in g.link_bytes.items():
+        out[topology.link_class(s, d)] += b
+    for _, a, b in g.collectives:
+        ring = list(dict.fromkeys(a.group))
+        n = len(ring)
+        if n < 2:
+            continue
+        if a.op in (Op.BROADCAST, Op.REDUCE):
+            links, per = [(ring[j], ring[j + 1]) for j in range(n - 1)], b
+        else:
+            links = [(ring[j], ring[(j + 1) % n]) for j in range(n)]
+            per = (2 if a.op is Op.ALLREDUCE else 1) * (n - 1) / n * b
+        for s, d in links:
+            out[topology.link_class(s, d)] += per
+    return out
+
+
+def events(g: Graph, t: Times) -> list[Event]:
+    """One (rank, queue, action, start, end) per action, in rank then list order.
+    A RECV ends when its data arrives; a SEND when the link is free again."""
+    out: list[Event] = []
+    start, end0, end1 = t.start, t.end0, t.end1
+    coll_q = QUEUES[g.queue_of_coll]
+    for r, nodes in enumerate(g.node_of):
+        acts = g.schedule.actions[r]
+        for i, n in enumerate(nodes):
+            if n < 0:
+                continue
+            a = acts[i]
+            op = a.op
+            if op is Op.RECV:
+                out.append((r, "recv", a, start[n], end1[n]))
+            elif op is Op.SEND:
+                out.append((r, "send", a, start[n], end0[n]))
+            elif op in COLLECTIVE_OPS:
+                out.append((r, coll_q, a, start[n], end0[n]))
+            else:
+                out.append((r, "compute", a, start[n], end0[n]))
+    return out

@@ -1,0 +1,172 @@
+"""Pass 2 of the engine: longest path through the action DAG (Kahn's algorithm), deadlock
+(cycle) reporting, and the weight-grad set rules that need topological order.
+
+``start[n]`` is the latest of the times its in-edges carry (0 for a node without any),
+``end0 = start + dur``, ``end1 = end0 + lat`` (see graph.py). Time 0 is the earliest start.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ..schedule.action import Action
+from .errors import ScheduleError
+from .graph import Graph
+from .keys import K_TRANSFER
+
+__all__ = ["Times", "run_timing", "locate"]
+
+
+@dataclass
+class Times:
+    """Start and end times of every node of a Graph."""
+
+    start: list[float]
+    """Start time per node."""
+    end0: list[float]
+    """Occupancy / compute end per node (frees its queues and link)."""
+    end1: list[float]
+    """Data-ready time per node (end0 + latency)."""
+
+    @property
+    def makespan(self) -> float:
+        return max(self.end1, default=0.0)
+
+
+def run_timing(g: Graph) -> tuple[Times, list[int], list[ScheduleError]]:
+    """Times of all nodes, topological order, and deadlock/weight-grad errors."""
+    n_nodes = len(g.kind)
+    indeg = list(g.indeg)
+    ready = [0.0] * n_nodes
+    end0 = [0.0] * n_nodes
+    end1 = [0.0] * n_nodes
+    dur, lat, succ = g.dur, g.lat, g.succ
+    stack = [n for n in range(n_nodes) if not indeg[n]]
+    order: list[int] = []
+    pop, push, visit = stack.pop, stack.append, order.append
+    while stack:
+        n = pop()
+        visit(n)
+        e0 = ready[n] + dur[n]
+        e1 = e0 + lat[n]
+        end0[n] = e0
+        end1[n] = e1
+        for x in succ[n]:
+            m = x >> 1
+            t = e1 if x & 1 else e0
+            if t > ready[m]:
+                ready[m] = t
+            c = indeg[m] - 1
+            indeg[m] = c
+            if not c:
+                push(m)
+    times = Times(ready, end0, end1)
+    if len(order) < n_nodes:
+        return times, order, [_deadlock(g, indeg)]
+    return times, order, _wgrad_sets(g, order)
+
+
+def locate(g: Graph, nodes: set[int]) -> dict[int, list[tuple[int, int, Action]]]:
+    """(rank, index, action) of every action mapped to each of ``nodes``, in rank order."""
+    out: dict[int, list[tuple[int, int, Action]]] = {n: [] for n in nodes}
+    for r, nodes_r in enumerate(g.node_of):
+        acts = g.schedule.actions[r]
+        for i, n in enumerate(nodes_r):
+            if n in out:
+                out[n].append((r, i, acts[i]))
+    return out
+
+
+def _describe(g: Graph, refs: list[tuple[int, int, Action]]) -> str:
+    parts = [f"{a} (rank {r}, action {i})" for r, i, a in refs]
+    return " matched with ".join(parts)
+
+
+def _deadlock(g: Graph, indeg: list[int]) -> ScheduleError:
+    """Find a cycle among the nodes Kahn could not reach and name it."""
+    stuck = [n for n in range(len(indeg)) if indeg[n]]
+    stuck_set = set(stuck)
+    preds: dict[int, list[int]] = {}
+    for p in stuck:
+        for x in g.succ[p]:
+            m = x >> 1
+            if m in stuck_set:
+                preds.setdefault(m, []).append(p)
+    # every stuck node waits for a stuck predecessor, so walking predecessors must repeat
+    seen: dict[int, int] = {}
+    path: list[int] = []
+    n = stuck[0]
+    while n not in seen:
+        seen[n] = len(path)
+        path.append(n)
+        n = preds[n][0]
+    cycle = path[seen[n]:]
+    refs = locate(g, set(cycle))
+    k = min(range(len(cycle)), key=lambda j: (refs[cycle[j]][0][0], refs[cycle[j]][0][1]) if refs[cycle[j]]
+            else (1 << 62, 0))
+    cycle = cycle[k:] + cycle[:k]
+    r, i, a = refs[cycle[0]][0]
+    hops = [_describe(g, refs[c]) for c in cycle[1:]] + [f"{a} again"]
+    shown = hops if len(hops) <= 8 else hops[:7] + [f"... ({len(hops) - 7} more)"]
+    return ScheduleError(r, i, a, "deadlock", "deadlock: waits for " + ", which waits for ".join(shown))
+
+
+def _wgrad_sets(g: Graph, order: list[int]) -> list[ScheduleError]:
+    """Union weight-grad contributions in topological order; check OPTs get their update."""
+    if not g.wg_parts and not g.opt_checks:
+        return []
+    pos = [0] * len(g.kind)
+    for k, n in enumerate(order):
+        pos[n] = k
+    errors: list[ScheduleError] = []
+    sets: dict[int, set[int]] = {}
+    items = [(pos[n], 0, n, None) for n in g.wg_parts] + [(pos[c[0]], 1, c[0], c) for c in g.opt_checks]
+    items.sort(key=lambda t: (t[0], t[1]))
+    every = g.schedule.meta.get("update_every")
+    M = g.schedule.num_microbatches
+    for _, is_opt, n, chk in items:
+        if not is_opt:
+            parts = [mb for local, srcs in g.wg_parts[n] for mb in [local] + [sets.get(s, set()) for s in srcs]]
+            union, dup = _union(parts)
+            sets[n] = union
+            if dup:
+                refs = locate(g, {n})[n]
+                r, i, a = refs[0] if g.kind[n] != K_TRANSFER else next((x for x in refs if x[2].op.value == "SEND"),
+                                                                       refs[0])
+                errors.append(ScheduleError(r, i, a, "wgrad", f"micro-batch(es) {dup} contribute twice to the "
+                                            f"weight gradient of unit {a.unit}"))
+            continue
+        _, r, i, a, u, local, srcs, j = chk
+        union, dup = _union([local] + [sets.get(s, set()) for s in srcs])
+        if every:
+            need = set(range(j * every, min((j + 1) * every, M)))
+            what = f"update {j} (micro-batches {j * every}..{min((j + 1) * every, M) - 1})"
+        else:
+            need = set(range(M)) if j == 0 else set()
+            what = "the update" if j == 0 else f"a second update (meta has no 'update_every')"
+        if dup:
+            errors.append(ScheduleError(r, i, a, "wgrad", f"micro-batch(es) {dup} contribute twice to the weight "
+                                        f"gradient of unit {u}"))
+        elif union != need:
+            lack, extra = sorted(need - union), sorted(union - need)
+            detail = f"OPT u{u} for {what} "
+            detail += f"lacks weight-grad contributions of micro-batch(es) {_short(lack)}" if lack else \
+                f"has contributions of micro-batch(es) {_short(extra)} outside it"
+            errors.append(ScheduleError(r, i, a, "wgrad", detail))
+    return errors
+
+
+def _union(parts: list) -> tuple[set[int], list[int]]:
+    union: set[int] = set()
+    total = 0
+    for p in parts:
+        union.update(p)
+        total += len(p)
+    if len(union) == total:
+        return union, []
+    counts = Counter(m for p in parts for m in p)
+    return union, sorted(m for m, c in counts.items() if c > 1)
+
+
+def _short(ms: list[int]) -> str:
+    return ", ".join(map(str, ms[:8])) + (f", ... ({len(ms)} in all)" if len(ms) > 8 else "")

@@ -1,0 +1,211 @@
+"""``pipert train``: train the built-in LLaMA-style model with any registered schedule.
+
+Default (no flags): the "tiny" model, 4 ranks, 1F1B, 8 micro-batches, byte-level text of
+the Python standard library. Backend "auto": several GPUs -> NCCL processes; one GPU ->
+the local transport on that GPU; CPU -> gloo processes spawned by pipert.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["TrainConfig", "run_train", "resolve_backend"]
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class TrainConfig:
+    """Settings of one training run."""
+
+    schedule: str = "1f1b"
+    """Registered schedule name (see `pipert simulate --help` for the list)."""
+    stages: int = 4
+    """Pipeline ranks P."""
+    microbatches: int = 8
+    """Micro-batches per step M."""
+    chunks: int | None = None
+    """Units per rank for interleaved schedules."""
+    ranks_per_node: int | None = None
+    """Ranks per node, for topology-aware schedules (tawpipe)."""
+    steps: int = 300
+    """Training steps."""
+    batch_size: int = 16
+    """Sequences per step (split into `microbatches`)."""
+    seq: int = 64
+    """Tokens per sequence."""
+    model: str = "tiny"
+    """Model preset of pipert.models (tiny, small)."""
+    dtype: str = "float32"
+    """Parameter and activation dtype: float32, float64, bfloat16."""
+    lr: float = 3e-3
+    """AdamW learning rate."""
+    backend: str = "auto"
+    """auto, gloo, nccl or local."""
+    seed: int = 0
+    """Seed of model initialisation and data order."""
+    check: bool = False
+    """Also run the single-process reference step and report relative errors."""
+    json: bool = False
+    """Print one JSON object per step instead of a progress bar."""
+    timeout: float = 120.0
+    """Seconds any communication may wait before the run fails."""
+
+    def validate(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} unknown; allowed: {', '.join(_DTYPES)}")
+        for name in ("stages", "microbatches", "steps", "batch_size", "seq"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.batch_size % self.microbatches:
+            raise ValueError(f"--batch-size {self.batch_size} is not divisible into {self.microbatches} "
+                             f"micro-batches; use a multiple of {self.microbatches}")
+        if self.backend not in ("auto", "gloo", "nccl", "local"):
+            raise ValueError(f"--backend {self.backend!r} unknown; allowed: auto, gloo, nccl, local")
+
+
+def resolve_backend(name: str) -> str:
+    if name != "auto":
+        return name
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return "nccl" if n > 1 else ("local" if n == 1 else "gloo")
+
+
+def _build(cfg: TrainConfig, device: torch.device):
+    """Model units, schedule and data, identical in every process for the same config."""
+    from .models import build_model, partition
+    from .schedules import build_schedule
+    from .data import ByteCorpus
+    opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
+    schedule = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches, chunks=cfg.chunks,
+                              **opts)
+    model = build_model(cfg.model, seed=cfg.seed, max_seq=cfg.seq).to(device=device, dtype=_DTYPES[cfg.dtype])
+    units = partition(model, schedule.num_units)
+    corpus = ByteCorpus(cfg.seq, seed=cfg.seed)
+    return schedule, units, corpus
+
+
+def _rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """max over tensors of max|a-b| / max|b| (the reference is b)."""
+    worst = 0.0
+    for k, ref in b.items():
+        diff = (a[k].double() - ref.double()).abs().max().item()
+        worst = max(worst, diff / max(ref.double().abs().max().item(), 1e-30))
+    return worst
+
+
+def _report(cfg: TrainConfig, step: int, loss: float, tokens_per_s: float, extra: dict, bar) -> None:
+    if cfg.json:
+        print(json.dumps({"step": step, "loss": loss, "tokens_per_s": tokens_per_s, **extra}), flush=True)
+    elif bar is not None:
+        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", **{k: f"{v:.1e}" for k, v in extra.items()})
+        bar.update(1)
+
+
+def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device) -> list[float]:
+    from .runtime.pipeline import Pipeline
+    from .runtime.reference import reference_step
+    schedule, units, corpus = _build(cfg, device)
+    opt = lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=0.0)  # noqa: E731
+    # The reference keeps its own copy of the model and a persistent optimizer (AdamW state
+    # evolves across steps); each step it starts from the pipeline's current weights.
+    ref_units = _load(units, {}) if cfg.check and rank == 0 else None
+    ref_opt = opt([p for u in ref_units for p in u.parameters()]) if ref_units else None
+    pipe = Pipeline(units, schedule, optimizer=opt, backend="local" if backend == "local" else "dist",
+                    timeout=cfg.timeout)
+    bar = None
+    if rank == 0 and not cfg.json:
+        from tqdm import tqdm
+        bar = tqdm(total=cfg.steps, desc=f"pipert train {cfg.schedule} P={cfg.stages} M={cfg.microbatches}",
+                   file=sys.stderr)
+    losses = []
+    for step, (x, y) in enumerate(corpus.batches(cfg.batch_size, cfg.steps)):
+        x, y = x.to(device), y.to(device)
+        before = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()}) \
+            if cfg.check else None
+        t0 = time.perf_counter()
+        loss = pipe.step(x, y)
+        dt = time.perf_counter() - t0
+        extra = {}
+        if cfg.check:
+            grads = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_grads().items()})
+            after = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()})
+            if rank == 0:
+                _copy_into(ref_units, before)
+                ref = reference_step(ref_units, x, y, cfg.microbatches, optimizer=ref_opt, copy_units=False)
+                extra = {"max_grad_rel_err": _rel_err(grads, ref.grads),
+                         "max_param_rel_err": _rel_err(after, ref.params_after),
+                         "ref_loss": float(ref.loss)}
+        losses.append(loss)
+        if rank == 0:
+            _report(cfg, step, loss, cfg.batch_size * cfg.seq / dt, extra, bar)
+    if bar is not None:
+        bar.close()
+    return losses
+
+
+def _gather(pipe, fn) -> dict:
+    """Merge a per-rank dict on rank 0 (every rank of a dist job must call this)."""
+    local = fn()
+    if pipe.backend == "local":
+        return local
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object({k: v.cpu() for k, v in local.items()}, parts, dst=0)
+    if dist.get_rank() != 0:
+        return {}
+    merged: dict = {}
+    for p in parts:
+        merged.update(p)
+    return merged
+
+
+def _load(units, named: dict) -> list:
+    """Copies of ``units`` with parameters ``unit{u}.{name}`` taken from ``named`` (if given)."""
+    import copy
+    out = [copy.deepcopy(u) for u in units]
+    _copy_into(out, named)
+    return out
+
+
+def _copy_into(units, named: dict) -> None:
+    with torch.no_grad():
+        for i, u in enumerate(units):
+            for n, p in u.named_parameters():
+                if f"unit{i}.{n}" in named:
+                    p.copy_(named[f"unit{i}.{n}"].to(p.device, p.dtype))
+
+
+def _proc(rank: int, world: int, cfg: TrainConfig, backend: str) -> None:
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    torch.set_num_threads(1)
+    _loop(cfg, rank, backend, device)
+
+
+def run_train(cfg: TrainConfig) -> list[float] | None:
+    """Run training; returns the losses when run in this process (local backend)."""
+    cfg.validate()
+    backend = resolve_backend(cfg.backend)
+    from .schedules import build_schedule
+    from .models import model_config
+    layers = model_config(cfg.model).layers
+    opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
+    schedule = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches, chunks=cfg.chunks,
+                              **opts)  # rejects bad configs before any process starts
+    if schedule.num_units > layers:
+        raise ValueError(f"schedule {cfg.schedule} needs {schedule.num_units} units but model {cfg.model!r} has "
+                         f"only {layers} layers; use fewer stages/chunks or a larger model")
+    if backend == "local":
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        return _loop(cfg, 0, backend, device)
+    from .runtime.launch import launch
+    launch(_proc, cfg.stages, args=(cfg, backend), backend=backend, timeout=cfg.timeout)
+    return None
+
+
+def config_dict(cfg: TrainConfig) -> dict:
+    return asdict(cfg)
