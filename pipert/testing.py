@@ -160,3 +160,13 @@ def run_cases_dist(rank: int, world: int, cases: Sequence[Case], out_path: str, 
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
+
+
+def fault_worker(rank: int, world: int, schedule: str, microbatches: int, fault, timeout: float) -> None:
+    """Process entry: one step of a tiny model where ``fault`` stops one rank mid-step."""
+    from .runtime.pipeline import Pipeline
+    sched = _schedule(Case(schedule, world, microbatches))
+    units = tiny_units(sched.num_units, "float32")
+    pipe = Pipeline(units, sched, optimizer=sgd, backend="dist", timeout=timeout, fault=fault)
+    x, y = make_batch(microbatches)
+    pipe.step(x, y)

@@ -24,6 +24,11 @@ __all__ = ["PipelineError", "PipelineTimeout", "RankExecutor", "StepResult", "Fa
 class PipelineError(RuntimeError):
     """A pipeline step failed on some rank; the message names rank, action and peer."""
 
+    def __init__(self, message: str, rank: int | None = None, peer: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.peer = peer
+
 
 class PipelineTimeout(PipelineError):
     """A communication wait exceeded the pipeline's timeout."""
@@ -119,10 +124,17 @@ class RankExecutor:
             verb = "to" if a.op is Op.SEND or a.waits is Op.SEND else "from"
             raise PipelineTimeout(
                 f"rank {self.rank} stalled at action {i} ({a}): waited {self.timeout:g} s for "
-                f"{a.payload} {verb} rank {self.peer_text(a)}, which did not respond") from None
+                f"{a.payload} {verb} rank {self.peer_text(a)}, which did not respond", self.rank, a.peer) from None
         except PeerFailure as e:
             raise PipelineError(f"rank {self.rank} failed at action {i} ({a}): peer rank {self.peer_text(a)} "
-                                f"went away ({e})") from None
+                                f"went away ({e})", self.rank, a.peer) from None
+
+    def _post(self, post, i: int, a: Action) -> Handle:
+        try:
+            return post()
+        except PeerFailure as e:
+            raise PipelineError(f"rank {self.rank} failed at action {i} ({a}): peer rank {self.peer_text(a)} "
+                                f"went away ({e})", self.rank, a.peer) from None
 
     @staticmethod
     def peer_text(a: Action) -> str:
@@ -232,7 +244,7 @@ class RankExecutor:
         t = self._payload_tensor(i, a)
         if a.payload is Payload.WGRAD:
             load_grads(self.runners[a.unit].module, None)  # the contributions move with the message
-        handle = self.transport.isend(t, a.peer)
+        handle = self._post(lambda: self.transport.isend(t, a.peer), i, a)
         key = a.payload.value
         self.result.sent_bytes[key] = self.result.sent_bytes.get(key, 0) + t.numel() * t.element_size()
         self.sends.append((handle, i, a))
@@ -242,12 +254,12 @@ class RankExecutor:
         if p in (Payload.WEIGHT, Payload.WGRAD):
             module = self.runners[a.unit].module
             buf = flatten_params(module).new_empty(sum(q.numel() for q in module.parameters()))
-            handle = self.transport.irecv(buf, a.peer)
+            handle = self._post(lambda: self.transport.irecv(buf, a.peer), i, a)
             self.unit_pending.setdefault(a.unit, []).append((handle, buf, i, a))
             return
         spec = self.boundary(a.unit, a.mb[0])
         buf = spec.empty()
-        handle = self.transport.irecv(buf, a.peer)
+        handle = self._post(lambda: self.transport.irecv(buf, a.peer), i, a)
         self.pending[(p, a.unit, a.mb[0])] = (handle, buf, i, a)
 
     def _wait_action(self, i: int, a: Action) -> None:
@@ -270,7 +282,7 @@ class RankExecutor:
         if op not in ("BROADCAST", "REDUCE", "ALLREDUCE"):
             raise PipelineError(f"rank {self.rank}: action {i} ({a}): {op} is not supported yet; "
                                 f"allowed: BROADCAST, REDUCE, ALLREDUCE")
-        handle = self.transport.collective(op, t, a.group, a.root)
+        handle = self._post(lambda: self.transport.collective(op, t, a.group, a.root), i, a)
         self._complete(handle, i, a)
         key = f"{op.lower()}:{a.payload.value}"
         self.result.sent_bytes[key] = self.result.sent_bytes.get(key, 0) + t.numel() * t.element_size()

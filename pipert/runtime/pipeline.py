@@ -20,7 +20,7 @@ from ..schedule import Op, Schedule
 from ..sim import validate
 from ..schedules import build_schedule
 from .buffers import BoundarySpec
-from .executor import Fault, PipelineError, RankExecutor, StepResult
+from .executor import Fault, PipelineError, PipelineTimeout, RankExecutor, StepResult
 from .transport import DistTransport, LocalHub
 from .unit import UnitRunner
 
@@ -44,6 +44,16 @@ def _compute_units(schedule: Schedule, rank: int) -> set[int]:
     """Units whose module must exist on ``rank``: computed or owned there."""
     units = {a.unit for a in schedule.actions[rank] if a.unit is not None}
     return units | set(schedule.units_owned(rank))
+
+
+def _root_cause(errors: dict[int, BaseException]) -> int:
+    """The failed rank to report: one that waited on a peer which did not fail itself (that
+    peer is the stalled one); ranks waiting on other waiting ranks are echoes."""
+    for r in sorted(errors):
+        peer = getattr(errors[r], "peer", None)
+        if peer is not None and peer not in errors:
+            return r
+    return min(errors)
 
 
 class Pipeline:
@@ -169,7 +179,10 @@ class Pipeline:
                 results[rank] = self._executor(rank, hub.transport(rank)).run(xs, ys)
             except BaseException as e:  # noqa: BLE001 - reported below, after all threads stop
                 errors[rank] = e
-                hub.fail(f"rank {rank} failed: {e}")
+                if not isinstance(e, PipelineTimeout):
+                    # A crash stops the others at once; a timeout lets each rank time out on
+                    # its own peer, so the report can name the rank that stalled.
+                    hub.fail(f"rank {rank} failed: {e}")
 
         threads = [threading.Thread(target=work, args=(r,), daemon=True, name=f"pipert-rank{r}") for r in self.ranks]
         for t in threads:
@@ -185,6 +198,5 @@ class Pipeline:
             if first_error_at is not None and time.monotonic() - first_error_at > self.timeout + 1.0:
                 break
         if errors:
-            first = min(errors)
-            raise errors[first]
+            raise errors[_root_cause(errors)]
         return results

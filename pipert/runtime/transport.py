@@ -65,6 +65,14 @@ class _DistHandle:
             raise PeerFailure(text) from None
 
 
+def _posted(post) -> _DistHandle:
+    """Post a torch.distributed operation; a broken connection surfaces as PeerFailure."""
+    try:
+        return _DistHandle(post())
+    except RuntimeError as e:
+        raise PeerFailure(str(e)) from None
+
+
 class DistTransport:
     """Point-to-point and collectives over an initialised default process group."""
 
@@ -86,10 +94,10 @@ class DistTransport:
         return self.up if src < dst else self.down
 
     def isend(self, tensor: torch.Tensor, peer: int) -> Handle:
-        return _DistHandle(dist.isend(tensor, peer, group=self._pg(self.rank, peer)))
+        return _posted(lambda: dist.isend(tensor, peer, group=self._pg(self.rank, peer)))
 
     def irecv(self, tensor: torch.Tensor, peer: int) -> Handle:
-        return _DistHandle(dist.irecv(tensor, peer, group=self._pg(peer, self.rank)))
+        return _posted(lambda: dist.irecv(tensor, peer, group=self._pg(peer, self.rank)))
 
     def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None) -> Handle:
         key = tuple(sorted(group))
@@ -99,14 +107,12 @@ class DistTransport:
         if pg is None:
             raise RuntimeError(f"group {key} was not created up front; pass it to DistTransport(groups=...)")
         if op == "BROADCAST":
-            work = dist.broadcast(tensor, root, group=pg, async_op=True)
-        elif op == "REDUCE":
-            work = dist.reduce(tensor, root, op=dist.ReduceOp.SUM, group=pg, async_op=True)
-        elif op == "ALLREDUCE":
-            work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=pg, async_op=True)
-        else:
-            raise ValueError(f"collective {op} is not supported by DistTransport; allowed: BROADCAST, REDUCE, ALLREDUCE")
-        return _DistHandle(work)
+            return _posted(lambda: dist.broadcast(tensor, root, group=pg, async_op=True))
+        if op == "REDUCE":
+            return _posted(lambda: dist.reduce(tensor, root, op=dist.ReduceOp.SUM, group=pg, async_op=True))
+        if op == "ALLREDUCE":
+            return _posted(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=pg, async_op=True))
+        raise ValueError(f"collective {op} is not supported by DistTransport; allowed: BROADCAST, REDUCE, ALLREDUCE")
 
 
 # --------------------------------------------------------------------------- one process
