@@ -97,7 +97,6 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
     For backend "dist" every rank calls this; rank 0 returns the result, the others None.
     """
     from .runtime.pipeline import Pipeline
-    from .runtime.reference import reference_step
     schedule = _schedule(case)
     units = tiny_units(schedule.num_units, case.dtype, fine=case.fine)
     ref_units = copy.deepcopy(units)
@@ -116,8 +115,8 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
                 sent[k] = sent.get(k, 0) + v
         if backend == "dist" and dist.get_rank() != 0:
             continue
-        ref = reference_step(ref_units, x, y, case.microbatches, optimizer=ref_opt)
-        ref_loss = float(ref.loss)
+        ref, ref_loss = _reference(ref_units, x, y, case.microbatches, ref_opt,
+                                   schedule.meta.get("update_every") or case.microbatches)
         worst[0] = max(worst[0], abs(loss - ref_loss) / max(abs(ref_loss), 1e-300))
         worst[1] = max(worst[1], rel_err(grads, ref.grads))
         worst[2] = max(worst[2], rel_err(params, ref.params_after))
@@ -131,6 +130,19 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
             for k, v in part.items():
                 sent[k] = sent.get(k, 0) + v
     return CaseResult(case, worst[0], worst[1], worst[2], sent)
+
+
+def _reference(units, x, y, microbatches: int, optimizer, update_every: int):
+    """The reference for a schedule that updates every ``update_every`` micro-batches: one
+    reference step per group, in order; returns the last group's result and the mean loss."""
+    from .runtime.reference import reference_step
+    groups = microbatches // update_every
+    xs, ys = x.chunk(groups), y.chunk(groups)
+    losses = []
+    for g in range(groups):
+        ref = reference_step(units, xs[g], ys[g], update_every, optimizer=optimizer)
+        losses.append(float(ref.loss))
+    return ref, sum(losses) / groups
 
 
 def _gather_to_zero(d: dict) -> dict:
@@ -170,3 +182,29 @@ def fault_worker(rank: int, world: int, schedule: str, microbatches: int, fault,
     pipe = Pipeline(units, sched, optimizer=sgd, backend="dist", timeout=timeout, fault=fault)
     x, y = make_batch(microbatches)
     pipe.step(x, y)
+
+
+def unit_weight_bytes(units: Sequence[nn.Module]) -> list[int]:
+    return [sum(p.numel() * p.element_size() for p in u.parameters()) for u in units]
+
+
+class SizedCost:
+    """Uniform unit times with each unit's real weight size: lets the simulator's byte
+    counters be compared with the runtime's for weight-passing schedules."""
+
+    def __init__(self, weight_bytes: Sequence[int]) -> None:
+        from .cost.uniform import UniformCost
+        self.base = UniformCost()
+        self.weight_bytes = list(weight_bytes)
+
+    def compute_time(self, action, rank: int) -> float:
+        return self.base.compute_time(action, rank)
+
+    def memory(self, kind: str, unit: int) -> float:
+        return self.weight_bytes[unit] if kind in ("weight", "wgrad") else self.base.memory(kind, unit)
+
+    def message_bytes(self, payload, unit: int, num_mbs: int = 1) -> float:
+        from .schedule import Payload
+        if payload in (Payload.WEIGHT, Payload.WGRAD):
+            return float(self.weight_bytes[unit])
+        return self.base.message_bytes(payload, unit, num_mbs)

@@ -71,12 +71,14 @@ def flatten_grads(module: nn.Module) -> torch.Tensor:
 
 
 def load_params(module: nn.Module, flat: torch.Tensor) -> None:
+    """Bind every parameter to its slice of ``flat`` (no copy). ``flat`` must be a fresh
+    buffer: graphs of earlier micro-batches keep the storage they were built on, so a
+    received weight never overwrites a tensor that a pending backward still reads."""
     off = 0
-    with torch.no_grad():
-        for p in module.parameters():
-            n = p.numel()
-            p.copy_(flat[off:off + n].view_as(p))
-            off += n
+    for p in module.parameters():
+        n = p.numel()
+        p.data = flat[off:off + n].view_as(p)
+        off += n
 
 
 def load_grads(module: nn.Module, flat: torch.Tensor | None, accumulate: bool = False) -> None:

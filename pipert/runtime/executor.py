@@ -67,7 +67,9 @@ class RankExecutor:
         self.optimizers = optimizers
         self.boundary = boundary
         self.timeout = timeout
-        self.loss_scale = loss_scale if loss_scale is not None else 1.0 / schedule.num_microbatches
+        # Each optimizer update averages the loss over the micro-batches it covers.
+        per_update = schedule.meta.get("update_every") or schedule.num_microbatches
+        self.loss_scale = loss_scale if loss_scale is not None else 1.0 / per_update
         self.fault = fault if fault is not None and fault.rank == rank else None
         self.trace = trace
         self.last_unit = schedule.num_units - 1
@@ -162,6 +164,7 @@ class RankExecutor:
             if recv.payload is Payload.WEIGHT:
                 load_params(module, buf)
             else:
+                self._fresh_grads(unit)
                 load_grads(module, buf, accumulate=True)
 
     # ------------------------------------------------------------------ compute
@@ -287,7 +290,8 @@ class RankExecutor:
         key = f"{op.lower()}:{a.payload.value}"
         self.result.sent_bytes[key] = self.result.sent_bytes.get(key, 0) + t.numel() * t.element_size()
         if a.payload is Payload.WEIGHT:
-            load_params(module, t)
+            if self.rank != a.root:
+                load_params(module, t)
         elif op == "REDUCE" and self.rank != a.root:
             load_grads(module, None)
         else:

@@ -1,8 +1,9 @@
 """Link delay injection: latency and bandwidth per directed pair of ranks.
 
-Deadline math (docs/semantics.md; csrc/core/link_math.h is the same for C++ and CUDA):
-a message of b bytes ready at t on link s->d departs at ``max(t, free_at)``, keeps the
-link busy for ``b / bandwidth`` (``free_at`` moves there: FIFO per directed link, full
+Deadline math (docs/semantics.md; csrc/core/link_math.h is the same for C++ and CUDA), with
+the link model of :class:`pipert.cost.LinkSpec` (latency, bandwidth, per_message): a message
+of b bytes ready at t on link s->d departs at ``max(t, free_at)``, keeps the link busy for
+``per_message + b / bandwidth`` (``free_at`` moves there: FIFO per directed link, full
 duplex) and arrives ``latency`` later, so the next message may depart while the previous
 one is still in its latency.
 
@@ -23,37 +24,26 @@ import itertools
 import math
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
 
 from .. import _ext
-from .streams import CudaStream, Stream, clock, ideal_done, ideal_now, sleep_until
+from ..cost.topology import LinkSpec
+from .streams import (CudaStream, Stream, _precise_timer_slack, _py_sleep_until, clock, ideal_done, ideal_now,
+                      sleep_until)
 
 __all__ = ["LinkSpec", "LinkEmulator", "Transfer"]
 
 
-@dataclass(frozen=True)
-class LinkSpec:
-    """One directed link (or link class)."""
-
-    latency: float = 0.0
-    """Seconds from the end of a message's occupancy to its arrival."""
-    bandwidth: float = math.inf
-    """Bytes per second; a message of b bytes occupies the link for b / bandwidth."""
-
-    def __post_init__(self) -> None:
-        if self.latency < 0 or not self.bandwidth > 0:
-            raise ValueError(f"link needs latency >= 0 and bandwidth > 0, got {self}")
-
-
 def _as_spec(x: Any) -> LinkSpec:
+    """A pipert.cost.LinkSpec from a LinkSpec, a (latency, bandwidth[, per_message]) tuple or any
+    object with those fields."""
     if isinstance(x, LinkSpec):
         return x
     if isinstance(x, (tuple, list)):
-        return LinkSpec(float(x[0]), float(x[1]))
-    return LinkSpec(float(x.latency), float(x.bandwidth))  # any object with the two fields
+        return LinkSpec(*(float(v) for v in x))
+    return LinkSpec(float(x.latency), float(x.bandwidth), float(getattr(x, "per_message", 0.0)))
 
 
 class Transfer:
@@ -100,6 +90,7 @@ class _PyTimer:
             self._cv.wait_for(lambda: not self._heap and not self._running)
 
     def _run(self) -> None:
+        _precise_timer_slack()
         with self._cv:
             while True:
                 if not self._heap:
@@ -111,7 +102,7 @@ class _PyTimer:
                     self._cv.wait(coarse - clock())  # wakes early for an earlier item
                     continue
                 self._cv.release()
-                sleep_until(deadline)
+                _py_sleep_until(deadline)
                 self._cv.acquire()
                 deadline, _, fn = heapq.heappop(self._heap)  # the top may be an earlier, due item
                 self._running = True
@@ -129,12 +120,11 @@ class _PyTimer:
 class _PyLinkCore:
     """Pure-Python twin of pipert._C.LinkEmulator (float seconds instead of int ns)."""
 
-    def __init__(self, n: int, latency: float, bandwidth: float) -> None:
+    def __init__(self, n: int, latency: float, bandwidth: float, per_message: float = 0.0) -> None:
         if n <= 0:
             raise ValueError("LinkEmulator needs at least one rank")
         self.num_ranks = n
-        self._lat = [latency] * (n * n)
-        self._bw = [bandwidth] * (n * n)
+        self._spec = [(latency, bandwidth, per_message)] * (n * n)
         self._free = [0.0] * (n * n)
         self._lock = threading.Lock()
         self._timer: _PyTimer | None = None
@@ -145,12 +135,11 @@ class _PyLinkCore:
             raise IndexError(f"link {s}->{d} outside {n} ranks")
         return s * n + d
 
-    def set_link(self, s: int, d: int, latency: float, bandwidth: float) -> None:
-        self._lat[self._i(s, d)], self._bw[self._i(s, d)] = latency, bandwidth
+    def set_link(self, s: int, d: int, latency: float, bandwidth: float, per_message: float = 0.0) -> None:
+        self._spec[self._i(s, d)] = (latency, bandwidth, per_message)
 
-    def link(self, s: int, d: int) -> tuple[float, float]:
-        i = self._i(s, d)
-        return self._lat[i], self._bw[i]
+    def link(self, s: int, d: int) -> tuple[float, float, float]:
+        return self._spec[self._i(s, d)]
 
     def free_at(self, s: int, d: int) -> float:
         return self._free[self._i(s, d)]
@@ -161,11 +150,12 @@ class _PyLinkCore:
 
     def schedule(self, s: int, d: int, nbytes: float, ready: float) -> tuple[float, float, float]:
         i = self._i(s, d)
-        occ = nbytes / self._bw[i] if nbytes > 0 else 0.0
+        lat, bw, per_message = self._spec[i]
+        occ = per_message + (nbytes / bw if nbytes > 0 else 0.0)
         with self._lock:
             depart = max(ready, self._free[i])
             self._free[i] = depart + occ
-        return depart, depart + occ, depart + occ + self._lat[i]
+        return depart, depart + occ, depart + occ + lat
 
     def deliver(self, s: int, d: int, nbytes: float, ready: float, fn: Callable[[], Any]) -> tuple:
         t = self.schedule(s, d, nbytes, ready)
@@ -225,9 +215,9 @@ class LinkEmulator:
         if self.backend == "ext":
             if not _ext.HAVE_EXT:
                 raise RuntimeError(f"backend 'ext' needs pipert._C: {_ext.load_error}")
-            self._core: Any = _ext.C.LinkEmulator(num_ranks, d.latency, d.bandwidth)
+            self._core: Any = _ext.C.LinkEmulator(num_ranks, d.latency, d.bandwidth, d.per_message)
         elif self.backend == "python":
-            self._core = _PyLinkCore(num_ranks, d.latency, d.bandwidth)
+            self._core = _PyLinkCore(num_ranks, d.latency, d.bandwidth, d.per_message)
         else:
             raise ValueError(f"backend {self.backend!r} unknown; allowed: ext, python")
         self._cuda: dict[torch.device, _CudaLinkState] = {}
@@ -235,12 +225,23 @@ class LinkEmulator:
             self.set_link(s, t, spec)
 
     @classmethod
+    def from_links(cls, links: Any, backend: str | None = None) -> "LinkEmulator":
+        """The links of a :class:`pipert.cost.Links` (topology + spec per link class + per-pair
+        overrides): the same numbers the simulator uses."""
+        n = links.topology.num_ranks
+        em = cls(n, backend=backend)
+        for s in range(n):
+            for t in range(n):
+                em.set_link(s, t, links.spec(s, t))
+        return em
+
+    @classmethod
     def from_topology(cls, topology: Any, specs: Mapping[str, LinkSpec | tuple],
                       overrides: Mapping[tuple[int, int], LinkSpec | tuple] | None = None,
                       backend: str | None = None) -> "LinkEmulator":
-        """Links from ``topology.link_class(src, dst)`` (pipert.cost.Topology) looked up in
-        ``specs`` (class name -> LinkSpec; a class missing there is ideal: no delay),
-        then ``overrides`` per pair."""
+        """Links from ``topology.link_class(src, dst)`` (a pipert.cost Topology) looked up in
+        ``specs`` (class name -> LinkSpec; a class missing there is free, as in
+        pipert.cost.Links), then ``overrides`` per directed pair."""
         n = topology.num_ranks
         em = cls(n, backend=backend)
         for s in range(n):
@@ -255,16 +256,15 @@ class LinkEmulator:
     @classmethod
     def from_link_model(cls, link_model: Any, num_ranks: int, probe_bytes: float = 2.0 ** 20,
                         backend: str | None = None) -> "LinkEmulator":
-        """Links from a pipert.cost.LinkModel, assuming occupancy linear in bytes:
-        latency = transfer(s, d, 0)[1], bandwidth = probe_bytes / transfer(s, d, probe_bytes)[0]."""
+        """Links from any pipert.cost LinkModel, assuming occupancy affine in bytes:
+        per_message = transfer(s, d, 0)[0], latency = transfer(s, d, 0)[1],
+        bandwidth = probe_bytes / (transfer(s, d, probe_bytes)[0] - per_message)."""
         em = cls(num_ranks, backend=backend)
         for s in range(num_ranks):
             for t in range(num_ranks):
-                if s == t:
-                    continue
-                occ, _ = link_model.transfer(s, t, probe_bytes)
-                _, lat = link_model.transfer(s, t, 0.0)
-                em.set_link(s, t, LinkSpec(lat, probe_bytes / occ if occ > 0 else math.inf))
+                occ0, lat = link_model.transfer(s, t, 0.0)
+                occ = link_model.transfer(s, t, probe_bytes)[0] - occ0
+                em.set_link(s, t, LinkSpec(lat, probe_bytes / occ if occ > 0 else math.inf, occ0))
         return em
 
     # -- parameters and math
@@ -278,10 +278,10 @@ class LinkEmulator:
 
     def set_link(self, src: int, dst: int, spec: LinkSpec | tuple) -> None:
         spec = _as_spec(spec)
-        self._core.set_link(src, dst, spec.latency, spec.bandwidth)
+        self._core.set_link(src, dst, spec.latency, spec.bandwidth, spec.per_message)
 
     def occupancy(self, src: int, dst: int, nbytes: float) -> float:
-        return nbytes / self._core.link(src, dst)[1] if nbytes > 0 else 0.0
+        return self.link(src, dst).occupancy(nbytes)
 
     def free_at(self, src: int, dst: int) -> float:
         """When the link finishes the occupancy of the last scheduled message (CPU paths)."""
@@ -354,6 +354,7 @@ class LinkEmulator:
                          copy: Callable[[], Any] | None, rendezvous: bool) -> Transfer:
         self._core.link(src, dst)  # validates the pair before anything is enqueued
         timing: list = []
+        sleep = _py_sleep_until if self.backend == "python" else sleep_until
         if rendezvous:
             send.wait(recv.record())
 
@@ -361,7 +362,7 @@ class LinkEmulator:
             # ready at the send stream's ideal time: earlier items' overhead does not delay it
             t = self._core.schedule(src, dst, float(nbytes), ideal_now())
             timing.append(t)
-            sleep_until(t[0])
+            sleep(t[0])
             if copy is not None:
                 copy()
             ideal_done(t[0])
@@ -369,7 +370,7 @@ class LinkEmulator:
         def until(i: int) -> Callable[[], None]:
             def run() -> None:
                 end = max(ideal_now(), timing[0][i])
-                sleep_until(end)
+                sleep(end)
                 ideal_done(end)
             return run
         send.enqueue(go)
@@ -383,8 +384,9 @@ class LinkEmulator:
 
     def _cuda_transfer(self, src: int, dst: int, nbytes: float, send: CudaStream, recv: CudaStream,
                        copy: Any, rendezvous: bool) -> Transfer:
-        lat, bw = self._core.link(src, dst)
-        occ_ns = round(nbytes / bw * 1e9) if nbytes > 0 else 0
+        spec = self.link(src, dst)
+        lat = spec.latency
+        occ_ns = round(spec.occupancy(max(float(nbytes), 0.0)) * 1e9)
         if rendezvous:
             send.wait(recv.record())
         state = self._cuda.get(send.device)
@@ -400,7 +402,7 @@ class LinkEmulator:
                                       occ_ns, round(lat * 1e9), row.data_ptr())
         else:  # relative delays: exact FIFO when one send stream owns the link, no device clock
             send.enqueue_delay(occ_ns * 1e-9)
-        if copy is not None:
+        if copy is not None:  # on the GPU the data moves at the end of the occupancy, still before arrive
             if callable(copy):
                 send.enqueue(copy)
             else:

@@ -35,7 +35,9 @@ def size_class(nbytes: int) -> int:
 
 
 class PinnedBuffer:
-    """A block held from a pool. ``tensor`` is a uint8 view of exactly ``nbytes`` bytes."""
+    """A block held from a pool. ``tensor`` is a uint8 view of exactly ``nbytes`` bytes
+    (None once released; views taken earlier keep their memory alive, but the pool may hand
+    the block out again)."""
 
     __slots__ = ("pool", "id", "nbytes", "capacity", "tensor", "_held")
 
@@ -156,6 +158,7 @@ class PinnedPool:
         if not buf._held:
             raise ValueError(f"pinned block {buf.id} released twice")
         buf._held = False
+        buf.tensor = None  # a released buffer is not to be used; views taken before stay valid
         if after is not None and not after.query():
             self._pending.append((after, buf))
         else:

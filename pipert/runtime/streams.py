@@ -58,13 +58,32 @@ def clock() -> float:
 def sleep_until(deadline: float) -> None:
     """Returns at or after ``deadline`` (:func:`clock` seconds): OS sleep, then a short spin."""
     if _ext.HAVE_EXT:
-        _ext.C.sleep_until(deadline)
-        return
+        _ext.C.sleep_until(deadline)  # releases the GIL for the whole wait
+    else:
+        _py_sleep_until(deadline)
+
+
+def _py_sleep_until(deadline: float) -> None:
+    """sleep_until in pure Python (the python backend uses it even when pipert._C is loaded)."""
     left = deadline - time.perf_counter()
     if left > SPIN_SECONDS:
         time.sleep(left - SPIN_SECONDS)
     while time.perf_counter() < deadline:
-        time.sleep(0)  # lets other threads take the GIL
+        _yield()  # lets other threads take the GIL
+
+
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
+def _precise_timer_slack() -> None:
+    """Linux: OS sleeps of the calling thread wake within ~microseconds of their target (timer
+    slack 1 ns instead of 50 us), as csrc/core/clock.cpp does for C++ threads. Best effort."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
+    except (OSError, AttributeError):
+        pass
 
 
 _tls = threading.local()  # PyStream workers: .start (ideal start of the item), .end (ideal end or None)
@@ -87,7 +106,7 @@ def ideal_done(t: float) -> None:
 
 
 def _timed_until(t: float) -> None:
-    sleep_until(t)
+    _py_sleep_until(t)
     ideal_done(t)
 
 
@@ -246,6 +265,7 @@ class PyStream:
             self._thread.join()
 
     def _run(self) -> None:
+        _precise_timer_slack()
         if self.priority < 0 and hasattr(os, "setpriority"):  # as csrc/core/clock.cpp; best effort
             try:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), max(-20, 5 * self.priority))
@@ -469,6 +489,8 @@ class StreamSet:
 
     def __init__(self, device: torch.device | str = "cpu", name: str = "", backend: str | None = None) -> None:
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.backend = backend or default_backend(self.device)
         if self.backend not in BACKENDS:
             raise ValueError(f"backend {self.backend!r} unknown; allowed: {', '.join(BACKENDS)}")

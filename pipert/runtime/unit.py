@@ -44,6 +44,7 @@ B + D. Memory between D and W: "intermediates" keeps the graph below the recorde
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Union
@@ -56,6 +57,7 @@ __all__ = ["UnitRunner", "Activation"]
 Activation = Union[Tensor, tuple[Tensor, ...]]
 
 
+@functools.cache  # depends only on the installed torch; the executor builds runners every step
 def _split_helpers() -> Any:
     """The torch zero-bubble graph helpers, or None when this torch has none."""
     try:

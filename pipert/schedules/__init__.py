@@ -26,3 +26,4 @@ register("zb-h1", zb_h1, "Zero Bubble H1: 1F1B with backward split into D/W, W d
 register("zb-v", zb_v, "Zero Bubble V: 2 chunks per rank in a V shape, D/W split, 1F1B-like memory",
          split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2, check=check_zb_v,
          constraints="V = 2; any M >= 1")
+from . import tawpipe, weipipe  # noqa: E402,F401  (registers weipipe-* and tawpipe)

@@ -1,0 +1,30 @@
+"""Weight-passing schedules on gloo processes equal the reference over 3 steps."""
+import json
+
+import pytest
+
+from pipert.runtime.launch import launch
+from pipert.testing import Case, run_cases_dist
+
+WEIPIPE = ["weipipe-naive", "weipipe-interleave", "weipipe-zb1", "weipipe-zb2"]
+
+
+def _cases(P: int) -> list[Case]:
+    out = [Case(n, P, M, "float64", steps=3) for n in WEIPIPE for M in (P, 2 * P)
+           if not (n == "weipipe-zb1" and (P % 2 or (M // P) % 2))]
+    out += [Case("tawpipe", P, P, "float64", steps=3, options=(("ranks_per_node", g),))
+            for g in (2, 3) if P % g == 0 and P // g >= 2]
+    return out
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 6])
+def test_weight_passing_matches_reference_on_gloo(P, tmp_path):
+    cases = _cases(P)
+    out = tmp_path / "results.json"
+    launch(run_cases_dist, P, args=(cases, str(out)))
+    results = json.loads(out.read_text())
+    assert len(results) == len(cases)
+    for r in results:
+        label = f"{r['case']['schedule']} P={P} M={r['case']['microbatches']} {r['case']['options']}"
+        assert "error" not in r, r
+        assert r["loss_err"] <= 1e-10 and r["grad_err"] <= 1e-10 and r["param_err"] <= 1e-10, label
