@@ -22,6 +22,7 @@ from ..schedules import build_schedule
 from .buffers import BoundarySpec
 from .executor import Fault, PipelineError, PipelineTimeout, RankExecutor, StepResult
 from .transport import DistTransport, LocalHub
+from .optim import MasterWeightOptimizer, needs_master_weights
 from .unit import UnitRunner
 
 __all__ = ["Pipeline", "default_optimizer", "split_microbatches"]
@@ -44,6 +45,11 @@ def _compute_units(schedule: Schedule, rank: int) -> set[int]:
     """Units whose module must exist on ``rank``: computed or owned there."""
     units = {a.unit for a in schedule.actions[rank] if a.unit is not None}
     return units | set(schedule.units_owned(rank))
+
+
+def _owner_optimizer(params: list, factory: OptimizerFactory):
+    """The owner's optimizer: on fp32 master copies when the parameters are bf16/fp16."""
+    return MasterWeightOptimizer(params, factory) if needs_master_weights(params) else factory(params)
 
 
 def _root_cause(errors: dict[int, BaseException]) -> int:
@@ -103,8 +109,8 @@ class Pipeline:
             owned = set(schedule.units_owned(r))
             self.modules[r] = {u: (units[u] if u in owned else copy.deepcopy(units[u]))
                                for u in sorted(_compute_units(schedule, r))}
-            self.optimizers[r] = {u: optimizer(self.modules[r][u].parameters()) for u in sorted(owned)
-                                  if any(True for _ in self.modules[r][u].parameters())}
+            self.optimizers[r] = {u: _owner_optimizer(list(self.modules[r][u].parameters()), optimizer)
+                                  for u in sorted(owned) if any(True for _ in self.modules[r][u].parameters())}
         groups = sorted({tuple(sorted(a.group)) for _, _, a in schedule if a.group})
         self.transport_factory = (lambda hub, r: hub.transport(r)) if backend == "local" else None
         self._dist_transport = DistTransport(groups) if backend == "dist" else None
