@@ -22,7 +22,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.schedule.endswith(".json"):
         sched = Schedule.load(args.schedule)
     else:
-        sched = sc.build(args.schedule)
+        sched = sc.build(args.schedule, strict=True)
     validate(sched, cost=sc.cost_for(sched), memory_limit=sc.memory_limit)
     res = simulate(sched, sc.cost_for(sched), links=sc.links, topology=sc.topology)
     if args.trace:
@@ -34,7 +34,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.save:
         sched.save(args.save)
     if args.json:
-        print(json.dumps(res.summary()))
+        print(json.dumps({
+            "schedule": sched.name, "stages": sched.num_ranks, "microbatches": sched.num_microbatches,
+            "units": sched.num_units, "makespan": res.makespan, "bubble_ratio": res.bubble_ratio,
+            "peak_memory": list(res.peak_memory), "comm_bytes": dict(res.comm_bytes),
+            "busy": list(res.busy), "exposed_comm": list(res.exposed_comm)}))
         return 0
     print(f"schedule      {sched.name}  (P={sched.num_ranks}, M={sched.num_microbatches}, units={sched.num_units})")
     print(f"makespan      {res.makespan:.6g}")

@@ -52,12 +52,12 @@ class Scenario:
         """The cost model of a plain P-unit pipeline (one unit per stage)."""
         return self.cost_fn(self.stages)
 
-    def build(self, name: str) -> Schedule:
-        """The schedule ``name`` on this scenario. ``chunks`` and options reach only the
-        families that take them, so one scenario can compare every family."""
+    def build(self, name: str, strict: bool = False) -> Schedule:
+        """The schedule ``name`` on this scenario. Unless ``strict``, ``chunks`` reaches only
+        the families that take that value, so one scenario can compare every family."""
         fam = family(name)
         chunks = self.chunks
-        if chunks is not None and not (fam.min_chunks <= chunks <= (fam.max_chunks or chunks)):
+        if not strict and chunks is not None and not (fam.min_chunks <= chunks <= (fam.max_chunks or chunks)):
             chunks = None
         return build_schedule(name, stages=self.stages, microbatches=self.microbatches, chunks=chunks,
                               **self.options_for(name))

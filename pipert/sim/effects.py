@@ -238,6 +238,7 @@ class BuilderState:
                 self.error(r, i, a, "wgrad", f"OPT u{u} runs on rank {r}, but rank {self.owner[u]} owns unit {u}")
                 continue
             self.use(r, i, (u << 35) | _WEIGHT, n, True)
+            self.have[(u << 35) | _WEIGHT] = n  # the updated weights: later sends wait for the step
             parts = self.wg_take(u, n)
             local, sources = parts if parts is not None else ([], [])
             for src in sources:
