@@ -42,9 +42,12 @@ class Scenario:
 
     def cost_for(self, schedule: Schedule) -> Any:
         """The cost model for ``schedule``'s units."""
-        cost = self.cost_fn(schedule.num_units)
-        if self.per_stage and hasattr(cost, "scaled") and schedule.num_units != self.stages:
-            return cost.scaled(self.stages / schedule.num_units)
+        return self.cost_for_units(schedule.num_units)
+
+    def cost_for_units(self, num_units: int) -> Any:
+        cost = self.cost_fn(num_units)
+        if self.per_stage and hasattr(cost, "scaled") and num_units != self.stages:
+            return cost.scaled(self.stages / num_units)
         return cost
 
     @property

@@ -27,3 +27,4 @@ register("zb-v", zb_v, "Zero Bubble V: 2 chunks per rank in a V shape, D/W split
          split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2, check=check_zb_v,
          constraints="V = 2; any M >= 1")
 from . import tawpipe, weipipe  # noqa: E402,F401  (registers weipipe-* and tawpipe)
+from . import crosspipe  # noqa: E402,F401  (registers crosspipe-greedy, crosspipe-wave, crosspipe-optimal)

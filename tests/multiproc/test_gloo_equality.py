@@ -8,6 +8,7 @@ from pipert.schedules import build_schedule
 from pipert.testing import Case, run_cases_dist
 
 CLASSIC = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"]
+CROSSPIPE = ["crosspipe-greedy", "crosspipe-wave", "crosspipe-optimal"]
 
 
 def _cases(P: int) -> list[Case]:
@@ -20,6 +21,10 @@ def _cases(P: int) -> list[Case]:
                 continue  # the family does not take this M (e.g. interleaved needs M % P == 0)
             out.append(Case(name, P, M, "float64", steps=2))
         out.append(Case(name, P, 2 * P, "float32"))
+    # CrossPipe orders built for slow cross-DC links (2 DCs) still train exactly.
+    delayed = (("num_dcs", 2), ("dc_latency", 2.0), ("dc_transfer", 1.0))
+    for name in CROSSPIPE:
+        out.append(Case(name, P, 2 * P, "float64", steps=2, options=delayed if P % 2 == 0 else ()))
     return out
 
 

@@ -1,0 +1,152 @@
+"""Registry builders for the CrossPipe families, and the default memory limit.
+
+Each builder is a pure function of the pipeline config and the system it is built for
+(cost model, links, memory limit): ``build(config, *, cost, links, topology, ...)``.
+With no links and no ``dc_latency``/``dc_transfer`` every transfer is free.
+
+Memory convention: the limit is one number per rank in the cost model's memory unit,
+counted the simulator's way (stashes plus received activation/gradient buffers, in list
+order). The default is the static counterpart's peak -- the largest per-rank peak of
+ZB-H1 for UD (= 1F1B's: P stashes + one gradient buffer = P + 1 in uniform units), ZB-V
+for Wave, interleaved 1F1B for Loop -- applied to every rank, as a device capacity is.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ...cost.topology import Links, Topology
+from ...cost.uniform import UniformCost
+from ...schedule import Op, Schedule
+from ..registry import PipelineConfig
+from .greedy import GreedyConfig, GreedyResult, Timed, greedy_best
+from .lowering import lower_crosspipe
+from .model import CrossPipeProblem, pattern_chunks, problem_from_cost
+from .solver import SolverConfig, solve
+
+__all__ = ["COUNTERPART", "default_memory_limit", "resolve_system", "make_problem", "schedule_as_hint", "best_hint", "build_greedy",
+           "build_wave", "build_optimal"]
+
+COUNTERPART = {"ud": ("zb-h1", 1), "wave": ("zb-v", 2), "loop": ("interleaved-1f1b", None)}
+"""pattern -> (static schedule with the same placement kind, its chunks)."""
+
+
+def default_memory_limit(pattern: str, stages: int, microbatches: int, cost: Any, chunks: int | None = None) -> float:
+    """Largest per-rank peak memory of the static counterpart of ``pattern`` under ``cost``."""
+    from ...sim import validate
+    from .. import build_schedule
+    name, v = COUNTERPART[pattern]
+    v = pattern_chunks(pattern, chunks) if v is None else v
+    try:
+        s = build_schedule(name, stages=stages, microbatches=microbatches, chunks=v)
+    except ValueError:     # e.g. interleaved 1F1B needs M >= P: fall back to ZB-H1's peak
+        s, v = build_schedule("zb-h1", stages=stages, microbatches=microbatches), 1
+    return max(validate(s, cost).peak_memory)
+
+
+def resolve_system(stages: int, cost: Any = None, links: Any = None, topology: Any = None, dc_latency: float = 0.0,
+                   dc_transfer: float = 0.0, num_dcs: int | None = None) -> tuple[Any, Any]:
+    """(cost, links) a registry call describes: uniform costs by default; ``links`` wins over
+    ``dc_latency``/``dc_transfer``, which build ``Links.uniform_dc(topology or
+    Topology(P, num_dcs=num_dcs or 2), ...)``; neither: free links (None)."""
+    cost = cost if cost is not None else UniformCost()
+    if links is None and (dc_latency or dc_transfer):
+        topo = topology if topology is not None else Topology(stages, num_dcs=num_dcs or 2)
+        links = Links.uniform_dc(topo, dc_latency, dc_transfer)
+    return cost, links
+
+
+def make_problem(config: PipelineConfig, pattern: str, cost: Any, links: Any,
+                 memory_limit: float | None = None) -> CrossPipeProblem:
+    """The problem of ``pattern`` on ``config`` (memory limit default: the counterpart's peak)."""
+    p, m = config.stages, config.microbatches
+    chunks = pattern_chunks(pattern, config.chunks if pattern == "loop" else None)
+    if config.chunks != chunks:
+        raise ValueError(f"pattern {pattern!r} runs {chunks} chunk(s) per rank (got chunks={config.chunks})")
+    if memory_limit is None:
+        memory_limit = default_memory_limit(pattern, p, m, cost, chunks)
+    meta = {"memory_limit": memory_limit, "pattern": pattern}
+    return problem_from_cost(p, m, pattern, cost, links, chunks=chunks, memory_limit=memory_limit, meta=meta)
+
+
+def schedule_as_hint(problem: CrossPipeProblem, schedule: Schedule, cost: Any, links: Any) -> GreedyResult | None:
+    """A simulated schedule of the same placement in the greedy's result form (for the
+    solver's hint); None if it uses ops the solver does not model (B) or breaks the limit."""
+    from ...sim import simulate
+    if any(a.op is Op.B for _, _, a in schedule) or tuple(schedule.placement.ranks) != problem.unit_ranks:
+        return None
+    r = simulate(schedule, cost, links)
+    if max(r.peak_memory) > min(problem.limit(q) for q in range(problem.stages)) + 1e-9:
+        return None
+    timeline: list[list[Timed]] = [[] for _ in range(problem.stages)]
+    sends: dict[tuple, float] = {}
+    messages: dict[tuple, tuple[float, float]] = {}
+    recv_order: list[list[tuple]] = [[] for _ in range(problem.stages)]
+    for rank, queue, a, start, end in r.events:
+        if queue == "compute" and a.op in (Op.F, Op.D, Op.W):
+            timeline[rank].append(Timed(a, start, end))
+        elif a.op is Op.SEND:
+            sends[(a.payload.value, a.unit, a.mb[0])] = start
+        elif a.op is Op.RECV:
+            key = (a.payload.value, a.unit, a.mb[0])
+            recv_order[rank].append(key)
+            messages[key] = (start, end)
+    return GreedyResult(timeline, r.makespan, 0.0, messages, recv_order, list(r.peak_memory))
+
+
+def best_hint(problem: CrossPipeProblem, cost: Any, links: Any, sub_blocks: int = 4) -> GreedyResult:
+    """The better of the greedy and the static counterpart (if the solver can take it as a
+    hint): seeding CP-SAT with both keeps its result no worse than either."""
+    from .. import build_schedule
+    g = greedy_best(problem, GreedyConfig(sub_blocks=sub_blocks))
+    name, v = COUNTERPART[problem.pattern]
+    try:
+        s = build_schedule(name, stages=problem.stages, microbatches=problem.microbatches, chunks=v or problem.chunks)
+    except ValueError:
+        return g
+    h = schedule_as_hint(problem, s, cost, links)
+    return h if h is not None and h.makespan < g.makespan - 1e-9 else g
+
+
+def _greedy(config: PipelineConfig, pattern: str, name: str, sub_blocks: int, memory_limit: float | None,
+            **system: Any) -> Schedule:
+    cost, links = resolve_system(config.stages, **system)
+    pr = make_problem(config, pattern, cost, links, memory_limit)
+    g = greedy_best(pr, GreedyConfig(sub_blocks=sub_blocks))
+    meta = {"predicted_makespan": g.makespan, "greedy_s": round(g.runtime_s, 4), "sub_blocks": sub_blocks,
+            "memory_limit": pr.meta["memory_limit"]}
+    return lower_crosspipe(pr, g.orders, g.recv_order, name=name, meta=meta)
+
+
+def build_greedy(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
+                 memory_limit: float | None = None, sub_blocks: int = 4, dc_latency: float = 0.0,
+                 dc_transfer: float = 0.0, num_dcs: int | None = None) -> Schedule:
+    """CrossUDSub: the greedy on the unidirectional placement (unit u on rank u)."""
+    return _greedy(config, "ud", "crosspipe-greedy", sub_blocks, cost=cost, links=links, topology=topology,
+                   memory_limit=memory_limit, dc_latency=dc_latency, dc_transfer=dc_transfer, num_dcs=num_dcs)
+
+
+def build_wave(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
+               memory_limit: float | None = None, sub_blocks: int = 4, dc_latency: float = 0.0,
+               dc_transfer: float = 0.0, num_dcs: int | None = None) -> Schedule:
+    """CrossWave (greedy): the same greedy on the V-shape placement (2 chunks per rank)."""
+    return _greedy(config, "wave", "crosspipe-wave", sub_blocks, cost=cost, links=links, topology=topology,
+                   memory_limit=memory_limit, dc_latency=dc_latency, dc_transfer=dc_transfer, num_dcs=num_dcs)
+
+
+def build_optimal(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
+                  memory_limit: float | None = None, sub_blocks: int = 4, dc_latency: float = 0.0,
+                  dc_transfer: float = 0.0, num_dcs: int | None = None, pattern: str | None = None,
+                  time_limit: float = 60.0, objective: str = "all", relative_gap: float = 0.0,
+                  workers: int = 2) -> Schedule:
+    """CP-SAT optimum (paper §4.1), hinted and bounded by the greedy.
+
+    ``pattern`` defaults to "ud" for chunks=1 and "wave" for chunks=2 ("loop" must be named).
+    """
+    pattern = pattern or ("ud" if config.chunks == 1 else "wave")
+    cost, links = resolve_system(config.stages, cost, links, topology, dc_latency, dc_transfer, num_dcs)
+    pr = make_problem(config, pattern, cost, links, memory_limit)
+    hint = best_hint(pr, cost, links, sub_blocks)
+    res = solve(pr, SolverConfig(time_limit_s=time_limit, workers=workers, sub_blocks=sub_blocks,
+                                 objective=objective, relative_gap=relative_gap), hint=hint)
+    meta = {"sub_blocks": sub_blocks, "memory_limit": pr.meta["memory_limit"], "hint_makespan": hint.makespan}
+    return res.schedule(pr, name="crosspipe-optimal", meta=meta)

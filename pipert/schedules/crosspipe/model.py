@@ -1,0 +1,232 @@
+"""The CrossPipe problem: traversal pattern, per-unit times and memory, per-link delays.
+
+A :class:`CrossPipeProblem` is everything the greedy and the solver read (paper §4.1
+"Inputs", §4.2 "Algorithm inputs"), already resolved per unit and per message:
+
+- placement of units on ranks, from a traversal pattern (:func:`pattern_units`):
+  ``ud`` (unit u on rank u), ``wave`` (V shape, 2 chunks: down then back up, rank 0 holds
+  the first and the last unit) and ``loop`` (interleaved chunks: unit u on rank u mod P);
+- per-unit times ``tf/td/tw`` of one micro-batch (F, D = input grad, W = weight grad);
+- memory: ``F u`` adds ``stash[u]``, ``D u`` frees ``stash[u] - stash_w[u]``, ``W u``
+  frees ``stash_w[u]`` (its last sub-block frees it); a received activation or gradient
+  buffer holds ``act_buf[u]``/``grad_buf[u]`` from its RECV until its consumer ran;
+- per-message ``(occupancy, latency)`` for the activation of unit u (rank(u) -> rank(u+1))
+  and the gradient of unit u (rank(u+1) -> rank(u)); both are (0, 0) on one rank;
+- a per-rank memory limit (None = unlimited).
+
+Times are in the cost model's unit; memory in its memory unit (uniform mode: one stash = 1).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ...schedule import Action, Op, Payload
+
+__all__ = ["PATTERNS", "CrossPipeProblem", "pattern_units", "pattern_chunks", "ChunkScaledCost",
+           "problem_from_cost"]
+
+PATTERNS = ("ud", "wave", "loop")
+
+
+def pattern_chunks(pattern: str, chunks: int | None = None) -> int:
+    """Units per rank of a traversal pattern: ud 1, wave 2, loop ``chunks`` (default 2)."""
+    if pattern == "ud":
+        if chunks not in (None, 1):
+            raise ValueError(f"pattern 'ud' has one chunk per rank (got chunks={chunks})")
+        return 1
+    if pattern == "wave":
+        if chunks not in (None, 2):
+            raise ValueError(f"pattern 'wave' has two chunks per rank (got chunks={chunks})")
+        return 2
+    if pattern == "loop":
+        v = 2 if chunks is None else chunks
+        if v < 2:
+            raise ValueError(f"pattern 'loop' needs chunks >= 2 (got {v})")
+        return v
+    raise ValueError(f"unknown traversal pattern {pattern!r}; allowed: {', '.join(PATTERNS)}")
+
+
+def pattern_units(pattern: str, stages: int, chunks: int | None = None) -> list[int]:
+    """``unit_ranks[u]``: the rank that runs unit u under ``pattern`` (activation passing)."""
+    v = pattern_chunks(pattern, chunks)
+    if pattern == "ud":
+        return list(range(stages))
+    if pattern == "wave":
+        return [u if u < stages else 2 * stages - 1 - u for u in range(2 * stages)]
+    return [u % stages for u in range(stages * v)]
+
+
+def _per_unit(name: str, value: float | Sequence[float], units: int) -> tuple[float, ...]:
+    if isinstance(value, (int, float)):
+        return (float(value),) * units
+    out = tuple(float(x) for x in value)
+    if len(out) != units:
+        raise ValueError(f"{name} has {len(out)} entries for {units} units")
+    return out
+
+
+@dataclass(frozen=True)
+class CrossPipeProblem:
+    """One scheduling problem; every per-unit tuple has ``len(unit_ranks)`` entries."""
+
+    stages: int
+    """P: number of ranks."""
+    microbatches: int
+    """M: micro-batches per step."""
+    pattern: str
+    """Traversal pattern: "ud", "wave" or "loop"."""
+    unit_ranks: tuple[int, ...]
+    """Rank of each unit (the placement)."""
+    tf: tuple[float, ...]
+    """Forward time of unit u for one micro-batch."""
+    td: tuple[float, ...]
+    """Input-gradient (D) time of unit u."""
+    tw: tuple[float, ...]
+    """Weight-gradient (W) time of unit u (a sub-block ``i/n`` takes ``tw/n``)."""
+    stash: tuple[float, ...]
+    """Memory that F of unit u adds (the whole stash of one micro-batch)."""
+    stash_w: tuple[float, ...]
+    """Part of the stash D keeps for W; D frees ``stash - stash_w``, W frees ``stash_w``."""
+    act_link: tuple[tuple[float, float], ...]
+    """(occupancy, latency) of the activation of unit u sent to unit u+1's rank; U-1 entries."""
+    grad_link: tuple[tuple[float, float], ...]
+    """(occupancy, latency) of the gradient of unit u sent back from unit u+1's rank; U-1 entries."""
+    act_buf: tuple[float, ...] = ()
+    """Memory of a received activation of unit u (held from RECV to its consumer); () = 0."""
+    grad_buf: tuple[float, ...] = ()
+    """Memory of a received gradient of unit u (held from RECV to its consumer); () = 0."""
+    memory_limit: tuple[float, ...] | None = None
+    """Per-rank limit on the running memory sum (list order); None = unlimited."""
+    opt_time: tuple[float, ...] = ()
+    """Time of the optimizer step of unit u (appended after the rank's last compute); () = 0."""
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Free-form facts for reports (delays, number of DCs, memory convention)."""
+
+    def __post_init__(self) -> None:
+        u = len(self.unit_ranks)
+        if u < 1 or self.stages < 1 or self.microbatches < 1:
+            raise ValueError("a problem needs at least one unit, stage and micro-batch")
+        if any(not 0 <= r < self.stages for r in self.unit_ranks):
+            raise ValueError(f"unit_ranks {self.unit_ranks} name a rank outside 0..{self.stages - 1}")
+        for name in ("tf", "td", "tw", "stash", "stash_w"):
+            if len(getattr(self, name)) != u:
+                raise ValueError(f"{name} needs {u} entries")
+        for name in ("act_link", "grad_link"):
+            if len(getattr(self, name)) != u - 1:
+                raise ValueError(f"{name} needs {u - 1} entries")
+        for name in ("act_buf", "grad_buf", "opt_time"):
+            if not getattr(self, name):
+                object.__setattr__(self, name, (0.0,) * u)
+        if self.memory_limit is not None and len(self.memory_limit) != self.stages:
+            raise ValueError(f"memory_limit needs one entry per rank ({self.stages})")
+        if any(t <= 0 for t in self.tf + self.td + self.tw):
+            raise ValueError("F, D and W times must be > 0 (the solver orders ops by start time)")
+
+    # --- derived views ----------------------------------------------------------
+    @property
+    def units(self) -> int:
+        return len(self.unit_ranks)
+
+    @property
+    def chunks(self) -> int:
+        return self.units // self.stages
+
+    def units_of(self, rank: int) -> list[int]:
+        return [u for u, r in enumerate(self.unit_ranks) if r == rank]
+
+    def limit(self, rank: int) -> float:
+        return math.inf if self.memory_limit is None else self.memory_limit[rank]
+
+    def with_limit(self, limit: float | Sequence[float] | None) -> "CrossPipeProblem":
+        """A copy with another memory limit (scalar = the same on every rank)."""
+        lim = None if limit is None else _per_unit("memory_limit", limit, self.stages)
+        return CrossPipeProblem(**{**self.__dict__, "memory_limit": lim})
+
+    def delta(self, op: Op, unit: int, sub: tuple[int, int] | None = None) -> float:
+        """Change of the running memory sum after one compute action."""
+        if op is Op.F:
+            return self.stash[unit]
+        if op is Op.D:
+            return -(self.stash[unit] - self.stash_w[unit])
+        if op is Op.W:
+            return -self.stash_w[unit] if sub is None or sub[0] == sub[1] - 1 else 0.0
+        if op is Op.B:
+            return -self.stash[unit]
+        return 0.0
+
+    def in_buffer(self, op: Op, unit: int) -> float:
+        """Memory of the received input an action consumes (0 when produced on its own rank)."""
+        r = self.unit_ranks[unit]
+        if op is Op.F and unit > 0 and self.unit_ranks[unit - 1] != r:
+            return self.act_buf[unit - 1]
+        if op in (Op.D, Op.B) and unit < self.units - 1 and self.unit_ranks[unit + 1] != r:
+            return self.grad_buf[unit]
+        return 0.0
+
+    def duration(self, op: Op, unit: int, sub: tuple[int, int] | None = None) -> float:
+        t = {Op.F: self.tf, Op.D: self.td, Op.W: self.tw}[op][unit] if op is not Op.B \
+            else self.td[unit] + self.tw[unit]
+        return t / sub[1] if sub is not None else t
+
+
+class ChunkScaledCost:
+    """A cost model for V-chunk placements of the same model: compute times and stash
+    sizes of one unit are ``1/V`` of ``base``'s, message and buffer sizes unchanged.
+
+    Lets UD (V = 1), Wave and Loop (V = 2) schedules of one model share one time and
+    memory scale (``UniformCost`` prices every unit alike whatever V is).
+    """
+
+    def __init__(self, base: Any, chunks: int) -> None:
+        self.base, self.chunks = base, chunks
+
+    def compute_time(self, action: Action, rank: int) -> float:
+        t = self.base.compute_time(action, rank)
+        return t if action.op is Op.OPT else t / self.chunks
+
+    def message_bytes(self, payload: Payload, unit: int, num_mbs: int = 1) -> float:
+        return self.base.message_bytes(payload, unit, num_mbs)
+
+    def memory(self, kind: str, unit: int) -> float:
+        m = self.base.memory(kind, unit)
+        return m / self.chunks if kind in ("stash", "stash_w") else m
+
+    def __repr__(self) -> str:
+        return f"ChunkScaledCost({self.base!r}, chunks={self.chunks})"
+
+
+def problem_from_cost(stages: int, microbatches: int, pattern: str, cost: Any, links: Any = None, *,
+                      chunks: int | None = None, memory_limit: float | Sequence[float] | None = None,
+                      count_buffers: bool = True, meta: dict | None = None) -> CrossPipeProblem:
+    """Resolve a pipert CostModel and LinkModel into a :class:`CrossPipeProblem`.
+
+    ``links=None`` makes every transfer free. ``count_buffers`` counts received
+    activation/gradient buffers against the memory limit (the simulator does).
+    """
+    unit_ranks = pattern_units(pattern, stages, chunks)
+    n = len(unit_ranks)
+
+    def t(op: Op, u: int) -> float:
+        return float(cost.compute_time(Action(op, u, 0), unit_ranks[u]))
+
+    def msg(payload: Payload, u: int, src: int, dst: int) -> tuple[float, float]:
+        if src == dst or links is None:
+            return (0.0, 0.0)
+        occ, lat = links.transfer(src, dst, cost.message_bytes(payload, u, 1))
+        return (float(occ), float(lat))
+
+    act_link = tuple(msg(Payload.ACT, u, unit_ranks[u], unit_ranks[u + 1]) for u in range(n - 1))
+    grad_link = tuple(msg(Payload.GRAD, u, unit_ranks[u + 1], unit_ranks[u]) for u in range(n - 1))
+    buf = (lambda kind: tuple(float(cost.memory(kind, u)) for u in range(n))) if count_buffers \
+        else (lambda kind: ())
+    opt = tuple(float(cost.compute_time(Action(Op.OPT, unit=u), unit_ranks[u])) for u in range(n))
+    lim = None if memory_limit is None else _per_unit("memory_limit", memory_limit, stages)
+    return CrossPipeProblem(
+        stages, microbatches, pattern, tuple(unit_ranks),
+        tuple(t(Op.F, u) for u in range(n)), tuple(t(Op.D, u) for u in range(n)),
+        tuple(t(Op.W, u) for u in range(n)),
+        tuple(float(cost.memory("stash", u)) for u in range(n)),
+        tuple(float(cost.memory("stash_w", u)) for u in range(n)),
+        act_link, grad_link, buf("act"), buf("grad"), lim, opt, dict(meta or {}))

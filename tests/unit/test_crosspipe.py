@@ -1,0 +1,265 @@
+"""CrossPipe: greedy and CP-SAT schedules against the simulator, memory limits, selection."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pipert.cost import Links, Topology, UniformCost
+from pipert.schedule import Action, Op, Payload
+from pipert.schedules import available, build_schedule
+from pipert.schedules.crosspipe import (ChunkScaledCost, GreedyConfig, best_hint, SolverConfig, default_memory_limit,
+                                        greedy_best, greedy_schedule, lower_crosspipe, pattern_units,
+                                        problem_from_cost, solve)
+from pipert.schedules.crosspipe.select import (STATIC, compare_pp_dp, format_ranking, llama3_405b,
+                                               rank_schedules)
+from pipert.sim import simulate, validate
+
+UNIFORM = UniformCost(tf=1.0, tb=2.0)
+DELAYS = [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (2.0, 2.0), (0.5, 2.0), (2.0, 0.5)]
+
+
+def _cost(pattern: str, base=UNIFORM):
+    return base if pattern == "ud" else ChunkScaledCost(base, 2)
+
+
+def _setup(pattern: str, p: int, m: int, dcs: int, lat: float, bw: float, factor: float = 1.0, base=UNIFORM):
+    cost = _cost(pattern, base)
+    links = Links.uniform_dc(Topology(p, num_dcs=dcs), lat, bw)
+    limit = default_memory_limit(pattern, p, m, cost) * factor
+    return cost, links, limit, problem_from_cost(p, m, pattern, cost, links, memory_limit=limit)
+
+
+def _check_greedy(pr, cost, links, limit, sub_blocks=4):
+    g = greedy_schedule(pr, GreedyConfig(sub_blocks=sub_blocks))
+    s = lower_crosspipe(pr, g.orders, g.recv_order)
+    rep = validate(s, cost, memory_limit=limit, links=links)      # raises on any broken rule
+    r = simulate(s, cost, links)
+    assert r.makespan == pytest.approx(g.makespan, abs=1e-9)
+    assert r.peak_memory == pytest.approx(g.peak_memory, abs=1e-9)
+    assert max(rep.peak_memory) <= limit + 1e-9
+    return g, r
+
+
+def test_patterns_place_units():
+    assert pattern_units("ud", 4) == [0, 1, 2, 3]
+    assert pattern_units("wave", 3) == [0, 1, 2, 2, 1, 0]
+    assert pattern_units("loop", 3, 3) == [0, 1, 2] * 3
+    with pytest.raises(ValueError, match="unknown traversal pattern"):
+        pattern_units("zigzag", 4)
+    with pytest.raises(ValueError, match="two chunks"):
+        pattern_units("wave", 4, 3)
+
+
+@pytest.mark.parametrize("pattern", ["ud", "wave", "loop"])
+@pytest.mark.parametrize("lat,bw", DELAYS)
+@pytest.mark.parametrize("dcs", [2, 4])
+def test_greedy_prediction_equals_simulation(pattern, lat, bw, dcs):
+    cost, links, limit, pr = _setup(pattern, 4, 8, dcs, lat, bw)
+    _check_greedy(pr, cost, links, limit)
+
+
+@pytest.mark.parametrize("p", [2, 4, 6, 8])
+@pytest.mark.parametrize("mult", [1, 2, 3])
+def test_zero_delay_greedy_equals_zb_h1(p, mult):
+    m = p * mult
+    zb = simulate(build_schedule("zb-h1", stages=p, microbatches=m), UNIFORM)
+    assert zb.makespan == 3 * m + p - 1                               # the ZB-H1 formula for T = 1
+    cost, links, limit, pr = _setup("ud", p, m, 1 if p % 2 else 2, 0.0, 0.0)
+    for n in (1, 4):
+        g, r = _check_greedy(pr, cost, links, limit, sub_blocks=n)
+        assert r.makespan == zb.makespan
+
+
+@pytest.mark.parametrize("lat,bw", [(1.0, 1.0), (2.0, 0.5), (0.5, 2.0)])
+def test_greedy_beats_static_under_cross_dc_delay(lat, bw):
+    cost, links, limit, pr = _setup("ud", 8, 16, 2, lat, bw)
+    g = greedy_best(pr)
+    for name in ("1f1b", "zb-h1"):
+        static = simulate(build_schedule(name, stages=8, microbatches=16), cost, links).makespan
+        assert g.makespan < static
+
+
+@pytest.mark.parametrize("pattern,p,m,sub", [("ud", 4, 6, 2), ("wave", 2, 4, 2), ("loop", 2, 4, 2)])
+@pytest.mark.parametrize("lat,bw", [(0.0, 0.0), (1.0, 1.0), (2.0, 0.5)])
+def test_optimum_never_worse_than_greedy_or_static(pattern, p, m, sub, lat, bw):
+    cost, links, limit, pr = _setup(pattern, p, m, 2, lat, bw)
+    res = solve(pr, SolverConfig(time_limit_s=20, sub_blocks=sub))
+    assert res.status == "OPTIMAL" and res.gap == 0.0
+    s = res.schedule(pr)
+    rep = validate(s, cost, memory_limit=limit, links=links)
+    assert max(rep.peak_memory) <= limit + 1e-9
+    sim = simulate(s, cost, links).makespan
+    assert sim == pytest.approx(res.makespan, abs=1e-6)              # proven optimum = simulated time
+    assert sim <= res.greedy.makespan + 1e-9
+    statics = {"ud": ["1f1b", "zb-h1"], "wave": ["zb-v"], "loop": ["interleaved-1f1b"]}[pattern]
+    for name in statics:
+        st_s = build_schedule(name, stages=p, microbatches=m, chunks=None if pattern == "ud" else 2)
+        st_r = simulate(st_s, cost, links)
+        assert max(st_r.peak_memory) <= limit + 1e-9
+        assert sim <= st_r.makespan + 1e-9
+
+
+def test_solver_seeded_with_zb_h1_is_never_worse_even_when_stopped_early():
+    """At small delay the greedy can trail ZB-H1; the solver's hint is the better of the two."""
+    cost, links, limit, pr = _setup("ud", 8, 16, 4, 0.25, 0.0)
+    zb = simulate(build_schedule("zb-h1", stages=8, microbatches=16), cost, links).makespan
+    h = best_hint(pr, cost, links)
+    assert h.makespan == zb < greedy_best(pr).makespan
+    res = solve(pr, SolverConfig(time_limit_s=1.0), hint=h)
+    s = res.schedule(pr)
+    validate(s, cost, memory_limit=limit, links=links)
+    assert simulate(s, cost, links).makespan <= min(res.makespan, zb) + 1e-9
+
+
+def test_solver_without_time_keeps_the_hint():
+    cost, links, limit, pr = _setup("ud", 8, 16, 2, 1.0, 1.0)
+    res = solve(pr, SolverConfig(time_limit_s=0.001))
+    assert res.status in ("HINT", "FEASIBLE", "OPTIMAL") and res.makespan <= res.greedy.makespan + 1e-9
+    assert 0 < res.bound <= res.makespan                                 # at least the per-rank work bound
+    validate(res.schedule(pr), cost, memory_limit=limit, links=links)
+
+
+class _BytesCost(UniformCost):
+    """Seconds and bytes: a 3 GB stash, a 200 MB activation buffer."""
+
+    def memory(self, kind: str, unit: int) -> float:
+        return {"stash": 3e9, "stash_w": 1.5e9}.get(kind, 2e8)
+
+
+def test_solver_on_seconds_and_bytes_scales():
+    cost = _BytesCost(tf=0.038, tb=0.076)
+    links = Links.uniform_dc(Topology(4, num_dcs=2), 0.038, 0.019)
+    limit = default_memory_limit("ud", 4, 6, cost)
+    assert limit == 4 * 3e9 + 2e8
+    pr = problem_from_cost(4, 6, "ud", cost, links, memory_limit=limit)
+    res = solve(pr, SolverConfig(time_limit_s=20, sub_blocks=1))
+    assert res.status == "OPTIMAL"
+    s = res.schedule(pr)
+    assert max(validate(s, cost, memory_limit=limit).peak_memory) <= limit
+    assert simulate(s, cost, links).makespan == pytest.approx(res.makespan, rel=1e-9)
+
+
+def test_solver_respects_a_tighter_memory_limit_and_device0_objective():
+    cost, links, limit, pr = _setup("ud", 4, 6, 2, 1.0, 1.0)
+    loose = solve(pr, SolverConfig(time_limit_s=20, sub_blocks=1))
+    tight_pr = pr.with_limit(3.0)
+    tight = solve(tight_pr, SolverConfig(time_limit_s=20, sub_blocks=1))
+    s = tight.schedule(tight_pr)
+    assert max(validate(s, cost, memory_limit=3.0).peak_memory) <= 3.0
+    assert tight.makespan >= loose.makespan
+    dev0 = solve(pr, SolverConfig(time_limit_s=20, sub_blocks=1, objective="device0"))
+    assert dev0.status == "OPTIMAL"
+    assert simulate(dev0.schedule(pr), cost, links).makespan >= loose.makespan - 1e-9
+
+
+def test_relaxed_memory_never_hurts_and_too_little_memory_is_reported():
+    cost, links, limit, pr = _setup("ud", 8, 16, 2, 2.0, 2.0)
+    base = greedy_best(pr).makespan
+    relaxed = greedy_best(pr.with_limit(2 * limit)).makespan
+    assert relaxed <= base
+    with pytest.raises(ValueError, match="memory limit"):
+        greedy_schedule(pr.with_limit(1.5))
+
+
+def test_receives_follow_send_order_and_buffers_count():
+    """At the first rank of DC 2, activations arrive late (latency) while gradients arrive at
+    once: receives are posted in issue order, so some activation buffers are held early."""
+    cost, links, limit, pr = _setup("ud", 4, 8, 2, 2.0, 0.0)
+    g, r = _check_greedy(pr, cost, links, limit)
+    s = lower_crosspipe(pr, g.orders, g.recv_order)
+    for rank in range(4):
+        recvs = [(a.payload.value, a.unit, a.mb[0]) for a in s.actions[rank] if a.op is Op.RECV]
+        assert recvs == list(g.recv_order[rank])
+        starts = [g.messages[k][0] for k in recvs]
+        assert starts == sorted(starts)                                  # receive queue never holds one back
+    assert s.count(Op.SEND) == s.count(Op.RECV) == 2 * 8 * 3
+    early = 0                                                            # RECVs posted before their consumer's turn
+    for acts in s.actions:
+        comp = [i for i, a in enumerate(acts) if a.is_compute]
+        for i, a in enumerate(acts):
+            if a.op is Op.RECV:
+                nxt = acts[min(j for j in comp if j > i)]
+                early += (nxt.mb != a.mb)
+    assert early > 0
+    assert s.count(Op.OPT) == 4
+
+
+def test_w_sub_blocks_fill_bubbles():
+    cost, links, limit, pr = _setup("ud", 4, 8, 2, 0.5, 2.0)
+    g = greedy_schedule(pr, GreedyConfig(sub_blocks=4))
+    subs = [t.action for tl in g.timeline for t in tl if t.action.sub is not None]
+    assert subs and all(a.op is Op.W and a.sub[1] == 4 for a in subs)
+    whole = greedy_schedule(pr, GreedyConfig(sub_blocks=1))
+    assert g.makespan <= whole.makespan
+
+
+class _StageCost:
+    """Per-rank compute times (heterogeneous stages) on top of UniformCost sizes."""
+
+    def __init__(self, speeds):
+        self.base, self.speeds = UniformCost(tf=1.0, td=1.25, tw=0.75), speeds
+
+    def compute_time(self, action: Action, rank: int) -> float:
+        return self.base.compute_time(action, rank) * self.speeds[rank]
+
+    def message_bytes(self, payload: Payload, unit: int, num_mbs: int = 1) -> float:
+        return self.base.message_bytes(payload, unit, num_mbs)
+
+    def memory(self, kind: str, unit: int) -> float:
+        return self.base.memory(kind, unit)
+
+
+@settings(max_examples=25, deadline=None)
+@given(pattern=st.sampled_from(["ud", "wave"]), p=st.sampled_from([2, 4]), m=st.integers(1, 8),
+       lat=st.sampled_from([0.0, 0.25, 1.0, 3.0]), bw=st.sampled_from([0.0, 0.5, 1.5]),
+       speeds=st.lists(st.sampled_from([0.5, 1.0, 1.5]), min_size=4, max_size=4),
+       factor=st.sampled_from([1.0, 1.5, 3.0]), sub=st.sampled_from([1, 2, 4]))
+def test_greedy_matches_simulator_on_random_problems(pattern, p, m, lat, bw, speeds, factor, sub):
+    base = _StageCost(speeds)
+    cost, links, limit, pr = _setup(pattern, p, m, 2, lat, bw, factor, base=base)
+    _check_greedy(pr, cost, links, limit, sub_blocks=sub)
+
+
+def test_registry_names_and_options():
+    for name in ("crosspipe-greedy", "crosspipe-wave", "crosspipe-optimal"):
+        assert name in available()
+    topo = Topology(4, num_dcs=2)
+    links = Links.uniform_dc(topo, 1.0, 1.0)
+    g = build_schedule("crosspipe-greedy", stages=4, microbatches=8, cost=UNIFORM, links=links, topology=topo)
+    assert g.meta["memory_limit"] == 5.0 and g.meta["chunks"] == 1
+    assert simulate(g, UNIFORM, links).makespan == pytest.approx(g.meta["predicted_makespan"])
+    w = build_schedule("crosspipe-wave", stages=4, microbatches=8, dc_latency=1.0, dc_transfer=1.0)
+    assert w.num_units == 8 and w.placement.ranks == tuple(pattern_units("wave", 4))
+    o = build_schedule("crosspipe-optimal", stages=2, microbatches=4, chunks=2, pattern="loop", sub_blocks=1,
+                       dc_latency=1.0, time_limit=10)
+    assert o.meta["status"] == "OPTIMAL" and o.meta["pattern"] == "loop"
+    with pytest.raises(ValueError, match="chunk"):
+        build_schedule("crosspipe-optimal", stages=4, microbatches=8, chunks=3, pattern="wave")
+    with pytest.raises(ValueError, match="does not take"):
+        build_schedule("crosspipe-greedy", stages=4, microbatches=8, bogus=1)
+
+
+def test_rank_schedules_orders_by_fit_then_makespan():
+    topo = Topology(4, num_dcs=2)
+    links = Links.uniform_dc(topo, 2.0, 2.0)
+    cands = rank_schedules(4, 8, UNIFORM, links, topo, memory_limit=5.0)
+    names = [c.name for c in cands]
+    assert set(names) == set(STATIC) | {"crosspipe-greedy", "crosspipe-wave"}
+    fits = [c for c in cands if c.fits]
+    assert [c.makespan for c in fits] == sorted(c.makespan for c in fits)
+    assert all(not c.fits for c in cands[len(fits):])
+    assert cands[0].name == "crosspipe-greedy"
+    text = format_ranking(cands, 5.0)
+    assert "crosspipe-greedy" in text and "memory limit per rank: 5" in text
+
+
+def test_pp_vs_dp_trends():
+    """Paper §5.2: PP's advantage shrinks as the cross-DC bandwidth grows; latency matters little."""
+    slow, fast = (compare_pp_dp(llama3_405b(0.004, bw)) for bw in (64e9, 4096e9))
+    assert slow.speedup > fast.speedup and fast.speedup == pytest.approx(1.0, abs=0.1)
+    assert slow.slowdown > fast.slowdown >= 1.0 - 1e-9
+    high_lat = compare_pp_dp(llama3_405b(0.128, 64e9))
+    assert high_lat.pp_time / slow.pp_time < 1.1
+    assert math.isfinite(slow.dp_time) and slow.dp_time > slow.single_dc_time
