@@ -13,7 +13,11 @@ placement: F u -> F u+1, F of the last unit -> its D, D u -> D u-1, D u -> W u):
    - among several F (or D) of different units (Wave, Loop): the higher unit first,
      then the lower micro-batch;
 3. schedule it: F and D run as whole blocks; W runs one sub-block (``tw/n_sub``) at a
-   time, so a W delays an arriving F or D by at most one sub-block;
+   time, so a W delays an arriving F or D by at most one sub-block. A block starts when
+   the simulator starts it: at max(end of the rank's previous op, its input ready). The
+   throttle (``GreedyConfig.throttle``) only decides *when a block may be chosen*, never
+   holds a chosen block back: a lowered schedule has no way to express a deliberate
+   delay, and the simulator runs every compute as soon as its queue and inputs allow;
 4. when a block finishes, its message (if the next unit is on another rank) is issued:
    it starts when the producer ended, the sender's previous message left (send queue,
    FIFO in compute order) and the receiver's previously issued message left (receive
@@ -62,9 +66,11 @@ class GreedyConfig:
     """Among several available F (or D) of one rank: "unit" = higher unit first, then lower
     micro-batch; "mb" = lower micro-batch first, then higher unit."""
     throttle: str = "fd"
-    """Blocks whose message has link occupancy become available only when the message
-    could leave as they finish (no backlog in the send queue, which would hold back the
-    rank's other messages): "f" for F blocks, "fd" for F and D, "" never."""
+    """Blocks whose message has link occupancy may be chosen only once the message could
+    leave as they finish (no backlog in the send queue, which would hold back the rank's
+    other messages), so other ready work goes first; a chosen block still starts as soon
+    as the rank and its input are ready (as the simulator runs it). "f" for F blocks,
+    "fd" for F and D, "" never."""
 
 
 @dataclass(frozen=True)
@@ -209,8 +215,10 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
                 op = Op.F if fs else Op.D
             item = min(fs if op is Op.F else ds, key=key_of)
             (ready_f if op is Op.F else ready_d)[r].remove(item)
-            _, u, m, k = item
-            start = now
+            a, u, m, k = item
+            # the throttle only steers the choice (other ops may go first); the block itself
+            # starts as the simulator runs it: when the rank is free and its input is ready
+            start = max(end[r], a)
             fin = start + pr.duration(op, u)
             timeline[r].append(Timed(Action(op, u, m), start, fin))
             end[r] = fin
