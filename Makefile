@@ -7,7 +7,9 @@ STAMP := $(VENV)/.pipert-installed
 
 .PHONY: demo test clean
 
-$(STAMP): setup.py
+CSRC := $(wildcard csrc/*.cpp csrc/core/*.cpp csrc/core/*.h csrc/core/*.cu)
+
+$(STAMP): setup.py $(CSRC)
 	test -x $(PY) || python3 -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e '.[test]' --no-build-isolation

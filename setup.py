@@ -1,5 +1,46 @@
-"""Build and install pipert (pure Python parts; the pipert._C extension is added by csrc/)."""
+"""Build and install pipert, with the optional pipert._C extension from csrc/.
+
+Environment switches for the extension:
+  PIPERT_NO_EXT=1   build no extension (pipert uses its pure-Python paths)
+  PIPERT_CUDA=1     require the CUDA part (fails when CUDA toolkit or CUDA torch is missing)
+  PIPERT_CUDA=0     CPU part only
+  (unset)           CUDA part when a CUDA toolkit and a CUDA build of torch are present
+"""
+import glob
+import os
+
 from setuptools import find_packages, setup
+
+
+def _extension_args() -> dict:
+    """ext_modules + cmdclass for pipert._C; torch is imported only here."""
+    if os.environ.get("PIPERT_NO_EXT") == "1":
+        return {}
+    try:
+        from torch.utils import cpp_extension as ce
+        import torch
+    except ImportError:  # e.g. an isolated build without torch: pipert falls back to pure Python
+        print("pipert: torch not importable at build time; building without pipert._C")
+        return {}
+
+    want = os.environ.get("PIPERT_CUDA")
+    cuda_ok = ce.CUDA_HOME is not None and torch.version.cuda is not None
+    if want == "1" and not cuda_ok:
+        raise RuntimeError("PIPERT_CUDA=1 needs a CUDA toolkit (CUDA_HOME) and a CUDA build of torch; "
+                           f"found CUDA_HOME={ce.CUDA_HOME}, torch.version.cuda={torch.version.cuda}")
+    use_cuda = cuda_ok if want is None else want == "1"
+    # Few translation units: the bindings (the only one with torch headers) and the small core.
+    sources = ["csrc/bindings.cpp"] + sorted(glob.glob("csrc/core/*.cpp"))
+    cxx = ["-O2", "-fvisibility=hidden"]  # torch picks the C++ standard
+    kwargs = {"include_dirs": [os.path.abspath("csrc")]}
+    if use_cuda:
+        sources.append("csrc/core/delay_kernels.cu")
+        ext = ce.CUDAExtension("pipert._C", sources, define_macros=[("PIPERT_WITH_CUDA", None)],
+                               extra_compile_args={"cxx": cxx, "nvcc": ["-O2"]}, **kwargs)
+    else:
+        ext = ce.CppExtension("pipert._C", sources, extra_compile_args={"cxx": cxx}, **kwargs)
+    return {"ext_modules": [ext], "cmdclass": {"build_ext": ce.BuildExtension}}
+
 
 setup(
     name="pipert",
@@ -14,4 +55,5 @@ setup(
         "test": ["pytest", "hypothesis", "triton>=3.0"],
     },
     entry_points={"console_scripts": ["pipert=pipert.cli:main"]},
+    **_extension_args(),
 )

@@ -73,6 +73,18 @@ class RankExecutor:
         self.fault = fault if fault is not None and fault.rank == rank else None
         self.trace = trace
         self.last_unit = schedule.num_units - 1
+        # Activation/gradient receives that stand between two computes are posted before the
+        # first of them, so the sender never waits for this rank to finish that compute
+        # (gloo and NCCL sends rendezvous with the posted receive). Queue order is unchanged.
+        self.early_recvs: dict[int, list[int]] = {}
+        computes = [i for i, a in enumerate(self.actions) if a.is_compute]
+        for k, c in enumerate(computes):
+            stop = computes[k + 1] if k + 1 < len(computes) else len(self.actions)
+            ahead = [j for j in range(c + 1, stop) if self.actions[j].op is Op.RECV
+                     and self.actions[j].payload in (Payload.ACT, Payload.GRAD)]
+            if ahead:
+                self.early_recvs[c] = ahead
+        self.early_set = {j for js in self.early_recvs.values() for j in js}
         self._dispatch = {
             Op.F: self._forward, Op.B: self._backward, Op.D: self._backward, Op.W: self._weight_grad,
             Op.OPT: self._optimize, Op.RECOMPUTE: self._recompute, Op.SEND: self._send, Op.RECV: self._recv,
@@ -93,11 +105,16 @@ class RankExecutor:
         self.stepped: set[int] = set()                   # units whose OPT ran this step
         self.result = StepResult()
         now = time.perf_counter
+        early, early_set = self.early_recvs, self.early_set
         for i, a in enumerate(self.actions):
             if self.fault is not None and i == self.fault.at_action:
                 self._trip()
+            if i in early_set:
+                continue  # posted before the previous compute
             if a.sub is not None and a.sub[0] != a.sub[1] - 1 and a.is_compute:
                 continue  # a split compute runs whole at its last sub-block
+            for j in early.get(i, ()):
+                self._recv(j, self.actions[j])
             t0 = now() if self.trace else 0.0
             self._dispatch[a.op](i, a)
             if self.trace:

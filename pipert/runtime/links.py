@@ -334,20 +334,21 @@ class LinkEmulator:
 
     def enqueue_transfer(self, src: int, dst: int, nbytes: float, send: Stream, recv: Stream,
                          copy: Callable[[], Any] | tuple[torch.Tensor, torch.Tensor] | None = None,
-                         rendezvous: bool = True) -> Transfer:
+                         rendezvous: bool = True) -> Transfer | Any:
         """One message from ``src``'s send stream to ``dst``'s recv stream (local transport).
 
         With ``rendezvous`` the message is ready once the send stream reached it and the
         recv stream posted it (reached it). The send stream then waits for the departure,
         runs ``copy`` (a callable or a ``(dst_tensor, src_tensor)`` pair) and stays busy until
         the occupancy ends; the recv stream waits for the copy, then for the arrival.
-        Never blocks the host.
+        Never blocks the host. Returns a :class:`Transfer` (with pipert._C streams, a
+        ``pipert._C.Transfer`` with the same attributes).
         """
         if isinstance(send, CudaStream):
             return self._cuda_transfer(src, dst, nbytes, send, recv, copy, rendezvous)
         if self.backend == "ext" and isinstance(send, _ext.C.Stream) and isinstance(recv, _ext.C.Stream):
-            tr = self._core.enqueue_transfer(send, recv, src, dst, float(nbytes), copy, rendezvous)
-            return Transfer(tr.sent, tr.arrived, lambda: (tr.depart, tr.free_at, tr.arrive))
+            # pipert._C.Transfer: the same attributes as Transfer, without a Python wrapper
+            return self._core.enqueue_transfer(send, recv, src, dst, float(nbytes), copy, rendezvous)
         return self._stream_transfer(src, dst, nbytes, send, recv, _copy_fn(copy), rendezvous)
 
     def _stream_transfer(self, src: int, dst: int, nbytes: float, send: Any, recv: Any,

@@ -1,0 +1,38 @@
+// C interface to the CUDA delay kernels (delay_kernels.cu). No CUDA types here,
+// so callers compile without CUDA headers: streams are cudaStream_t passed as
+// void*, results are cudaError_t values as int (0 = success).
+//
+// Clock: every deadline is in %globaltimer nanoseconds of the device that runs
+// the kernel. Each kernel is one thread (spin: one warp per block) and enqueues
+// no host synchronisation, so the host never blocks and no compute SMs are
+// taken beyond one resident thread while a wait is pending.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+extern "C" {
+
+// Sleeps the stream for ns from when the kernel starts.
+int pipert_cuda_sleep_for(void* stream, int64_t ns);
+// Sleeps the stream until deadline_ns (absolute).
+int pipert_cuda_wait_until(void* stream, int64_t deadline_ns);
+// Sleeps the stream until *deadline (device memory), read when the kernel starts.
+int pipert_cuda_wait_until_ptr(void* stream, const int64_t* deadline);
+// One message on one directed link, all on the device: ready = now,
+// timing = link_schedule(*free_at, now, occupancy, latency), *free_at updated,
+// timing_out[0..2] = depart, free_at, arrive; then sleeps until free_at.
+// Invariant: only one stream (the link's send stream) uses a given free_at.
+int pipert_cuda_link_send(void* stream, int64_t* free_at, int64_t occupancy_ns, int64_t latency_ns,
+                          int64_t* timing_out);
+// Busy compute: `blocks` blocks of one warp each spin for ns (calibrated compute).
+int pipert_cuda_spin(void* stream, int64_t ns, int blocks);
+// *out = %globaltimer when the kernel runs (for host <-> device clock mapping).
+int pipert_cuda_globaltimer(void* stream, int64_t* out);
+
+// Page-locked host memory for the pinned pool; null on failure.
+void* pipert_cuda_host_alloc(size_t nbytes);
+void pipert_cuda_host_free(void* ptr);
+const char* pipert_cuda_error_string(int code);
+
+}  // extern "C"

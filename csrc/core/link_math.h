@@ -1,0 +1,42 @@
+// Deadline arithmetic of one directed link, shared by the CPU emulator and the
+// CUDA wait kernels (compiled for host and device).
+//
+// A message of b bytes that is ready at t on a link with bandwidth bw (bytes/s),
+// a fixed per-message occupancy p and latency L, when the link is free from free_at
+// (pipert.cost.LinkSpec is the same model):
+//   occ     = p + b/bw
+//   depart  = max(t, free_at)          FIFO: waits for the messages before it
+//   free_at = depart + occ             the link is busy for the occupancy only
+//   arrive  = depart + occ + L         so the next message departs during L
+// All times are int64 nanoseconds of one clock.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define PIPERT_HD __host__ __device__
+#else
+#define PIPERT_HD
+#endif
+
+namespace pipert {
+
+struct LinkTiming {
+  int64_t depart;
+  int64_t free_at;  // = depart + occupancy: when the send side is done
+  int64_t arrive;
+};
+
+// b/bw in ns, rounded to nearest; bw <= 0 or infinite means no occupancy.
+PIPERT_HD inline int64_t occupancy_ns(double nbytes, double bytes_per_s) {
+  if (!(bytes_per_s > 0.0) || bytes_per_s > 1e300 || nbytes <= 0.0) return 0;
+  return static_cast<int64_t>(nbytes / bytes_per_s * 1e9 + 0.5);
+}
+
+PIPERT_HD inline LinkTiming link_schedule(int64_t free_at, int64_t ready, int64_t occupancy,
+                                          int64_t latency) {
+  const int64_t depart = ready > free_at ? ready : free_at;
+  return LinkTiming{depart, depart + occupancy, depart + occupancy + latency};
+}
+
+}  // namespace pipert
