@@ -145,24 +145,14 @@ def _reference(units, x, y, microbatches: int, optimizer, update_every: int):
     return ref, sum(losses) / groups
 
 
-def _gather_to_zero(d: dict) -> dict:
-    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(d, parts, dst=0)
-    if dist.get_rank() != 0:
-        return {}
-    out: dict = {}
-    for p in parts:
-        out.update(p)
-    return out
-
-
 def run_cases_dist(rank: int, world: int, cases: Sequence[Case], out_path: str, timeout: float = 60.0) -> None:
     """Process entry (see ``pipert.runtime.launch.launch``): run every case, rank 0 writes JSON."""
+    from .runtime.launch import gather_to_zero
     torch.set_num_threads(1)
     results = []
     for case in cases:
         try:
-            res = run_case(case, backend="dist", gather=_gather_to_zero, timeout=timeout)
+            res = run_case(case, backend="dist", gather=gather_to_zero, timeout=timeout)
             if res is not None:
                 results.append(res.as_dict())
         except Exception as e:  # noqa: BLE001 - recorded per case; the test reports it

@@ -12,7 +12,6 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.distributed as dist
 
 __all__ = ["TrainConfig", "run_train", "resolve_backend"]
 
@@ -90,15 +89,6 @@ def _build(cfg: TrainConfig, device: torch.device):
     return schedule, units, corpus
 
 
-def _rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """max over tensors of max|a-b| / max|b| (the reference is b)."""
-    worst = 0.0
-    for k, ref in b.items():
-        diff = (a[k].double() - ref.double()).abs().max().item()
-        worst = max(worst, diff / max(ref.double().abs().max().item(), 1e-30))
-    return worst
-
-
 def _report(cfg: TrainConfig, step: int, loss: float, tokens_per_s: float, extra: dict, bar) -> None:
     if cfg.json:
         print(json.dumps({"step": step, "loss": loss, "tokens_per_s": tokens_per_s, **extra}), flush=True)
@@ -110,6 +100,7 @@ def _report(cfg: TrainConfig, step: int, loss: float, tokens_per_s: float, extra
 def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device) -> list[float]:
     from .runtime.pipeline import Pipeline
     from .runtime.reference import reference_step
+    from .testing import rel_err
     schedule, units, corpus = _build(cfg, device)
     opt = lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=0.0)  # noqa: E731
     # The reference keeps its own copy of the model and a persistent optimizer (AdamW state
@@ -138,8 +129,8 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device) -> li
             if rank == 0:
                 _copy_into(ref_units, before)
                 ref = reference_step(ref_units, x, y, cfg.microbatches, optimizer=ref_opt, copy_units=False)
-                extra = {"max_grad_rel_err": _rel_err(grads, ref.grads),
-                         "max_param_rel_err": _rel_err(after, ref.params_after),
+                extra = {"max_grad_rel_err": rel_err(grads, ref.grads),
+                         "max_param_rel_err": rel_err(after, ref.params_after),
                          "ref_loss": float(ref.loss)}
         losses.append(loss)
         if rank == 0:
@@ -151,17 +142,11 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device) -> li
 
 def _gather(pipe, fn) -> dict:
     """Merge a per-rank dict on rank 0 (every rank of a dist job must call this)."""
+    from .runtime.launch import gather_to_zero
     local = fn()
     if pipe.backend == "local":
         return local
-    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object({k: v.cpu() for k, v in local.items()}, parts, dst=0)
-    if dist.get_rank() != 0:
-        return {}
-    merged: dict = {}
-    for p in parts:
-        merged.update(p)
-    return merged
+    return gather_to_zero({k: v.cpu() for k, v in local.items()})
 
 
 def _load(units, named: dict) -> list:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["launch", "init_from_env", "default_backend", "LaunchError"]
+__all__ = ["launch", "init_from_env", "default_backend", "LaunchError", "gather_to_zero"]
 
 
 class LaunchError(RuntimeError):
@@ -92,3 +92,15 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: s
                 errors[r] = open(path).read() if os.path.exists(path) else f"exited with code {p.exitcode}"
         if errors:
             raise LaunchError(errors)
+
+
+def gather_to_zero(d: dict) -> dict:
+    """Merge every rank's dict on rank 0 (others get {}); every rank must call it."""
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(d, parts, dst=0)
+    if dist.get_rank() != 0:
+        return {}
+    out: dict = {}
+    for p in parts:
+        out.update(p)
+    return out

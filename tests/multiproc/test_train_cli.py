@@ -1,0 +1,42 @@
+"""`pipert train`: the main job, on gloo processes."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def _train(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipert.cli", "train", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_train_json_check_and_loss_goes_down():
+    out = _train("--steps", "40", "--json", "--check", "--lr", "3e-3")
+    assert out.returncode == 0, out.stderr[-2000:]
+    steps = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [s["step"] for s in steps] == list(range(40))
+    for s in steps:
+        assert s["tokens_per_s"] > 0
+        assert s["max_grad_rel_err"] <= 1e-5 and s["max_param_rel_err"] <= 1e-5, s
+        assert abs(s["loss"] - s["ref_loss"]) <= 1e-5 * abs(s["ref_loss"])
+    first = sum(s["loss"] for s in steps[:10]) / 10
+    last = sum(s["loss"] for s in steps[-10:]) / 10
+    assert last < first - 0.5, (first, last)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--stages", "8"), "needs 8 units but model 'tiny' has only 4 layers"),
+    (("--batch-size", "10"), "not divisible into 8 micro-batches"),
+    (("--schedule", "interleaved-1f1b", "--microbatches", "9", "--batch-size", "18", "--model", "small"),
+     "interleaved-1f1b"),
+    (("--schedule", "nope"), "unknown schedule 'nope'"),
+])
+def test_train_rejects_bad_configs_before_starting_processes(args, message):
+    t0 = time.monotonic()
+    out = _train(*args, timeout=60)
+    assert out.returncode == 2
+    assert message in out.stderr, out.stderr
+    assert "pipert train: error:" in out.stderr
+    assert time.monotonic() - t0 < 30  # no processes were spawned
