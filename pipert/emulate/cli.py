@@ -13,6 +13,8 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     from .emulator import emulate
     sc = scenario_from_args(args)
     sched = Schedule.load(args.schedule) if args.schedule.endswith(".json") else sc.build(args.schedule, strict=True)
+    if args.real:
+        return _real(args, sc, sched)
     unit = args.time_unit if args.time_unit is not None else (1.0 if args.model else 2e-3)
     res = emulate(sched, sc.cost_for(sched), sc.links, time_unit=unit)
     if args.trace:
@@ -37,6 +39,25 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _real(args: argparse.Namespace, sc, sched) -> int:
+    """Real units of the built-in model; link flags are in seconds."""
+    import torch
+    from ..models import LlamaConfig, LlamaModel, partition
+    from .real import emulate_real
+    cfg = LlamaConfig.preset(args.real_model, max_seq=max(args.seq or 128, 16))
+    if sched.num_units > cfg.layers:
+        raise ValueError(f"{sched.name} needs {sched.num_units} units; model {args.real_model!r} has {cfg.layers} layers")
+    units = partition(LlamaModel(cfg, seed=0), sched.num_units)
+    seq, mbs = args.seq or 128, args.micro_batch_size or 2
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab, (sched.num_microbatches * mbs, seq + 1), generator=g)
+    r = emulate_real(sched, units, tokens[:, :-1], tokens[:, 1:], sc.links, steps=args.steps)
+    out = {"schedule": sched.name, "measured_step_s": r.step_seconds, "predicted_step_s": r.predicted,
+           "relative_error": r.error, "compute": "real units, profiled on this host"}
+    print(json.dumps(out) if args.json else "\n".join(f"{k:<18}{v}" for k, v in out.items()))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from ..scenario import add_scenario_args
     p = sub.add_parser("emulate", help="run a schedule in one process with calibrated compute and delayed links")
@@ -44,6 +65,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_scenario_args(p)
     p.add_argument("--time-unit", type=float, default=None,
                    help="seconds per time unit of the costs (default 0.002 for uniform costs, 1 for --model)")
+    p.add_argument("--real", action="store_true",
+                   help="run the built-in model's real units (local transport, delayed links; link flags in seconds)")
+    p.add_argument("--real-model", default="tiny", help="model preset for --real")
+    p.add_argument("--steps", type=int, default=5, help="measured steps for --real")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", help="write the measured timeline as a Chrome trace")
     p.add_argument("--plot", help="write the measured timeline as a PNG")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -21,7 +21,7 @@ from ..sim import validate
 from ..schedules import build_schedule
 from .buffers import BoundarySpec
 from .executor import Fault, PipelineError, PipelineTimeout, RankExecutor, StepResult
-from .transport import DistTransport, LocalHub
+from .transport import DelayedTransport, DistTransport, LocalHub
 from .optim import MasterWeightOptimizer, needs_master_weights
 from .unit import UnitRunner
 
@@ -74,7 +74,7 @@ class Pipeline:
                  stages: int | None = None, microbatches: int | None = None, chunks: int | None = None,
                  optimizer: OptimizerFactory = default_optimizer, backend: str = "local",
                  timeout: float = 60.0, schedule_options: dict | None = None, fault: Fault | None = None,
-                 trace: bool = False) -> None:
+                 trace: bool = False, links: Any = None) -> None:
         if backend not in ("local", "dist"):
             raise ValueError(f"backend {backend!r} unknown; allowed: 'local', 'dist'")
         if isinstance(schedule, str):
@@ -91,6 +91,10 @@ class Pipeline:
         self.timeout = timeout
         self.fault = fault
         self.trace = trace
+        self.links = links  # a LinkEmulator delaying the local transport's messages (emulation)
+        if links is not None and backend != "local":
+            raise ValueError("links (delay injection) applies to the local backend; for torch.distributed "
+                             "runs put LinkEmulator.dist_isend in front of the sends")
         self._all_units = list(units)
         self._boundary: dict[tuple[int, int], BoundarySpec] = {}
         self.last_results: dict[int, StepResult] = {}
@@ -112,7 +116,6 @@ class Pipeline:
             self.optimizers[r] = {u: _owner_optimizer(list(self.modules[r][u].parameters()), optimizer)
                                   for u in sorted(owned) if any(True for _ in self.modules[r][u].parameters())}
         groups = sorted({tuple(sorted(a.group)) for _, _, a in schedule if a.group})
-        self.transport_factory = (lambda hub, r: hub.transport(r)) if backend == "local" else None
         self._dist_transport = DistTransport(groups) if backend == "dist" else None
 
     # ------------------------------------------------------------------ queries
@@ -182,7 +185,10 @@ class Pipeline:
 
         def work(rank: int) -> None:
             try:
-                results[rank] = self._executor(rank, hub.transport(rank)).run(xs, ys)
+                transport = hub.transport(rank)
+                if self.links is not None:
+                    transport = DelayedTransport(transport, self.links)
+                results[rank] = self._executor(rank, transport).run(xs, ys)
             except BaseException as e:  # noqa: BLE001 - reported below, after all threads stop
                 errors[rank] = e
                 if not isinstance(e, PipelineTimeout):

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import datetime
 import threading
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["CommTimeout", "PeerFailure", "Handle", "Transport", "DistTransport", "LocalHub", "LocalTransport"]
+__all__ = ["CommTimeout", "PeerFailure", "Handle", "Transport", "DistTransport", "LocalHub", "LocalTransport",
+           "DelayedTransport"]
 
 
 class CommTimeout(RuntimeError):
@@ -239,3 +240,25 @@ class LocalTransport:
         if len(key) == 1:
             return _Done()
         return self.hub._collective(self.rank, op, tensor, key, root)
+
+
+class DelayedTransport:
+    """A transport whose point-to-point messages cross an emulated link: each message is
+    handed to the inner transport when the LinkEmulator says it arrives (latency +
+    bandwidth per directed link, FIFO). Collectives are not delayed."""
+
+    def __init__(self, inner: Transport, emulator: Any) -> None:
+        self.inner, self.emulator = inner, emulator
+        self.rank, self.world_size = inner.rank, inner.world_size
+
+    def isend(self, tensor: torch.Tensor, peer: int) -> Handle:
+        data = tensor.detach().clone()
+        nbytes = data.numel() * data.element_size()
+        self.emulator.deliver(self.rank, peer, nbytes, lambda: self.inner.isend(data, peer))
+        return _Done()
+
+    def irecv(self, tensor: torch.Tensor, peer: int) -> Handle:
+        return self.inner.irecv(tensor, peer)
+
+    def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None) -> Handle:
+        return self.inner.collective(op, tensor, group, root)

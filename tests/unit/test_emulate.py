@@ -53,3 +53,25 @@ def test_emulate_cli_json(tmp_path):
     assert abs(d["relative_error"]) < 0.3
     events = json.loads(trace.read_text())["traceEvents"]
     assert sum(1 for e in events if e.get("ph") == "X") >= 2 * 4 * 3
+
+
+def test_real_units_with_delayed_links_keep_results_and_add_the_delay():
+    import torch
+    from pipert.runtime.pipeline import Pipeline
+    from pipert.emulate import scaled_link_emulator
+    from pipert.testing import make_batch, sgd, tiny_units
+    import time as _time
+    s = build_schedule("1f1b", stages=2, microbatches=2)
+    links = Links.uniform_dc(Topology(2, num_dcs=2), 0.05, 0.0)  # 50 ms per cross-DC message
+    x, y = make_batch(2)
+    plain = Pipeline(tiny_units(2, "float64"), s, optimizer=sgd)
+    slow = Pipeline(tiny_units(2, "float64"), s, optimizer=sgd, links=scaled_link_emulator(links, 2, 1.0))
+    t0 = _time.perf_counter()
+    loss_slow = slow.step(x, y)
+    elapsed = _time.perf_counter() - t0
+    assert loss_slow == plain.step(x, y)
+    for k, v in plain.named_parameters().items():
+        assert torch.equal(v, slow.named_parameters()[k]), k
+    # act m0 -> grad m0 <- , then m1 the same: at least 2 serial round trips of 2 x 50 ms... at least
+    # the first activation and the last gradient are in series with all compute: >= 2 x 50 ms.
+    assert elapsed >= 0.1

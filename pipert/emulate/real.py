@@ -1,0 +1,136 @@
+"""Emulation with the model's real units: the Pipeline on the local transport, every
+message delayed by a LinkEmulator; the prediction comes from the simulator fed with the
+units' profiled times (this process, this device)."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..schedule import Action, Op, Payload, Schedule
+from ..sim import simulate
+
+__all__ = ["ProfiledCost", "profile_units", "RealEmulation", "emulate_real"]
+
+
+class ProfiledCost:
+    """Measured seconds per (op, unit) for one micro-batch, real message and weight sizes."""
+
+    def __init__(self, times: dict[tuple[Op, int], float], act_bytes: Sequence[float],
+                 weight_bytes: Sequence[float]) -> None:
+        self.times, self.act_bytes, self.weight_bytes = times, list(act_bytes), list(weight_bytes)
+
+    def compute_time(self, action: Action, rank: int) -> float:
+        if action.op is Op.OPT or not action.is_compute:
+            return 0.0
+        op = Op.F if action.op is Op.RECOMPUTE else action.op
+        t = self.times[(op, action.unit)] * len(action.mb)
+        return t / action.sub[1] if action.sub is not None else t
+
+    def message_bytes(self, payload: Payload, unit: int, num_mbs: int = 1) -> float:
+        if payload in (Payload.WEIGHT, Payload.WGRAD):
+            return self.weight_bytes[unit]
+        return self.act_bytes[unit] * num_mbs
+
+    def memory(self, kind: str, unit: int) -> float:
+        if kind in ("weight", "wgrad"):
+            return self.weight_bytes[unit]
+        if kind in ("act", "grad"):
+            return self.act_bytes[unit]
+        return 1.0 if kind == "stash" else 0.5
+
+
+def _best(setup, op, reps: int) -> float:
+    """Fastest of ``reps`` timings of ``op()`` (after an untimed ``setup()``): the least
+    disturbed by other load on the machine."""
+    best = float("inf")
+    for _ in range(reps):
+        setup()
+        t0 = time.perf_counter()
+        op()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def profile_units(units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, reps: int = 5) -> ProfiledCost:
+    """F, B, D and W of every unit on one micro-batch (x, y), each timed on its own."""
+    from ..runtime.unit import UnitRunner
+    times: dict[tuple[Op, int], float] = {}
+    act_bytes, weight_bytes = [], []
+    h = x
+    last = len(units) - 1
+    for u, mod in enumerate(units):
+        runner = UnitRunner(mod, is_first=(u == 0), is_last=(u == last))
+        tgt = y if u == last else None
+        out = runner.forward(0, h, tgt)
+        runner.clear()
+        grad = None if u == last else (tuple(torch.ones_like(t) for t in out) if isinstance(out, tuple)
+                                       else torch.ones_like(out))
+
+        def fwd() -> None:
+            runner.forward(0, h, tgt)
+
+        times[(Op.F, u)] = _best(runner.clear, fwd, reps)
+        runner.clear()
+        times[(Op.B, u)] = _best(lambda: (runner.clear(), fwd()), lambda: runner.backward(0, grad), reps)
+        times[(Op.D, u)] = _best(lambda: (runner.clear(), fwd()), lambda: runner.backward_input(0, grad), reps)
+        times[(Op.W, u)] = _best(lambda: (runner.clear(), fwd(), runner.backward_input(0, grad)),
+                                 lambda: runner.backward_weight(0), reps)
+        runner.clear()
+        for p in mod.parameters():
+            p.grad = None
+        weight_bytes.append(sum(p.numel() * p.element_size() for p in mod.parameters()))
+        flat = out if isinstance(out, tuple) else (out,)
+        act_bytes.append(sum(t.numel() * t.element_size() for t in flat) if u < last else 0)
+        h = out
+    return ProfiledCost(times, act_bytes, weight_bytes)
+
+
+@dataclass
+class RealEmulation:
+    """Measured step time of the real units against the simulator's prediction (seconds)."""
+
+    schedule: Schedule
+    step_seconds: float
+    predicted: float
+    steps: int
+
+    @property
+    def error(self) -> float:
+        return (self.step_seconds - self.predicted) / self.predicted
+
+
+def emulate_real(schedule: Schedule, units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
+                 links: Any = None, steps: int = 5) -> RealEmulation:
+    """Run ``steps`` training steps of the real units with every message delayed by ``links``
+    (pipert.cost Links in seconds); median step time beside the simulated one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one intra-op thread: ranks are threads sharing the cores
+    try:
+        return _emulate_real(schedule, units, x, y, links, steps)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _emulate_real(schedule: Schedule, units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
+                  links: Any, steps: int) -> RealEmulation:
+    from ..runtime.pipeline import Pipeline, split_microbatches
+    from .emulator import scaled_link_emulator
+    M = schedule.num_microbatches
+    xs, ys = split_microbatches(x, M), split_microbatches(y, M)
+    import copy
+    cost = profile_units([copy.deepcopy(u) for u in units], xs[0], ys[0])
+    predicted = simulate(schedule, cost, links=links).makespan
+    em = scaled_link_emulator(links, schedule.num_ranks, 1.0)
+    pipe = Pipeline(units, schedule, optimizer=lambda ps: torch.optim.SGD(ps, lr=1e-3), links=em)
+    pipe.step(x, y)  # warm-up
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        pipe.step(x, y)
+        times.append(time.perf_counter() - t0)
+    return RealEmulation(schedule, statistics.median(times), predicted, steps)
