@@ -11,7 +11,25 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def context() -> dict[str, str]:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows of it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def load_average() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+
+
+def context(extra: dict | None = None) -> dict[str, str]:
+    """Date, commit, machine, GPU, OS, Python and torch versions, load average; then ``extra``
+    (a script's own fields, e.g. other library versions; a key already present is replaced)."""
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here,
@@ -21,21 +39,25 @@ def context() -> dict[str, str]:
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     import torch
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit,
-            "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, {platform.processor() or 'cpu'}",
-            "gpu": gpu, "os": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "load average (1, 5, 15 min)": load}
+    ctx = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit,
+           "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, {cpu_model()}",
+           "gpu": gpu, "os": platform.platform(), "python": platform.python_version(),
+           "torch": torch.__version__, "load average (1, 5, 15 min)": load_average()}
+    ctx.update({k: str(v) for k, v in (extra or {}).items()})
+    return ctx
 
 
 def context_markdown(ctx: dict[str, str]) -> str:
     return "\n".join(f"- {k}: {v}" for k, v in ctx.items())
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
+def write_csv(path: Path, rows: list[dict], fields: list[str] | None = None) -> None:
+    """One row per dict, columns ``fields`` (default: the first row's keys); with ``fields``,
+    keys not among them are left out and missing ones written empty."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=fields or list(rows[0]), extrasaction="ignore" if fields else "raise")
         w.writeheader()
         w.writerows(rows)

@@ -16,18 +16,19 @@ the CPU, checks it against the unchunked MLP, and writes nothing.
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
 import os
 import statistics
-import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+if str(Path(__file__).resolve().parent) not in sys.path:  # also when loaded by path (tests)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, context, context_markdown, write_csv  # noqa: E402
 from pipert.kernels import (chunked_gelu_mlp, chunked_swiglu_mlp, gelu_mlp_reference,
                             swiglu_mlp_reference)
 
@@ -137,17 +138,6 @@ def judge(r: dict, base: dict, ckpt: dict | None, f: int, bytes_per: int) -> tup
     return "", ""
 
 
-def git_commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def run(args: argparse.Namespace) -> list[dict]:
     dev, dtype = torch.device("cuda"), getattr(torch, args.dtype)
     rows = []
@@ -182,22 +172,15 @@ def run(args: argparse.Namespace) -> list[dict]:
 
 
 def write(rows: list[dict], args: argparse.Namespace, stem: str, gpu: str) -> None:
-    os.makedirs(args.out_dir, exist_ok=True)
-    cols = ["n", "variant", "chunk", "ms", "tflops", "peak_gib", "time_ratio", "target",
-            "verdict", "status"]
-    with open(os.path.join(args.out_dir, stem + ".csv"), "w", newline="") as fh:
-        wr = csv.writer(fh)
-        wr.writerow(cols)
-        for r in rows:
-            wr.writerow([r["n"], r["variant"], r["chunk"], f"{r['ms']:.3f}", f"{r['tflops']:.1f}",
-                         f"{r['peak'] / GIB:.3f}", f"{r['time_ratio']:.3f}", r["target"],
-                         r["verdict"], r["status"]])
+    write_csv(Path(args.out_dir) / (stem + ".csv"), [
+        {"n": r["n"], "variant": r["variant"], "chunk": r["chunk"], "ms": f"{r['ms']:.3f}",
+         "tflops": f"{r['tflops']:.1f}", "peak_gib": f"{r['peak'] / GIB:.3f}",
+         "time_ratio": f"{r['time_ratio']:.3f}", "target": r["target"], "verdict": r["verdict"],
+         "status": r["status"]} for r in rows])
+    ctx = context(extra={"gpu": gpu, "triton": _triton_version(), "CUDA": torch.version.cuda})
     lines = [
         "# Chunked MLP benchmark (issue #7)", "",
-        f"- GPU: {gpu}",
-        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-        f"- commit: {git_commit()}",
-        f"- torch {torch.__version__}, triton {_triton_version()}, CUDA {torch.version.cuda}",
+        context_markdown(ctx),
         f"- {args.activation}, {args.dtype}, hidden {args.hidden}, ffn {args.ffn}; "
         f"median of {args.iters} fwd+bwd after {args.warmup} warm-up",
         "- time: CUDA events around forward+backward; peak: max_memory_allocated above the "
@@ -269,8 +252,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                     "results"))
+    p.add_argument("--out-dir", default=str(RESULTS))
     p.add_argument("--quick", action="store_true",
                    help="small shapes (seqs 4096 8192, hidden 1024, ffn 3584, chunks 1024 2048)")
     p.add_argument("--dry-run", action="store_true",

@@ -16,18 +16,14 @@ and crosspipe_sweep.md.
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
 import itertools
 import math
-import os
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import ortools
+from _common import RESULTS, context, context_markdown, write_csv
 
 from pipert.cost import Links, Topology, UniformCost
 from pipert.schedules import build_schedule
@@ -37,7 +33,6 @@ from pipert.schedules.crosspipe.lowering import lower_crosspipe
 from pipert.schedules.crosspipe.select import compare_pp_dp, format_pp_dp, llama3_405b
 from pipert.sim import simulate
 
-OUT = Path(__file__).resolve().parent / "results"
 BASE = UniformCost(tf=1.0, td=1.0, tw=1.0)
 STATIC = [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2)]
 COLS = ["1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "greedy", "wave", "optimum"]
@@ -142,24 +137,10 @@ def pp_dp(args: argparse.Namespace) -> list[tuple]:
 
 # --- report ------------------------------------------------------------------------------
 
-def _ctx() -> list[str]:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True,
-                               cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit, dirty = "unknown", ""
-    cpu = "cpu"
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return [f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-            f"- commit: {commit}{' (+ uncommitted changes)' if dirty else ''}",
-            f"- machine: {platform.machine()}, {os.cpu_count()} logical CPUs, {cpu}; shared with other jobs",
-            f"- load average (1, 5, 15 min): {', '.join(f'{x:.2f}' for x in os.getloadavg())}",
-            f"- python {platform.python_version()}, OR-Tools {ortools.__version__}, CP-SAT with 2 workers"]
+def _ctx() -> str:
+    ctx = context(extra={"OR-Tools": f"{ortools.__version__}, CP-SAT with 2 workers"})
+    ctx["machine"] += "; shared with other jobs"
+    return context_markdown(ctx)
 
 
 def _grid_tables(rows: list[dict]) -> list[str]:
@@ -249,7 +230,7 @@ def _trend_checks(rows: list[dict]) -> list[str]:
 
 
 def report(rows, gs, ss, ppdp, args, wall) -> str:
-    lines = ["# CrossPipe sweep: static vs CrossPipe schedules under cross-DC delay", ""] + _ctx() + [
+    lines = ["# CrossPipe sweep: static vs CrossPipe schedules under cross-DC delay", "", _ctx(),
         f"- run: {'--quick' if args.quick else 'full'}; solver limit {args.p4_time_limit:g} s (P=4) / "
         f"{args.time_limit:g} s (P=8) per cell, stop at 1% gap; total wall {wall / 60:.1f} min", "",
         "Uniform costs T_F = T_D = T_W = 1 (1F1B and interleaved: B = D + W); M = 2P; DCs are equal consecutive "
@@ -296,20 +277,16 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=8.0, help="CP-SAT limit per P=8 cell (s)")
     ap.add_argument("--p4-time-limit", type=float, default=30.0, help="CP-SAT limit per P=4 cell (s)")
     ap.add_argument("--no-solver", action="store_true", help="skip the CP-SAT optimum")
-    ap.add_argument("--out", type=Path, default=OUT, help="output folder")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="output folder")
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = sweep(args)
     gs = greedy_scaling(args)
     ss = [] if args.no_solver else solver_scaling(args)
     ppdp = pp_dp(args)
-    args.out.mkdir(parents=True, exist_ok=True)
     fields = ["P", "M", "dcs", "lat", "bw", "memory", "greedy_limit", "wave_limit"] + COLS + \
         ["greedy_n1", "bound", "status", "gap", "greedy_gap", "greedy_s", "wave_s", "solver_s"]
-    with open(args.out / "crosspipe_sweep.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.out / "crosspipe_sweep.csv", rows, fields)
     (args.out / "crosspipe_sweep.md").write_text(report(rows, gs, ss, ppdp, args, time.perf_counter() - t0))
     print(f"wrote {args.out / 'crosspipe_sweep.csv'} and .md in {(time.perf_counter() - t0) / 60:.1f} min")
 

@@ -15,16 +15,13 @@ queue the k messages behind a 5 ms gate on the send stream so that all are ready
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
-import os
-import platform
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
+
+from _common import RESULTS, context, context_markdown, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -203,36 +200,12 @@ def bench_overlap(a: StreamSet, b: StreamSet, backend: str, quick: bool) -> list
     return rows
 
 
-def context(device: str) -> dict:
-    cpu = platform.processor()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-        commit += " (+ uncommitted changes)" if dirty else ""
-    except OSError:
-        commit = "unknown"
-    gpu = torch.cuda.get_device_name() if device == "cuda" else "none"
-    return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "commit": commit,
-            "cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "torch": torch.__version__,
-            "python": platform.python_version(), "pipert._C": f"{_ext.HAVE_EXT} (CUDA {_ext.HAVE_EXT_CUDA})",
-            "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--backend", nargs="*", default=None, help="CPU backends (ext, python); default both")
     ap.add_argument("--quick", action="store_true", help="few repetitions (smoke run)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
     if args.device == "cuda":
         backends = ["cuda"]
@@ -254,18 +227,12 @@ def main() -> None:
                       f"{'PASS' if r['pass'] else 'MISS'} {r.get('note', '')}", flush=True)
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    ctx = context(args.device)
+    ctx = context(extra={"pipert._C": f"{_ext.HAVE_EXT} (CUDA {_ext.HAVE_EXT_CUDA})"})
     fields = ["backend", "section", "case", "expected_s", "measured_s", "median_err_s", "p95_abs_err_s",
               "max_abs_err_s", "target_s", "n", "pass", "note"]
-    with open(out / f"delay_{args.device}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in fields})
+    write_csv(out / f"delay_{args.device}.csv", rows, fields)
     us = lambda x: f"{x * 1e6:.1f}" if isinstance(x, float) else ""  # noqa: E731
-    lines = [f"# Delay injection benchmark ({args.device})", ""]
-    lines += [f"- {k}: {v}" for k, v in ctx.items()]
+    lines = [f"# Delay injection benchmark ({args.device})", "", context_markdown(ctx)]
     lines += ["", "Targets: error <= max(100 us, 2%); overlap step <= 1.03 x max(compute, comm). "
               "Delay rows pass on p95 |error|, the others on the median.",
               "Reading: the median error is the bias of the mechanism; p95/max include preemptions of the "

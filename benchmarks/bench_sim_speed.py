@@ -9,15 +9,11 @@ of a few runs (the machine may be shared); CPU time of the same run is reported 
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
 import math
-import os
-import platform
-import subprocess
 import sys
 import time
-from pathlib import Path
+
+from _common import RESULTS, context, context_markdown, write_csv
 
 from pipert.cost import UniformCost
 from pipert.schedule import Action, Op, Placement, Schedule, lower
@@ -27,7 +23,6 @@ TARGET_S = 2.0
 TARGET_PM = (64, 512)
 GRID = [(4, 8), (4, 64), (8, 32), (8, 128), (16, 64), (16, 256), (32, 128), (32, 512), (64, 128), (64, 256), (64, 512)]
 QUICK = [(4, 8), (8, 32), (16, 64)]
-OUT = Path(__file__).resolve().parent / "results"
 
 
 def inline_1f1b(P: int, M: int) -> Schedule:
@@ -64,21 +59,6 @@ def time_one(s: Schedule, repeats: int) -> tuple[float, float, float]:
     return best
 
 
-def context() -> dict[str, str]:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True,
-                               cwd=Path(__file__).resolve().parent).stdout.strip()
-        commit += " (+ uncommitted changes)" if dirty else ""
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit,
-            "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, {platform.processor() or 'cpu'}",
-            "os": platform.platform(), "python": platform.python_version(), "load average (1, 5, 15 min)": load}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small grid only (smoke run)")
@@ -94,19 +74,14 @@ def main(argv: list[str] | None = None) -> int:
                      "makespan": makespan, "expected_makespan": 3.0 * (M + P - 1), "source": source})
         print(f"P={P:3d} M={M:4d} actions={n:7d} wall={wall:.3f}s cpu={cpu:.3f}s "
               f"{1e6 * wall / n:.2f} us/action", flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    with open(OUT / "sim_speed.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    (OUT / "sim_speed.md").write_text(report(rows, context()))
+    write_csv(RESULTS / "sim_speed.csv", rows)
+    (RESULTS / "sim_speed.md").write_text(report(rows, context()))
     target = next((r for r in rows if (r["P"], r["M"]) == TARGET_PM), None)
     return 0 if target is None or target["wall_s"] < TARGET_S else 1
 
 
 def report(rows: list[dict], ctx: dict[str, str]) -> str:
-    lines = ["# Simulator speed (1F1B, uniform cost, free links)", ""]
-    lines += [f"- {k}: {v}" for k, v in ctx.items()]
+    lines = ["# Simulator speed (1F1B, uniform cost, free links)", "", context_markdown(ctx)]
     lines += ["", "| P | M | actions | wall s (best) | CPU s | us / action | makespan ok |",
               "|---:|---:|---:|---:|---:|---:|:---:|"]
     for r in rows:

@@ -24,14 +24,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
-import csv
-import datetime
 import json
 import os
-import platform
 import pstats
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +39,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-OUT = Path(__file__).resolve().parent / "results"
+from _common import RESULTS, context, context_markdown, load_average, write_csv  # noqa: E402
+
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b")
 RATIO_TARGET = 1.0
 OVERHEAD_TARGET = 0.05
@@ -377,24 +374,6 @@ def paired_ratios(a: list[float], b: list[float]) -> dict[str, float]:
     return stats([x / y for x, y in zip(a, b)])
 
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=OUT.parent.parent,
-                              timeout=30).stdout.strip()
-    except Exception:  # noqa: BLE001 - context only
-        return "unknown"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def verdict(ratio: dict[str, float], target: float) -> str:
     """'yes': the median ratio meets the target; 'no (noise)': it does not, but the target lies
     inside the median's 95% confidence interval; 'no': the whole interval misses it."""
@@ -504,27 +483,18 @@ def analysis(rows: list[dict], multi: list[dict], single: list[dict]) -> list[st
     return L
 
 
-def write_report(s: Setup, multi: list[dict], single: list[dict], ctx: dict) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
+def write_report(s: Setup, multi: list[dict], single: list[dict], ctx: dict, thread_ms: float = float("nan")
+                 ) -> None:
     csv_rows = [_row("vs_torch_pipelining", r, "torch", RATIO_TARGET) for r in multi]
     csv_rows += [_row("early_recv_vs_torch_pipelining", dict(r, pipert_s=r["pipert_early_s"],
                       pipert_cpu_s=r["pipert_early_cpu_s"]), "torch", RATIO_TARGET)
                  for r in multi if "pipert_early_s" in r]
     csv_rows += [_row("single_stage_vs_plain", dict(r, schedule="1f1b", P=1, V=1, param_rel_diff=float("nan")),
                       "plain", 1 + OVERHEAD_TARGET) for r in single]
-    with open(OUT / "vs_torch.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
-        w.writeheader()
-        for row in csv_rows:
-            w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
+    write_csv(RESULTS / "vs_torch.csv",
+              [{k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()} for row in csv_rows])
 
-    L = ["# pipert vs PyTorch (torch.distributed.pipelining, plain loop)", ""]
-    L += [f"- date: {ctx['date']}", f"- commit: {ctx['commit']}{ctx['dirty']}",
-          f"- machine: {ctx['cpu']}, {os.cpu_count()} logical CPUs, no GPU; {platform.platform()}",
-          f"- python {platform.python_version()}, torch {torch.__version__}, gloo backend, "
-          f"{s.threads} intra-op thread(s) per process",
-          f"- load average (1, 5, 15 min) before: {ctx['load_before']}, after: {ctx['load_after']} "
-          f"(the machine is shared with other engineers' test runs)",
+    L = ["# pipert vs PyTorch (torch.distributed.pipelining, plain loop)", "", context_markdown(ctx),
           f"- model: LLaMA-style, hidden {s.hidden}, {s.layers} layers, 4 heads / 2 kv heads, ffn "
           f"{s.hidden * 8 // 3}, vocab 256, float32; micro-batch {s.mb_size} x {s.seq} tokens; SGD lr {LR}",
           f"- per configuration (fresh gloo processes each): {s.warmup} warm-up steps, then {s.steps} measured "
@@ -533,8 +503,7 @@ def write_report(s: Setup, multi: list[dict], single: list[dict], ctx: dict) -> 
           f"barrier); ratio = median over steps of pipert_i / other_i (adjacent steps) with a distribution-free "
           f"95% confidence interval of that median; spread of step times = p25-p75; `no (noise)`: the median "
           f"misses the target but the target lies inside its 95% interval; CPU ratio: the same with process "
-          f"CPU time summed over ranks (work done; less sensitive to other jobs than wall time)",
-          f"- wall time of the whole benchmark: {ctx['wall']:.0f} s", ""]
+          f"CPU time summed over ranks (work done; less sensitive to other jobs than wall time)", ""]
     L += ["## pipert vs torch.distributed.pipelining", "",
           "Same units as stage modules; torch's last stage returns the logits and `loss_fn=lm_loss` "
           "computes the same mean cross-entropy pipert's last unit computes internally (same FLOPs). "
@@ -580,7 +549,7 @@ def write_report(s: Setup, multi: list[dict], single: list[dict], ctx: dict) -> 
                  f"{100 * (r['ratio_ci_hi'] - 1):+.1f}%] | {r['met']} | {100 * (r['cpu_ratio'] - 1):+.1f}% | "
                  f"{r['loss_rel_diff']:.1e} |")
     L += ["", f"The local backend starts and joins one thread per rank and step: "
-              f"{ctx.get('thread_ms', float('nan')):.3f} ms per thread on this machine."]
+              f"{thread_ms:.3f} ms per thread on this machine."]
     L += ["", "## Where the time goes (cProfile, ms per step, mean over ranks)", "",
           f"{s.profile_steps} profiled steps per system after the timed ones. forward: the units' forward "
           "(+ torch's separate `lm_loss`); backward: autograd engine; opt: `SGD.step` + `zero_grad`; wait: "
@@ -607,7 +576,7 @@ def write_report(s: Setup, multi: list[dict], single: list[dict], ctx: dict) -> 
                   "pipert's loss all-reduce (two float64) "
                   f"{min(r['allreduce_ms'] for r in multi):.2f}-{max(r['allreduce_ms'] for r in multi):.2f} ms."]
     L += ["", "## Analysis", ""] + analysis(csv_rows, multi, single) + [""]
-    (OUT / "vs_torch.md").write_text("\n".join(L))
+    (RESULTS / "vs_torch.md").write_text("\n".join(L))
 
 
 def main() -> None:
@@ -618,9 +587,8 @@ def main() -> None:
     args = ap.parse_args()
     s = Setup(steps=8 if args.quick else args.steps, warmup=args.warmup)
     from pipert.runtime.launch import launch
-    ctx = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": _git("rev-parse", "HEAD"),
-           "dirty": " (dirty: uncommitted changes)" if _git("status", "--porcelain") else "",
-           "cpu": _cpu_model(), "load_before": ", ".join(f"{x:.2f}" for x in os.getloadavg())}
+    ctx = context(extra={"run": f"gloo backend, {s.threads} intra-op thread(s) per process"})
+    ctx["load average (1, 5, 15 min) before"] = ctx.pop("load average (1, 5, 15 min)")
     t0 = time.perf_counter()
     multi: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-vs-torch-") as tmp:
@@ -639,11 +607,13 @@ def main() -> None:
         single.append(r)
         print(f"  single stage M={m}: pipert {1e3 * statistics.median(r['pipert_s']):.1f} ms, "
               f"plain {1e3 * statistics.median(r['plain_s']):.1f} ms", flush=True)
-    ctx["thread_ms"] = thread_cost_ms()
-    ctx["wall"] = time.perf_counter() - t0
-    ctx["load_after"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    write_report(s, multi, single, ctx)
-    print(f"wrote {OUT / 'vs_torch.csv'} and {OUT / 'vs_torch.md'} ({ctx['wall']:.0f} s)")
+    thread_ms = thread_cost_ms()
+    wall = time.perf_counter() - t0
+    ctx["load average (1, 5, 15 min) after"] = (f"{load_average()} (the machine is shared with other engineers' "
+                                                 f"test runs)")
+    ctx["wall time of the whole benchmark"] = f"{wall:.0f} s"
+    write_report(s, multi, single, ctx, thread_ms)
+    print(f"wrote {RESULTS / 'vs_torch.csv'} and {RESULTS / 'vs_torch.md'} ({wall:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -21,17 +21,13 @@ Writes benchmarks/results/weight_passing.csv and .md (hardware, date, commit).
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
-import os
-import platform
-import subprocess
 import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from _common import RESULTS, context, context_markdown, write_csv
 
 from pipert.cost.devices import DeviceSpec
 from pipert.cost.topology import Links, LinkSpec, Topology
@@ -41,7 +37,6 @@ from pipert.schedules import build_schedule
 from pipert.schedules import tawpipe as _taw, weipipe as _wei  # noqa: F401  (register the families)
 from pipert.sim import simulate
 
-OUT = Path(__file__).resolve().parent / "results"
 GPN = 8
 NVLINK = LinkSpec(5e-6, 200e9)
 ETH = LinkSpec(50e-6, 1.25e9)
@@ -161,14 +156,6 @@ def run_one(paper: str, h: int, s: int, name: str, device: DeviceSpec, quick: bo
             "sim_wall_s": time.perf_counter() - t0}
 
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=OUT.parent.parent,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def rank_order(values: dict[str, float]) -> list[str]:
     return [k for k, _ in sorted(values.items(), key=lambda kv: -kv[1])]
 
@@ -272,13 +259,9 @@ def discussion(rows: list[dict]) -> list[str]:
 
 
 def report(rows: list[dict], device: DeviceSpec, quick: bool, wall: float, eth: LinkSpec = ETH) -> str:
-    commit = _git("rev-parse", "HEAD")
-    dirty = " (+ uncommitted changes)" if _git("status", "--porcelain") else ""
+    ctx = context(extra={"wall time of the model runs": f"{wall:.0f} s"})
     lines = ["# Weight passing on the papers' configurations (analytic model + simulator)", "",
-             f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-             f"- commit: {commit}{dirty}",
-             f"- machine running the model: {platform.machine()}, {os.cpu_count()} logical CPUs; "
-             f"python {platform.python_version()}; {wall:.0f} s in all",
+             context_markdown(ctx),
              f"- modelled hardware: {device.name}, {device.peak_tflops:g} TFLOP/s x efficiency {device.efficiency}, "
              f"{GPN} GPUs/node, NVLink {NVLINK.bandwidth / 1e9:g} GB/s per direction, 10 GbE "
              f"{eth.bandwidth / 1e9:g} GB/s + {eth.latency * 1e6:g} us between nodes (one NIC per node)",
@@ -330,13 +313,9 @@ def main(argv: list[str] | None = None) -> int:
                     r = rows[-1]
                     print(f"{paper:8} {embedding:10} H={h:5} S={s:6} {name:19} {r['tok_s_gpu']:9.1f} tok/s/GPU  "
                           f"(makespan {r['makespan_s']:.2f} s, NIC {r['nic_bound_s']:.2f} s)", flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    with open(OUT / "weight_passing.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    (OUT / "weight_passing.md").write_text(report(rows, device, args.quick, time.perf_counter() - t0, eth))
-    print(f"wrote {OUT / 'weight_passing.csv'} and {OUT / 'weight_passing.md'}")
+    write_csv(RESULTS / "weight_passing.csv", rows)
+    (RESULTS / "weight_passing.md").write_text(report(rows, device, args.quick, time.perf_counter() - t0, eth))
+    print(f"wrote {RESULTS / 'weight_passing.csv'} and {RESULTS / 'weight_passing.md'}")
     return 0
 
 

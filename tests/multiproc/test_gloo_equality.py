@@ -1,11 +1,8 @@
 """Pipelined training on gloo processes equals the single-process reference step."""
-import json
-
 import pytest
 
-from pipert.runtime.launch import launch
 from pipert.schedules import build_schedule
-from pipert.testing import Case, run_cases_dist
+from pipert.testing import Case
 
 CLASSIC = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"]
 CROSSPIPE = ["crosspipe-greedy", "crosspipe-wave", "crosspipe-optimal"]
@@ -29,13 +26,8 @@ def _cases(P: int) -> list[Case]:
 
 
 @pytest.mark.parametrize("P", [2, 3, 4])
-def test_classic_schedules_match_reference_on_gloo(P, tmp_path):
-    cases = _cases(P)
-    out = tmp_path / "results.json"
-    launch(run_cases_dist, P, args=(cases, str(out)))
-    results = json.loads(out.read_text())
-    assert len(results) == len(cases)
-    for r in results:
+def test_classic_schedules_match_reference_on_gloo(P, run_gloo_cases):
+    for r in run_gloo_cases(_cases(P), P):
         assert "error" not in r, r
         tol = 1e-10 if r["case"]["dtype"] == "float64" else 1e-5
         label = f"{r['case']['schedule']} P={P} M={r['case']['microbatches']} {r['case']['dtype']}"

@@ -1,10 +1,7 @@
 """Weight-passing schedules on gloo processes equal the reference over 3 steps."""
-import json
-
 import pytest
 
-from pipert.runtime.launch import launch
-from pipert.testing import Case, run_cases_dist
+from pipert.testing import Case
 
 WEIPIPE = ["weipipe-naive", "weipipe-interleave", "weipipe-zb1", "weipipe-zb2"]
 
@@ -18,13 +15,8 @@ def _cases(P: int) -> list[Case]:
 
 
 @pytest.mark.parametrize("P", [2, 3, 4, 6])
-def test_weight_passing_matches_reference_on_gloo(P, tmp_path):
-    cases = _cases(P)
-    out = tmp_path / "results.json"
-    launch(run_cases_dist, P, args=(cases, str(out)))
-    results = json.loads(out.read_text())
-    assert len(results) == len(cases)
-    for r in results:
+def test_weight_passing_matches_reference_on_gloo(P, run_gloo_cases):
+    for r in run_gloo_cases(_cases(P), P):
         label = f"{r['case']['schedule']} P={P} M={r['case']['microbatches']} {r['case']['options']}"
         assert "error" not in r, r
         assert r["loss_err"] <= 1e-10 and r["grad_err"] <= 1e-10 and r["param_err"] <= 1e-10, label

@@ -7,20 +7,8 @@ from pathlib import Path
 import pytest
 
 from pipert.cost import LinkSpec, Links, Topology, UniformCost
-from pipert.schedule import Action, Op, Placement, Schedule, lower
 from pipert.sim import chrome_trace, gantt_png, simulate, text_grid, write_chrome_trace
-
-
-def one_f_one_b(P: int, M: int) -> Schedule:
-    comp = []
-    for i in range(P):
-        nw = min(P - 1 - i, M)
-        acts = [Action(Op.F, unit=i, mb=(m,)) for m in range(nw)]
-        for j in range(M - nw):
-            acts += [Action(Op.F, unit=i, mb=(nw + j,)), Action(Op.B, unit=i, mb=(j,))]
-        acts += [Action(Op.B, unit=i, mb=(m,)) for m in range(M - nw, M)]
-        comp.append(acts)
-    return lower("1f1b", P, P, M, Placement.by_unit(list(range(P))), comp)
+from unit_testutil import one_f_one_b
 
 
 @pytest.fixture(scope="module")

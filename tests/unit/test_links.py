@@ -7,28 +7,9 @@ import torch
 from pipert import _ext
 from pipert.runtime.links import LinkEmulator, LinkSpec
 from pipert.runtime.streams import StreamSet, clock
+from unit_testutil import TOL, timed
 
-BACKENDS = [pytest.param("ext", marks=pytest.mark.skipif(not _ext.HAVE_EXT, reason="pipert._C not built")),
-            "python"]
-TOL = 10e-3  # loose bound for timings on a shared 2-core machine
-
-
-def timed(check, attempts=3):
-    """Runs ``check()`` up to ``attempts`` times until its assertions hold. For upper bounds
-    on elapsed time only: a busy shared machine can preempt a thread for milliseconds, while
-    a systematic error fails every attempt."""
-    for i in range(attempts):
-        try:
-            return check()
-        except AssertionError:
-            if i == attempts - 1:
-                raise
 MB = 1e6
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    return request.param
 
 
 def test_math_fifo_and_pipelining(backend):

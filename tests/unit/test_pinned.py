@@ -5,26 +5,12 @@ import torch
 from pipert import _ext
 from pipert.runtime.pinned import PinnedPool, size_class
 from pipert.runtime.streams import StreamSet, clock
-
-def timed(check, attempts=3):
-    """Runs ``check()`` up to ``attempts`` times until its assertions hold. For upper bounds
-    on elapsed time only: a busy shared machine can preempt a thread for milliseconds, while
-    a systematic error fails every attempt."""
-    for i in range(attempts):
-        try:
-            return check()
-        except AssertionError:
-            if i == attempts - 1:
-                raise
+from unit_testutil import timed
 
 
-BACKENDS = [pytest.param("ext", marks=pytest.mark.skipif(not _ext.HAVE_EXT, reason="pipert._C not built")),
-            "python"]
-
-
-@pytest.fixture(params=BACKENDS)
-def pool(request):
-    return PinnedPool(backend=request.param)
+@pytest.fixture
+def pool(backend):
+    return PinnedPool(backend=backend)
 
 
 def test_size_classes():

@@ -6,26 +6,9 @@ import math
 import pytest
 
 from pipert.cost import LinkSpec, Links, Topology, UniformCost
-from pipert.schedule import Action, Op, Payload, Placement, Schedule, lower
+from pipert.schedule import Action, Op, Payload, Placement, Schedule
 from pipert.sim import ScheduleError, simulate
-
-
-def one_f_one_b(P: int, M: int) -> Schedule:
-    comp = []
-    for i in range(P):
-        nw = min(P - 1 - i, M)
-        acts = [Action(Op.F, unit=i, mb=(m,)) for m in range(nw)]
-        for j in range(M - nw):
-            acts += [Action(Op.F, unit=i, mb=(nw + j,)), Action(Op.B, unit=i, mb=(j,))]
-        acts += [Action(Op.B, unit=i, mb=(m,)) for m in range(M - nw, M)]
-        comp.append(acts)
-    return lower("1f1b", P, P, M, Placement.by_unit(list(range(P))), comp)
-
-
-def gpipe(P: int, M: int) -> Schedule:
-    comp = [[Action(Op.F, unit=i, mb=(m,)) for m in range(M)] + [Action(Op.B, unit=i, mb=(m,)) for m in range(M)]
-            for i in range(P)]
-    return lower("gpipe", P, P, M, Placement.by_unit(list(range(P))), comp)
+from unit_testutil import gpipe, one_f_one_b
 
 
 def recv_arrivals(res, rank: int) -> list[float]:

@@ -9,27 +9,12 @@ import torch
 
 from pipert import _ext
 from pipert.runtime.streams import StreamSet, clock, default_backend
-
-BACKENDS = [pytest.param("ext", marks=pytest.mark.skipif(not _ext.HAVE_EXT, reason="pipert._C not built")),
-            "python"]
-TOL = 10e-3  # loose bound for timings on a shared 2-core machine
+from unit_testutil import TOL, timed
 
 
-def timed(check, attempts=3):
-    """Runs ``check()`` up to ``attempts`` times until its assertions hold. For upper bounds
-    on elapsed time only: a busy shared machine can preempt a thread for milliseconds, while
-    a systematic error fails every attempt."""
-    for i in range(attempts):
-        try:
-            return check()
-        except AssertionError:
-            if i == attempts - 1:
-                raise
-
-
-@pytest.fixture(params=BACKENDS)
-def dev(request):
-    with StreamSet("cpu", backend=request.param) as d:
+@pytest.fixture
+def dev(backend):
+    with StreamSet("cpu", backend=backend) as d:
         yield d
 
 

@@ -9,6 +9,7 @@ from pipert.cost import UniformCost
 from pipert.schedule import Action, Op, Payload, Placement, Schedule, add_optimizer_steps, lower
 from pipert.schedule.validate import ScheduleError, validate
 from pipert.sim import REASONS
+from unit_testutil import gpipe, one_f_one_b_order
 
 
 def F(u: int, m: int, **kw) -> Action:
@@ -21,26 +22,14 @@ def Bk(u: int, m: int, op: Op = Op.B, **kw) -> Action:
 
 def one_f_one_b(P: int, M: int, opt: bool = False, split: bool = False) -> Schedule:
     """1F1B; ``split`` replaces each B by D and defers all W to the end of the rank."""
-    comp = []
-    for i in range(P):
-        nw = min(P - 1 - i, M)
-        acts = [F(i, m) for m in range(nw)]
-        for j in range(M - nw):
-            acts += [F(i, nw + j), Bk(i, j)]
-        acts += [Bk(i, m) for m in range(M - nw, M)]
-        if split:
-            acts = [Bk(i, a.mb[0], Op.D) if a.op is Op.B else a for a in acts]
-            acts += [Bk(i, m, Op.W) for m in range(M)]
-        comp.append(acts)
+    comp = one_f_one_b_order(P, M)
+    if split:
+        comp = [[Bk(i, a.mb[0], Op.D) if a.op is Op.B else a for a in acts] + [Bk(i, m, Op.W) for m in range(M)]
+                for i, acts in enumerate(comp)]
     pl = Placement.by_unit(list(range(P)))
     if opt:
         comp = add_optimizer_steps(comp, pl)
     return lower("1f1b", P, P, M, pl, comp)
-
-
-def gpipe(P: int, M: int) -> Schedule:
-    comp = [[F(i, m) for m in range(M)] + [Bk(i, m) for m in range(M)] for i in range(P)]
-    return lower("gpipe", P, P, M, Placement.by_unit(list(range(P))), comp)
 
 
 def edit(s: Schedule, rank: int, fn) -> Schedule:
