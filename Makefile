@@ -16,7 +16,7 @@ $(STAMP): setup.py $(CSRC)
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/pipert compare
+	$(VENV)/bin/pipert train
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests

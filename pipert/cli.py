@@ -81,7 +81,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .scenario import add_scenario_args
     from .train import TrainConfig
-    p = argparse.ArgumentParser(prog="pipert", description="Pipeline-parallel schedules: simulate, compare, train.")
+    p = argparse.ArgumentParser(prog="pipert", description="Pipeline-parallel training: simulate, compare, train, "
+                                "emulate and plan schedules (GPipe, 1F1B, ZB, WeiPipe, TawPipe, CrossPipe).")
+    from . import __version__
+    p.add_argument("--version", action="version", version=f"pipert {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("simulate", help="simulate one schedule on one scenario")
@@ -106,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
-        doc = (f.metadata.get("help") if f.metadata else None) or ""
+        doc = _TRAIN_HELP.get(f.name, "") + (f" (default: {default})" if default not in (None, False) else "")
         if isinstance(default, bool):
             t.add_argument(flag, action="store_true", help=doc)
         else:
@@ -117,6 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
     for register in _extra_commands():
         register(sub)
     return p
+
+
+_TRAIN_HELP = {
+    "schedule": "registered schedule name", "stages": "pipeline ranks P", "microbatches": "micro-batches per step M",
+    "chunks": "units per rank for interleaved schedules", "ranks_per_node": "ranks per node (tawpipe)",
+    "steps": "training steps", "batch_size": "sequences per step", "seq": "tokens per sequence",
+    "model": "model preset: tiny, small, medium, large", "dtype": "float32, float64 or bfloat16",
+    "lr": "AdamW learning rate", "backend": "auto, gloo, nccl or local", "seed": "initialisation and data seed",
+    "check": "also run the single-process reference step; report relative errors",
+    "json": "one JSON object per step instead of a progress bar",
+    "timeout": "seconds any communication may wait before the run fails",
+}
 
 
 def _extra_commands() -> list:

@@ -75,12 +75,14 @@ def plot_comparison(rows: list[Row], sc: Scenario, path: str) -> None:
     ran = [r for r in rows if not r.skipped]
     if not ran or not path:
         return
-    fig, axes = plt.subplots(len(ran), 1, figsize=(12, 1.1 + 0.32 * sc.stages * len(ran)), sharex=True,
+    spans = [r.makespan for r in ran]
+    share = max(spans) <= 2 * min(spans)  # a common time axis only while no chart would be squashed
+    fig, axes = plt.subplots(len(ran), 1, figsize=(12, 1.1 + 0.32 * sc.stages * len(ran)), sharex=share,
                              squeeze=False)
     for ax, r in zip(axes[:, 0], ran):
         draw_gantt(ax, r.result, legend=True)
         ax.set_title(f"{r.name}: makespan {r.makespan:.4g}, bubble {r.bubble_ratio:.3f}", fontsize=9, loc="left")
-    axes[-1, 0].set_xlabel("time")
+    axes[-1, 0].set_xlabel("time (cost-model units)" + ("" if share else "; each chart has its own time axis"))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

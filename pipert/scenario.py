@@ -63,11 +63,13 @@ class Scenario:
         if not strict and chunks is not None and not (fam.min_chunks <= chunks <= (fam.max_chunks or chunks)):
             chunks = None
         return build_schedule(name, stages=self.stages, microbatches=self.microbatches, chunks=chunks,
-                              **self.options_for(name))
+                              **self.options_for(name, chunks or fam.default_chunks))
 
-    def options_for(self, name: str) -> dict:
+    def options_for(self, name: str, chunks: int = 1) -> dict:
+        """Options ``name`` accepts; delay-aware generators get the costs of their own units."""
         opts = dict(self.options)
-        opts.update(cost=self.cost, links=self.links, topology=self.topology, memory_limit=self.memory_limit)
+        opts.update(cost=self.cost_for_units(self.stages * chunks), links=self.links, topology=self.topology,
+                    memory_limit=self.memory_limit)
         accepted = family(name).options()
         return opts if accepted is None else {k: v for k, v in opts.items() if k in accepted}
 
@@ -103,7 +105,10 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
     if args.model:
         from .cost.devices import DeviceSpec
         from .cost.transformer import ModelSpec, TransformerCost, partition_layers
-        overrides = {k: v for k, v in (("seq", args.seq), ("micro_batch", args.micro_batch_size)) if v}
+        for flag, v in (("--seq", args.seq), ("--micro-batch-size", args.micro_batch_size)):
+            if v is not None and v < 1:
+                raise ValueError(f"{flag} must be >= 1, got {v}")
+        overrides = {k: v for k, v in (("seq", args.seq), ("micro_batch", args.micro_batch_size)) if v is not None}
         spec = ModelSpec.preset(args.model, **overrides)
         device = DeviceSpec.preset(args.device)
 

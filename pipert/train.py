@@ -61,6 +61,10 @@ class TrainConfig:
         for name in ("stages", "microbatches", "steps", "batch_size", "seq"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if not self.timeout > 0:
+            raise ValueError(f"--timeout must be > 0 seconds, got {self.timeout}")
         if self.batch_size % self.microbatches:
             raise ValueError(f"--batch-size {self.batch_size} is not divisible into {self.microbatches} "
                              f"micro-batches; use a multiple of {self.microbatches}")

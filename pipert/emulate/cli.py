@@ -16,6 +16,8 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     if args.real:
         return _real(args, sc, sched)
     unit = args.time_unit if args.time_unit is not None else (1.0 if args.model else 2e-3)
+    if not unit > 0:
+        raise ValueError(f"--time-unit must be > 0 seconds, got {args.time_unit}")
     res = emulate(sched, sc.cost_for(sched), sc.links, time_unit=unit)
     if args.trace:
         from ..sim.export import write_chrome_trace

@@ -15,6 +15,7 @@ host is done, so dispatch time is not measured.
 """
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,9 +78,7 @@ def _inputs(a: Action, last: int) -> list[tuple]:
         return keys + [(Payload.WEIGHT, u, -1)]
     if a.op is Op.OPT:
         return [(Payload.WGRAD, u, -1), (Payload.WEIGHT, u, -1)] if u is not None else []
-    if a.op is Op.W:
-        return [(Payload.WGRAD, u, -1)]
-    return []
+    return []  # W needs only its own stash: gradient contributions add in any order
 
 
 def _outputs(a: Action, last: int) -> list[tuple]:
@@ -120,7 +119,9 @@ class _Dispatcher:
                     q["compute"].append((i, a))
             self.queues.append(q)
         self.pos = [{"compute": 0, "send": 0, "recv": 0} for _ in s.actions]
-        self.values: list[dict[tuple, Any]] = [dict() for _ in s.actions]  # key -> event producing it
+        # key -> [(list index, event)], sorted: a consumer at index i uses the latest producer
+        # before i (a unit's weights are received several times; transfers issue early).
+        self.values: list[dict[tuple, list]] = [dict() for _ in s.actions]
         self.transfers: dict[tuple[int, int], dict[int, Any]] = {}           # (rank, index) -> Transfer
         self.timed: list[tuple[int, str, Action, Any, Any]] = []
         self.link_streams: dict[tuple[int, int], Any] = {}
@@ -139,12 +140,20 @@ class _Dispatcher:
         been issued yet (a value with no earlier producer is present from the start)."""
         out = []
         for k in keys:
-            ev = self.values[r].get(k)
-            if ev is None and self._pending_producer(r, k, before):
+            if self._pending_producer(r, k, before):
                 return None
+            ev = self._latest(r, k, before)
             if ev is not None:
                 out.append(ev)
         return out
+
+    def _latest(self, r: int, key: tuple, before: int) -> Any:
+        entries = self.values[r].get(key, ())
+        k = bisect.bisect_left(entries, (before, -1), key=lambda e: (e[0], -1)) - 1
+        return entries[k][1] if k >= 0 else None
+
+    def _produce(self, r: int, key: tuple, index: int, event: Any) -> None:
+        bisect.insort(self.values[r].setdefault(key, []), (index, event), key=lambda e: e[0])
 
     def _pending_producer(self, r: int, key: tuple, before: int) -> bool:
         """Whether an action before ``before`` not yet issued on rank r produces ``key``."""
@@ -186,7 +195,7 @@ class _Dispatcher:
                 self.timed.append((r, "compute", a, start, end))
                 if last_piece:
                     for k in _outputs(a, self.last):
-                        self.values[r][k] = end
+                        self._produce(r, k, i, end)
             self.pos[r]["compute"] += 1
             progressed = True
         return progressed
@@ -226,7 +235,7 @@ class _Dispatcher:
         dst.recv.wait(tr.sent)
         self.transfers[(r, i)] = tr
         self.transfers[(d, j)] = tr
-        self.values[d][_key(b)] = tr.arrived
+        self._produce(d, _key(b), j, tr.arrived)
         self.arrivals.append(tr.arrived)
         self.timed.append((r, "send", a, None, tr.sent))
         self.pos[r]["send"] += 1
@@ -264,7 +273,7 @@ class _Dispatcher:
             if seconds > 0:
                 st.enqueue_delay(seconds)
             done = st.record()
-            self.values[m][_key(b)] = done
+            self._produce(m, _key(b), j, done)
             self.timed.append((m, "send", b, start, done))
             self.pos[m]["send"] += 1
         return True

@@ -173,9 +173,18 @@ class RankExecutor:
             raise PipelineError(f"rank {self.rank}: action {i} ({a}) needs {key[0]} u{key[1]} m{key[2]} "
                                 f"which is not on this rank (was the schedule validated?)") from None
 
-    def _settle_unit(self, unit: int) -> None:
-        """Complete pending weight/wgrad receives of ``unit`` before anything touches it."""
-        for handle, buf, j, recv in self.unit_pending.pop(unit, ()):
+    def _settle_unit(self, unit: int, grads: bool = True) -> None:
+        """Complete pending weight (and, with ``grads``, weight-gradient) receives of
+        ``unit``. Computes need only the weights: their gradient contributions add up in
+        any order, so received gradients are merged where they are sent or stepped."""
+        pending = self.unit_pending.get(unit)
+        if not pending:
+            return
+        keep = []
+        for handle, buf, j, recv in pending:
+            if recv.payload is Payload.WGRAD and not grads:
+                keep.append((handle, buf, j, recv))
+                continue
             self._complete(handle, j, recv)
             module = self.runners[unit].module
             if recv.payload is Payload.WEIGHT:
@@ -183,11 +192,15 @@ class RankExecutor:
             else:
                 self._fresh_grads(unit)
                 load_grads(module, buf, accumulate=True)
+        if keep:
+            self.unit_pending[unit] = keep
+        else:
+            del self.unit_pending[unit]
 
     # ------------------------------------------------------------------ compute
     def _forward(self, i: int, a: Action) -> None:
         u = a.unit
-        self._settle_unit(u)
+        self._settle_unit(u, grads=False)
         runner = self.runners[u]
         for m in a.mb:
             x = self.inputs[m] if u == 0 else self._act_input(u, m, i, a)
@@ -215,7 +228,7 @@ class RankExecutor:
 
     def _backward(self, i: int, a: Action) -> None:
         u = a.unit
-        self._settle_unit(u)
+        self._settle_unit(u, grads=False)
         if a.op is Op.B:
             self._fresh_grads(u)
         runner = self.runners[u]
@@ -232,7 +245,6 @@ class RankExecutor:
                 self.values[(Payload.GRAD, u - 1, m)] = grad_in
 
     def _weight_grad(self, i: int, a: Action) -> None:
-        self._settle_unit(a.unit)
         self._fresh_grads(a.unit)
         for m in a.mb:
             self.runners[a.unit].backward_weight(m)

@@ -227,6 +227,9 @@ def tawpipe_bytes(stages: int, microbatches: int, ranks_per_node: int | None, sh
 
 def tawpipe(config: PipelineConfig, *, ranks_per_node: int | None = None, stagger: bool = True) -> Schedule:
     """TawPipe on ``config`` grouped by ``ranks_per_node`` (registry builder)."""
+    if ranks_per_node is None:
+        raise ValueError("tawpipe groups ranks by node: give ranks_per_node (--ranks-per-node), a divisor of "
+                         f"stages={config.stages}")
     return tawpipe_schedule(TawPipeConfig(config.stages, config.microbatches, ranks_per_node, stagger))
 
 
