@@ -75,3 +75,13 @@ def test_real_units_with_delayed_links_keep_results_and_add_the_delay():
     # act m0 -> grad m0 <- , then m1 the same: at least 2 serial round trips of 2 x 50 ms... at least
     # the first activation and the last gradient are in series with all compute: >= 2 x 50 ms.
     assert elapsed >= 0.1
+
+
+@pytest.mark.parametrize("name, opts", [("weipipe-zb1", {}), ("weipipe-zb2", {}), ("weipipe-naive", {}),
+                                        ("tawpipe", {"ranks_per_node": 2})])
+def test_weight_passing_emulation_follows_each_weight_version(name, opts):
+    """A unit's weights arrive several times; each compute waits for the copy received
+    before it in its list, not for a later one (that stalled the ring by +90-160%)."""
+    s = build_schedule(name, stages=4, microbatches=8, **opts)
+    r = emulate(s, UniformCost(tf=1, tb=2), None, time_unit=UNIT)
+    assert r.predicted * 0.98 <= r.makespan <= r.predicted * 1.2, (r.makespan, r.predicted)
