@@ -142,6 +142,9 @@ class _Dispatcher:
         for k in keys:
             if self._pending_producer(r, k, before):
                 return None
+            if k[0] is Payload.WGRAD:  # a sum: wait for every contribution made before
+                out.extend(ev for idx, ev in self.values[r].get(k, ()) if idx < before)
+                continue
             ev = self._latest(r, k, before)
             if ev is not None:
                 out.append(ev)
