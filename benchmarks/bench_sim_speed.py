@@ -16,7 +16,8 @@ import time
 from _common import RESULTS, context, context_markdown, write_csv
 
 from pipert.cost import UniformCost
-from pipert.schedule import Action, Op, Placement, Schedule, lower
+from pipert.schedule import Schedule
+from pipert.schedules import build_schedule
 from pipert.sim import simulate
 
 TARGET_S = 2.0
@@ -25,24 +26,7 @@ GRID = [(4, 8), (4, 64), (8, 32), (8, 128), (16, 64), (16, 256), (32, 128), (32,
 QUICK = [(4, 8), (8, 32), (16, 64)]
 
 
-def inline_1f1b(P: int, M: int) -> Schedule:
-    """1F1B built here when the generator registry is not available."""
-    comp = []
-    for i in range(P):
-        nw = min(P - 1 - i, M)
-        acts = [Action(Op.F, unit=i, mb=(m,)) for m in range(nw)]
-        for j in range(M - nw):
-            acts += [Action(Op.F, unit=i, mb=(nw + j,)), Action(Op.B, unit=i, mb=(j,))]
-        acts += [Action(Op.B, unit=i, mb=(m,)) for m in range(M - nw, M)]
-        comp.append(acts)
-    return lower("1f1b", P, P, M, Placement.by_unit(list(range(P))), comp)
-
-
 def build(P: int, M: int) -> tuple[Schedule, str]:
-    try:
-        from pipert.schedules import build_schedule
-    except ImportError:
-        return inline_1f1b(P, M), "inline"
     return build_schedule("1f1b", stages=P, microbatches=M), "registry"
 
 

@@ -98,6 +98,8 @@ class RankExecutor:
         """Run the whole program once. ``inputs[m]``/``targets[m]`` are needed on the ranks
         that compute the first/last unit of micro-batch m."""
         self.inputs, self.targets = inputs, targets
+        for runner in self.runners.values():
+            runner.clear()  # nothing carries over from a step that failed midway
         self.values: dict[tuple, torch.Tensor] = {}     # (payload, unit, mb) -> tensor present here
         self.pending: dict[tuple, tuple] = {}            # value key -> (handle, buffer, index, action)
         self.unit_pending: dict[int, list] = {}          # unit -> pending weight/wgrad receives

@@ -114,9 +114,12 @@ class Pipeline:
             self.modules[r] = {u: (units[u] if u in owned else copy.deepcopy(units[u]))
                                for u in sorted(_compute_units(schedule, r))}
             self.optimizers[r] = {u: _owner_optimizer(list(self.modules[r][u].parameters()), optimizer)
-                                  for u in sorted(owned) if any(True for _ in self.modules[r][u].parameters())}
+                                  for u in sorted(owned) if list(self.modules[r][u].parameters())}
         groups = sorted({tuple(sorted(a.group)) for _, _, a in schedule if a.group})
-        self._dist_transport = DistTransport(groups) if backend == "dist" else None
+        dist_transport = DistTransport(groups) if backend == "dist" else None
+        # Built once: runners and the executor's per-program tables do not depend on the step.
+        # The local backend gives each step a fresh hub (set as the executor's transport).
+        self._executors = {r: self._executor(r, dist_transport) for r in self.ranks}
 
     # ------------------------------------------------------------------ queries
     def named_parameters(self) -> dict[str, torch.Tensor]:
@@ -166,7 +169,7 @@ class Pipeline:
         if self.backend == "local":
             results = self._run_local(xs, ys)
         else:
-            results = {self.ranks[0]: self._executor(self.ranks[0], self._dist_transport).run(xs, ys)}
+            results = {self.ranks[0]: self._executors[self.ranks[0]].run(xs, ys)}
         self.last_results = results
         total = sum(sum(r.losses.values()) for r in results.values())
         count = sum(len(r.losses) for r in results.values())
@@ -185,10 +188,11 @@ class Pipeline:
 
         def work(rank: int) -> None:
             try:
-                transport = hub.transport(rank)
+                executor = self._executors[rank]
+                executor.transport = hub.transport(rank)
                 if self.links is not None:
-                    transport = DelayedTransport(transport, self.links)
-                results[rank] = self._executor(rank, transport).run(xs, ys)
+                    executor.transport = DelayedTransport(executor.transport, self.links)
+                results[rank] = executor.run(xs, ys)
             except BaseException as e:  # noqa: BLE001 - reported below, after all threads stop
                 errors[rank] = e
                 if not isinstance(e, PipelineTimeout):
