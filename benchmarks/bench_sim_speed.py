@@ -16,7 +16,7 @@ import time
 from _common import RESULTS, context, context_markdown, write_csv
 
 from pipert.cost import UniformCost
-from pipert.schedule import Schedule
+from pipert.ir import Schedule
 from pipert.schedules import build_schedule
 from pipert.sim import simulate
 

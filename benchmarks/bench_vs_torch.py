@@ -126,7 +126,7 @@ def early_receives(schedule):
     before it and the compute before those, never past another RECV (each link's receives
     keep their order). Close to where torch's interleaved runtime posts them. Only for the
     A/B comparison below; Pipeline validates it."""
-    from pipert.schedule import Op
+    from pipert.ir import Op
     lists = []
     for acts in schedule.actions:
         out: list = []

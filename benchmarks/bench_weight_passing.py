@@ -32,7 +32,7 @@ from _common import RESULTS, context, context_markdown, write_csv
 from pipert.cost.devices import DeviceSpec
 from pipert.cost.topology import Links, LinkSpec, Topology
 from pipert.cost.transformer import TransformerCost, paper_model, partition_layers
-from pipert.schedule import Action, Op, Payload
+from pipert.ir import Action, Op, Payload
 from pipert.schedules import build_schedule
 from pipert.schedules import tawpipe as _taw, weipipe as _wei  # noqa: F401  (register the families)
 from pipert.sim import simulate

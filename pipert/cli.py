@@ -17,7 +17,7 @@ def _schedule_names() -> list[str]:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from .scenario import scenario_from_args
     from .sim import simulate, validate
-    from .schedule import Schedule
+    from .ir import Schedule
     sc = scenario_from_args(args)
     if args.schedule.endswith(".json"):
         sched = Schedule.load(args.schedule)

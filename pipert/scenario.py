@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from .cost.topology import Links, Topology
 from .cost.uniform import UniformCost
-from .schedule import Schedule
+from .ir import Schedule
 from .schedules import build_schedule, family
 
 __all__ = ["Scenario", "add_scenario_args", "scenario_from_args"]

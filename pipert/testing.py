@@ -194,7 +194,7 @@ class SizedCost:
         return self.weight_bytes[unit] if kind in ("weight", "wgrad") else self.base.memory(kind, unit)
 
     def message_bytes(self, payload, unit: int, num_mbs: int = 1) -> float:
-        from .schedule import Payload
+        from .ir import Payload
         if payload in (Payload.WEIGHT, Payload.WGRAD):
             return float(self.weight_bytes[unit])
         return self.base.message_bytes(payload, unit, num_mbs)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from ..schedule.action import Action, Payload
+from ..ir.action import Action, Payload
 
 __all__ = ["LinkClass", "Topology", "LinkModel", "CostModel", "VALUE_KINDS"]
 

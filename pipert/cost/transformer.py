@@ -35,7 +35,7 @@ import numbers
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
-from ..schedule.action import Action, Op, Payload
+from ..ir.action import Action, Op, Payload
 from .devices import DeviceSpec, _replace
 
 __all__ = [

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..schedule.action import Action, Op, Payload
+from ..ir.action import Action, Op, Payload
 
 __all__ = ["UniformCost"]
 

@@ -9,7 +9,7 @@ __all__ = ["register", "cmd_emulate"]
 
 def cmd_emulate(args: argparse.Namespace) -> int:
     from ..scenario import scenario_from_args
-    from ..schedule import Schedule
+    from ..ir import Schedule
     from .emulator import emulate
     sc = scenario_from_args(args)
     sched = Schedule.load(args.schedule) if args.schedule.endswith(".json") else sc.build(args.schedule, strict=True)

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..schedule import Action, Op, Payload, Schedule
+from ..ir import Action, Op, Payload, Schedule
 from ..sim import simulate, validate
 from ..runtime.links import LinkEmulator, LinkSpec
 from ..runtime.streams import StreamSet, clock

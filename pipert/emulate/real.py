@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..schedule import Action, Op, Payload, Schedule
+from ..ir import Action, Op, Payload, Schedule
 from ..sim import simulate
 
 __all__ = ["ProfiledCost", "profile_units", "RealEmulation", "emulate_real"]

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..schedule import Action, Op, Payload, Schedule
+from ..ir import Action, Op, Payload, Schedule
 from .buffers import BoundarySpec, flatten_grads, flatten_params, load_grads, load_params, pack, unpack
 from .transport import CommTimeout, Handle, PeerFailure, Transport
 

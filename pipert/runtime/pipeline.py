@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..schedule import Op, Schedule
+from ..ir import Op, Schedule
 from ..sim import validate
 from ..schedules import build_schedule
 from .buffers import BoundarySpec

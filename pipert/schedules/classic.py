@@ -9,7 +9,7 @@ adds the optimizer steps and lowers the transfers.
 """
 from __future__ import annotations
 
-from ..schedule import Action, Op, Schedule
+from ..ir import Action, Op, Schedule
 from .registry import PipelineConfig, assemble, require_chunks
 
 __all__ = ["gpipe", "one_f_one_b", "interleaved_1f1b", "check_gpipe", "check_1f1b", "check_interleaved",

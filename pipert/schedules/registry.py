@@ -15,8 +15,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..schedule import Action, Op, Placement, Schedule, add_optimizer_steps, lower
-from ..schedule.lowering import order_recvs_by_send
+from ..ir import Action, Op, Placement, Schedule, add_optimizer_steps, lower
+from ..ir.lowering import order_recvs_by_send
 
 __all__ = ["PipelineConfig", "Family", "register", "available", "family", "build_schedule", "assemble",
            "require_chunks", "require_microbatches_at_least_stages", "order_recvs_by_send"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ..schedule import Action, Op, Payload, Placement, Schedule
+from ..ir import Action, Op, Payload, Placement, Schedule
 from .registry import PipelineConfig, available, register
 from .weipipe import COLL0, COLL1, COMPUTE, FREE_, SEND0, SlotProgram, opt_with_waits
 

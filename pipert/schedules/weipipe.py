@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..schedule import Action, Op, Payload, Placement, Schedule
+from ..ir import Action, Op, Payload, Placement, Schedule
 from .registry import PipelineConfig, available, register
 
 __all__ = ["VARIANTS", "WeiPipeConfig", "Stream", "RingPlan", "SlotProgram", "weipipe_plan", "lower_ring",

@@ -17,7 +17,7 @@ because every dependency stays inside one micro-batch.
 """
 from __future__ import annotations
 
-from ..schedule import Action, Op, Schedule
+from ..ir import Action, Op, Schedule
 from .registry import PipelineConfig, assemble, require_chunks
 
 __all__ = ["zb_h1", "zb_v", "check_zb_h1", "check_zb_v", "zb_v_units"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING
 
-from ..schedule.action import Action, Op, Payload
+from ..ir.action import Action, Op, Payload
 from .keys import describe_key, vkey
 
 if TYPE_CHECKING:

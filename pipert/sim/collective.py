@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..schedule.action import Action, Op, Payload
+from ..ir.action import Action, Op, Payload
 from .keys import K_COLLECTIVE, _ACT, _GRAD, _WEIGHT
 
 if TYPE_CHECKING:

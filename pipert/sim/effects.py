@@ -6,8 +6,8 @@ import bisect
 import dataclasses
 from typing import Any
 
-from ..schedule.action import Action, Op, Payload
-from ..schedule.schedule import Schedule
+from ..ir.action import Action, Op, Payload
+from ..ir.schedule import Schedule
 from .checks import finish_checks
 from .collective import collective_effects
 from .errors import ScheduleError

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from ..schedule.schedule import Schedule
+from ..ir.schedule import Schedule
 from .errors import ScheduleError
 from .graph import Graph, build_graph
 from .timing import Times, run_timing

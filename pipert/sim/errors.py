@@ -1,7 +1,7 @@
 """ScheduleError: one broken rule of docs/semantics.md, located at a rank and action index."""
 from __future__ import annotations
 
-from ..schedule.action import Action
+from ..ir.action import Action
 
 __all__ = ["ScheduleError", "REASONS", "STRUCTURAL"]
 

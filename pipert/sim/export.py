@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..schedule.action import Op
+from ..ir.action import Op
 from .keys import QUEUES
 
 __all__ = ["chrome_trace", "write_chrome_trace", "draw_gantt", "gantt_png", "plot_gantt", "text_grid", "OP_COLORS"]

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..schedule.action import Action, Op, Payload
-from ..schedule.schedule import Schedule
+from ..ir.action import Action, Op, Payload
+from ..ir.schedule import Schedule
 from .effects import BuilderState
 from .errors import STRUCTURAL, ScheduleError
 from .keys import (INITIAL, MISSING, QUEUES, RECV_Q, SEND_Q, _ACT, _GRAD, _STASH, _STASHW, _WEIGHT,

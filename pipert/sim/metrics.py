@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..cost.base import LINK_CLASSES
-from ..schedule.action import COLLECTIVE_OPS, Action, Op
+from ..ir.action import COLLECTIVE_OPS, Action, Op
 from .graph import Graph
 from .keys import K_TRANSFER, QUEUES
 from .timing import Times

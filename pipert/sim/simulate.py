@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from ..cost.topology import Topology
-from ..schedule.schedule import Schedule
+from ..ir.schedule import Schedule
 from .engine import analyze, paused_gc
 from .graph import Graph
 from .metrics import Event, comm_bytes, events, exposed_comm

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from ..schedule.action import Action
+from ..ir.action import Action
 from .errors import ScheduleError
 from .graph import Graph
 from .keys import K_TRANSFER

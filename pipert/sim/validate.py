@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
-from ..schedule.schedule import Schedule
+from ..ir.schedule import Schedule
 from .engine import analyze
 from .errors import ScheduleError
 

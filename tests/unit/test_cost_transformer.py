@@ -10,7 +10,7 @@ from pipert.cost.base import CostModel
 from pipert.cost.devices import DEVICE_PRESETS, DeviceSpec
 from pipert.cost.transformer import (MODEL_PRESETS, ModelSpec, TransformerCost, UnitSpec, paper_model,
                                      partition_fine, partition_layers, swiglu_ffn)
-from pipert.schedule.action import Action, Op, Payload, parse_action
+from pipert.ir.action import Action, Op, Payload, parse_action
 
 A100 = DeviceSpec.preset("a100")
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from pipert.cost import Links, Topology, UniformCost
-from pipert.schedule import Action, Op, Payload
+from pipert.ir import Action, Op, Payload
 from pipert.schedules import available, build_schedule
 from pipert.schedules.crosspipe import (ChunkScaledCost, GreedyConfig, best_hint, SolverConfig, default_memory_limit,
                                         greedy_best, greedy_schedule, lower_crosspipe, pattern_units,

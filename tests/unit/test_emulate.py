@@ -9,7 +9,7 @@ import pytest
 
 from pipert.cost import Links, Topology, UniformCost
 from pipert.emulate import emulate
-from pipert.schedule import Op
+from pipert.ir import Op
 from pipert.schedules import build_schedule
 
 UNIT = 2e-3

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pipert.schedule import Action, Op, Schedule, parse_action
+from pipert.ir import Action, Op, Schedule, parse_action
 from pipert.schedules import PipelineConfig, available, build_schedule, family, register
 from pipert.schedules.classic import group_size
 
@@ -143,7 +143,7 @@ def test_links_receive_in_send_order(cfg):
 
 def test_receive_reordering_only_hoists_recvs():
     """Lowering alone leaves ZB-V's link 0->1 (act u0 and grad u2) out of send order."""
-    from pipert.schedule import lower
+    from pipert.ir import lower
     from pipert.schedules.registry import order_recvs_by_send
     s = build_schedule("zb-v", stages=2, microbatches=4)
     compute = [[a for a in acts if a.is_compute] for acts in s.actions]

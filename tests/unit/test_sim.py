@@ -6,7 +6,7 @@ import math
 import pytest
 
 from pipert.cost import LinkSpec, Links, Topology, UniformCost
-from pipert.schedule import Action, Op, Payload, Placement, Schedule
+from pipert.ir import Action, Op, Payload, Placement, Schedule
 from pipert.sim import ScheduleError, simulate
 from unit_testutil import gpipe, one_f_one_b
 

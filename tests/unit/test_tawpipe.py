@@ -9,7 +9,7 @@ import pytest
 
 from pipert.cost.topology import Links, LinkSpec, Topology
 from pipert.cost.uniform import UniformCost
-from pipert.schedule import Op, Payload, Schedule
+from pipert.ir import Op, Payload, Schedule
 from pipert.schedules import available, build_schedule
 from pipert.schedules.tawpipe import (TawPipeConfig, tawpipe_bytes, tawpipe_lockstep_makespan, tawpipe_owner,
                                       tawpipe_plan)

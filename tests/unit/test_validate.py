@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipert.cost import UniformCost
-from pipert.schedule import Action, Op, Payload, Placement, Schedule, add_optimizer_steps, lower
-from pipert.schedule.validate import ScheduleError, validate
+from pipert.ir import Action, Op, Payload, Placement, Schedule, add_optimizer_steps, lower
+from pipert.ir.validate import ScheduleError, validate
 from pipert.sim import REASONS
 from unit_testutil import gpipe, one_f_one_b_order
 

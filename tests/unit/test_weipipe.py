@@ -9,7 +9,7 @@ import pytest
 
 from pipert.cost.topology import Links, LinkSpec, Topology
 from pipert.cost.uniform import UniformCost
-from pipert.schedule import Op, Payload, Schedule
+from pipert.ir import Op, Payload, Schedule
 from pipert.schedules import available, build_schedule
 from pipert.schedules.weipipe import (VARIANTS, WeiPipeConfig, lockstep_makespan, ring_message_count,
                                       weipipe_plan, weipipe_schedule)

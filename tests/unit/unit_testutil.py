@@ -7,7 +7,7 @@ default import mode puts this folder on sys.path).
 """
 from __future__ import annotations
 
-from pipert.schedule import Action, Op, Placement, Schedule, lower
+from pipert.ir import Action, Op, Placement, Schedule, lower
 
 TOL = 10e-3  # loose bound for timings on a shared 2-core machine
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ...cost.topology import Links, Topology
 from ...cost.uniform import UniformCost
-from ...schedule import Op, Schedule
+from ...ir import Op, Schedule
 from ..registry import PipelineConfig
 from .greedy import GreedyConfig, GreedyResult, Timed, greedy_best
 from .lowering import lower_crosspipe

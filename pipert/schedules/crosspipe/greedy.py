@@ -45,7 +45,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ...schedule import Action, Op
+from ...ir import Action, Op
 from .model import CrossPipeProblem
 
 __all__ = ["GreedyConfig", "GreedyResult", "Timed", "greedy_schedule", "greedy_best", "PORTFOLIO"]

@@ -1,6 +1,6 @@
 """Lowering for CrossPipe: compute orders + message orders -> a full pipert Schedule.
 
-Differs from :func:`pipert.schedule.lower` in where the transfers stand in each list:
+Differs from :func:`pipert.ir.lower` in where the transfers stand in each list:
 
 - SENDs follow ``send_order`` (default: the producers' order); each stands after its
   producer (the last sub-block of it, if split) and after the previous SEND;
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ...schedule import Action, Op, Payload, Placement, Schedule
+from ...ir import Action, Op, Payload, Placement, Schedule
 from .model import CrossPipeProblem
 
 __all__ = ["lower_crosspipe", "message_of", "consumer_of"]

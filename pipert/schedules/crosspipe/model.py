@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ...schedule import Action, Op, Payload
+from ...ir import Action, Op, Payload
 
 __all__ = ["PATTERNS", "CrossPipeProblem", "pattern_units", "pattern_chunks", "ChunkScaledCost",
            "problem_from_cost"]

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from ...cost.topology import LinkSpec, Links, Topology
 from ...cost.uniform import UniformCost
-from ...schedule import Schedule
+from ...ir import Schedule
 from .model import ChunkScaledCost
 
 __all__ = ["Candidate", "STATIC", "CROSSPIPE", "rank_schedules", "format_ranking", "CrossDCConfig", "PPvsDP",

@@ -40,7 +40,7 @@ from fractions import Fraction
 
 from ortools.sat.python import cp_model
 
-from ...schedule import Action, Op, Schedule
+from ...ir import Action, Op, Schedule
 from .greedy import GreedyConfig, GreedyResult, greedy_best
 from .lowering import lower_crosspipe
 from .model import CrossPipeProblem
