@@ -23,6 +23,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         sched = Schedule.load(args.schedule)
     else:
         sched = sc.build(args.schedule, strict=True)
+    if args.passes:
+        from .ir.passes import apply_passes
+        sched = apply_passes(sched, [n for n in args.passes.split(",") if n])
     validate(sched, cost=sc.cost_for(sched), memory_limit=sc.memory_limit)
     res = simulate(sched, sc.cost_for(sched), links=sc.links, topology=sc.topology)
     if args.trace:
@@ -94,7 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--trace", help="write a Chrome-trace JSON (open in Perfetto)")
     s.add_argument("--plot", help="write a PNG Gantt chart")
     s.add_argument("--grid", action="store_true", help="print a time-aligned text grid")
-    s.add_argument("--save", help="write the schedule as JSON")
+    s.add_argument("--passes", default="", help="comma-separated lowering passes applied before simulating, as "
+                   "pipert train --passes applies them (recompute, offload_stashes, offload_weights, "
+                   "expand_folds, merge_sub_blocks, post_receives_early, send_early)")
+    s.add_argument("--save", help="write the schedule as JSON (after --passes)")
     s.set_defaults(fn=cmd_simulate)
 
     c = sub.add_parser("compare", help="simulate every applicable schedule on one scenario, ranked")
@@ -109,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
-        doc = _TRAIN_HELP.get(f.name, "") + (f" (default: {default})" if default not in (None, False) else "")
+        doc = _TRAIN_HELP.get(f.name, "") + (f" (default: {default})" if default not in (None, False, "") else "")
         if isinstance(default, bool):
             t.add_argument(flag, action="store_true", help=doc)
         else:
@@ -125,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
 _TRAIN_HELP = {
     "schedule": "registered schedule name", "stages": "pipeline ranks P", "microbatches": "micro-batches per step M",
     "chunks": "units per rank for interleaved schedules", "ranks_per_node": "ranks per node (tawpipe)",
+    "dp": "data-parallel replicas D of the pipeline (stages x dp processes)",
+    "zero": "ZeRO stage 0-3 of every unit over its replicas (needs --dp > 1)",
+    "passes": "comma-separated lowering passes: recompute, offload_stashes, offload_weights, expand_folds, ...",
     "steps": "training steps", "batch_size": "sequences per step", "seq": "tokens per sequence",
     "model": "model preset: tiny, small, medium, large", "dtype": "float32, float64 or bfloat16",
     "lr": "AdamW learning rate", "backend": "auto, gloo, nccl or local", "seed": "initialisation and data seed",
@@ -135,18 +144,9 @@ _TRAIN_HELP = {
 
 
 def _extra_commands() -> list:
-    out = []
-    try:
-        from .emulate.cli import register as reg_emulate
-        out.append(reg_emulate)
-    except ImportError:
-        pass
-    try:
-        from .plan import register as reg_plan
-        out.append(reg_plan)
-    except ImportError:
-        pass
-    return out
+    from .emulate.cli import register as reg_emulate
+    from .plan import register as reg_plan
+    return [reg_emulate, reg_plan]
 
 
 def main(argv: list[str] | None = None) -> int:

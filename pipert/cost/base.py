@@ -16,7 +16,7 @@ LinkClass = str  # "local" | "intra_node" | "inter_node" | "inter_dc"
 LINK_CLASSES = ("local", "intra_node", "inter_node", "inter_dc")
 
 # Kinds of per-rank memory a CostModel sizes (see docs/semantics.md, "Memory").
-VALUE_KINDS = ("stash", "stash_w", "act", "grad", "weight", "wgrad")
+VALUE_KINDS = ("stash", "stash_w", "act", "grad", "weight", "wgrad", "kept")
 
 
 @runtime_checkable

@@ -52,6 +52,7 @@ class Payload(str, Enum):
     GRAD = "grad"      # gradient w.r.t. the output activation of a unit
     WEIGHT = "weight"  # the parameters of a unit
     WGRAD = "wgrad"    # an accumulated weight-gradient of a unit
+    STASH = "stash"    # what backward of (unit, micro-batch) needs; only FREE/OFFLOAD/PREFETCH move it
 
     def __str__(self) -> str:
         return self.value
@@ -63,6 +64,7 @@ P2P_OPS = frozenset({Op.SEND, Op.RECV})
 COLLECTIVE_OPS = frozenset({Op.ALLGATHER, Op.REDUCESCATTER, Op.ALLREDUCE, Op.BROADCAST, Op.REDUCE})
 MEMORY_OPS = frozenset({Op.FREE, Op.OFFLOAD, Op.PREFETCH})
 _ROOTED = frozenset({Op.BROADCAST, Op.REDUCE})
+_PER_MB = frozenset({Payload.ACT, Payload.GRAD, Payload.STASH})
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +133,10 @@ class Action:
                 raise ScheduleFormatError(f"{where}: root {self.root} is not in group {self.group}")
         if op in MEMORY_OPS and (self.payload is None or self.unit is None):
             raise ScheduleFormatError(f"{where}: memory actions need a payload and a unit")
+        if self.payload is Payload.STASH and op not in MEMORY_OPS:
+            raise ScheduleFormatError(f"{where}: payload 'stash' is only for FREE, OFFLOAD and PREFETCH")
+        if self.payload in _PER_MB and op is not Op.WAIT and (op in MEMORY_OPS or op in P2P_OPS) and not self.mb:
+            raise ScheduleFormatError(f"{where}: payload {self.payload.value} names micro-batches (m...)")
         if self.peer is not None and op not in P2P_OPS and op is not Op.WAIT:
             raise ScheduleFormatError(f"{where}: only SEND/RECV/WAIT take a peer")
         if self.sub is not None and not (len(self.sub) == 2 and 0 <= self.sub[0] < self.sub[1]):

@@ -18,12 +18,9 @@ from __future__ import annotations
 
 from .action import Action, Op, Payload
 from .schedule import Placement, Schedule
+from .semantics import TABLE, Value, reads, writes
 
 __all__ = ["lower", "add_optimizer_steps", "order_recvs_by_send"]
-
-
-def _mbs(a: Action) -> tuple[int, ...]:
-    return a.mb
 
 
 def _rank_of(placement: Placement, unit: int, mbs: tuple[int, ...]) -> int:
@@ -41,15 +38,30 @@ def add_optimizer_steps(compute: list[list[Action]], placement: Placement) -> li
     return out
 
 
+def _cross_rank_unit(kind: Value, unit: int, reading: bool) -> int:
+    """The unit whose compute writes (``reading``: the reader needs it from) or reads value
+    ``kind`` of ``unit``, from the op table: ACT u is written by F u and read by F u+1; GRAD u is
+    written by the backward of u+1 and read by the backward of u."""
+    for op in (Op.F, Op.D):
+        refs = TABLE[op].writes if reading else TABLE[op].reads
+        for ref in refs:
+            if ref.value is kind:
+                return unit - ref.du
+    raise ValueError(f"no compute op {'writes' if reading else 'reads'} {kind.name}")
+
+
 def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, placement: Placement,
           compute: list[list[Action]], meta: dict | None = None, weights: bool = False,
-          order_recvs: bool = True) -> Schedule:
+          order_recvs: bool = True, post_ahead: int = 1) -> Schedule:
     """Insert the SEND/RECV actions that ``placement`` implies into per-rank compute orders.
 
-    With ``order_recvs`` (the default) every link's RECVs are then put in its SEND order
-    (:func:`order_recvs_by_send`), as FIFO matching requires.
+    A value a compute reads (at its first sub-block) that another rank writes gets a RECV right
+    before it; a value it writes (at its last sub-block) that another rank reads gets a SEND right
+    after it (what reads and writes what: ``pipert.ir.semantics.TABLE``). With ``order_recvs``
+    (the default) every link's RECVs are then put in its SEND order
+    (:func:`order_recvs_by_send`), as FIFO matching requires, and activation/gradient receives
+    are posted ``post_ahead`` computes early (:func:`pipert.ir.passes.post_receives_early`).
     """
-    last = num_units - 1
     out: list[list[Action]] = [[] for _ in range(num_ranks)]
     if weights:
         first_use, last_bwd = _weight_uses(compute, placement)
@@ -58,7 +70,7 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
     for r, acts in enumerate(compute):
         prog = out[r]
         for i, a in enumerate(acts):
-            u, mbs = a.unit, _mbs(a)
+            u, mbs = a.unit, a.mb
             if a.op is Op.OPT and weights:
                 for (src, uu) in sorted(last_bwd):
                     if uu == u:
@@ -67,27 +79,37 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
                 prog.append(Action(Op.RECV, unit=u, payload=Payload.WEIGHT, peer=placement.weight_owner[u]))
             first_piece = a.sub is None or a.sub[0] == 0
             last_piece = a.sub is None or a.sub[0] == a.sub[1] - 1
-            if a.op is Op.F and u > 0 and first_piece:
-                src = _rank_of(placement, u - 1, mbs)
-                if src != r:
-                    prog.append(Action(Op.RECV, unit=u - 1, mb=mbs, payload=Payload.ACT, peer=src))
-            elif a.op in (Op.B, Op.D) and u < last and first_piece:
-                src = _rank_of(placement, u + 1, mbs)
-                if src != r:
-                    prog.append(Action(Op.RECV, unit=u, mb=mbs, payload=Payload.GRAD, peer=src))
+            if first_piece and a.unit is not None:
+                for kind, v in _crossing(reads(a, num_units)):
+                    src = _rank_of(placement, _cross_rank_unit(kind, v, True), mbs)
+                    if src != r:
+                        prog.append(Action(Op.RECV, unit=v, mb=mbs, payload=_PAYLOAD[kind], peer=src))
             prog.append(a)
-            if a.op is Op.F and u < last and last_piece:
-                dst = _rank_of(placement, u + 1, mbs)
-                if dst != r:
-                    prog.append(Action(Op.SEND, unit=u, mb=mbs, payload=Payload.ACT, peer=dst))
-            elif a.op in (Op.B, Op.D) and u > 0 and last_piece:
-                dst = _rank_of(placement, u - 1, mbs)
-                if dst != r:
-                    prog.append(Action(Op.SEND, unit=u - 1, mb=mbs, payload=Payload.GRAD, peer=dst))
+            if last_piece and a.unit is not None:
+                for kind, v in _crossing(writes(a, num_units)):
+                    dst = _rank_of(placement, _cross_rank_unit(kind, v, False), mbs)
+                    if dst != r:
+                        prog.append(Action(Op.SEND, unit=v, mb=mbs, payload=_PAYLOAD[kind], peer=dst))
             if weights and last_bwd.get((r, u)) == i:
                 prog.append(Action(Op.SEND, unit=u, payload=Payload.WGRAD, peer=placement.weight_owner[u]))
     sched = Schedule(name, num_ranks, num_units, num_microbatches, placement, out, dict(meta or {}))
-    return order_recvs_by_send(sched) if order_recvs else sched
+    if not order_recvs:
+        return sched
+    from .passes import post_receives_early
+    return post_receives_early(order_recvs_by_send(sched), post_ahead)
+
+
+_PAYLOAD = {Value.ACT: Payload.ACT, Value.GRAD: Payload.GRAD}
+
+
+def _crossing(refs: list) -> list[tuple[Value, int]]:
+    """(kind, unit) of the activation/gradient values among ``refs``, one per unit (a fold's
+    micro-batches travel together)."""
+    seen = []
+    for (kind, v, _), _ in refs:
+        if kind in _PAYLOAD and (kind, v) not in seen:
+            seen.append((kind, v))
+    return seen
 
 
 def _weight_uses(compute: list[list[Action]], placement: Placement) -> tuple[dict, dict]:

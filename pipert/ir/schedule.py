@@ -17,17 +17,25 @@ _KINDS = ("unit", "microbatch", "table")
 
 @dataclass(frozen=True)
 class Placement:
-    """Where each (unit, micro-batch) computes and which rank holds each unit's weights.
+    """Where each (unit, micro-batch) computes and which ranks hold each unit's weights.
 
     kind "unit": ``ranks[u]`` (activation passing: 1F1B, ZB, interleaved, CrossPipe);
     kind "microbatch": ``ranks[m]`` (weight passing: WeiPipe, TawPipe);
-    kind "table": ``ranks[u][m]`` (anything else, e.g. HelixPipe attention units).
-    ``weight_owner[u]`` is the rank that keeps unit u's master weights and optimizer state.
+    kind "table": ``ranks[u][m]`` (anything else, e.g. HelixPipe attention units, data-parallel
+    replicas).
+    ``weight_owner[u]`` is the rank that keeps unit u's master weights and optimizer state;
+    ``replicas[u]`` (default ``(weight_owner[u],)``) are all ranks that hold them (data-parallel
+    replicas; each steps its own optimizer); ``zero[u]`` (default 0) is the ZeRO stage of unit u
+    over its replicas: 0 whole weights and gradients everywhere, 1/2 gradients reduce-scattered
+    and the optimizer on shards (the whole weights are stale after OPT until an ALLGATHER),
+    3 weights too are held as shards (an ALLGATHER before every use).
     """
 
     kind: str
     ranks: tuple
     weight_owner: tuple[int, ...]
+    replicas: tuple[tuple[int, ...], ...] | None = None
+    zero: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -35,6 +43,18 @@ class Placement:
         object.__setattr__(self, "ranks", tuple(tuple(r) if isinstance(r, (list, tuple)) else r
                                                 for r in self.ranks))
         object.__setattr__(self, "weight_owner", tuple(self.weight_owner))
+        n = len(self.weight_owner)
+        if self.replicas is not None:
+            reps = tuple(tuple(g) for g in self.replicas)
+            if len(reps) != n or any(o not in g for o, g in zip(self.weight_owner, reps)):
+                raise ScheduleFormatError("placement replicas: one group per unit, each containing the unit's "
+                                          "weight_owner")
+            object.__setattr__(self, "replicas", reps)
+        if self.zero is not None:
+            zero = tuple(int(z) for z in self.zero)
+            if len(zero) != n or any(z not in (0, 1, 2, 3) for z in zero):
+                raise ScheduleFormatError(f"placement zero: one ZeRO stage (0..3) per unit, got {list(zero)}")
+            object.__setattr__(self, "zero", zero)
 
     @staticmethod
     def by_unit(unit_ranks: list[int] | tuple[int, ...]) -> "Placement":
@@ -53,14 +73,27 @@ class Placement:
             return self.ranks[mb]
         return self.ranks[unit][mb]
 
+    def holders(self, unit: int) -> tuple[int, ...]:
+        """Ranks that hold unit's master weights (its replicas)."""
+        return self.replicas[unit] if self.replicas is not None else (self.weight_owner[unit],)
+
+    def zero_stage(self, unit: int) -> int:
+        return self.zero[unit] if self.zero is not None else 0
+
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "ranks": [list(r) if isinstance(r, tuple) else r for r in self.ranks],
-                "weight_owner": list(self.weight_owner)}
+        d = {"kind": self.kind, "ranks": [list(r) if isinstance(r, tuple) else r for r in self.ranks],
+             "weight_owner": list(self.weight_owner)}
+        if self.replicas is not None:
+            d["replicas"] = [list(g) for g in self.replicas]
+        if self.zero is not None:
+            d["zero"] = list(self.zero)
+        return d
 
     @staticmethod
     def from_dict(d: dict) -> "Placement":
         try:
-            return Placement(d["kind"], tuple(d["ranks"]), tuple(d["weight_owner"]))
+            return Placement(d["kind"], tuple(d["ranks"]), tuple(d["weight_owner"]), d.get("replicas"),
+                             d.get("zero"))
         except (KeyError, TypeError) as e:
             raise ScheduleFormatError(f"placement needs 'kind', 'ranks' and 'weight_owner': {e}") from None
 
@@ -104,7 +137,8 @@ class Schedule:
         return [a for a in self.actions[rank] if a.is_compute]
 
     def units_owned(self, rank: int) -> list[int]:
-        return [u for u, r in enumerate(self.placement.weight_owner) if r == rank]
+        """Units whose master weights ``rank`` holds (as owner or data-parallel replica)."""
+        return [u for u in range(self.num_units) if rank in self.placement.holders(u)]
 
     # --- text and JSON forms -----------------------------------------------------
     def to_dict(self) -> dict:

@@ -5,43 +5,36 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING
 
-from ..ir.action import Action, Op, Payload
+from ..ir.action import Action, Op
+from ..ir.semantics import Value, writes
 from .keys import describe_key, vkey
 
 if TYPE_CHECKING:
-    from .effects import BuilderState
+    from .values import Builder
 
 __all__ = ["finish_checks", "produced_keys"]
 
-_KD = {Payload.ACT: 0, Payload.GRAD: 3}
+
+def produced_keys(a: Action, num_units: int, rank: int) -> list[int]:
+    """Value keys action ``a`` may produce, from the op table (slow; used to explain errors)."""
+    keys = []
+    for (kind, u, m), ref in writes(a, num_units, rank):
+        keys.append(vkey(kind, u, max(m, 0), ref.shard, ref.host))
+    if a.op is Op.F:  # an F keeps its input instead of the stash when a RECOMPUTE follows
+        keys += [vkey(Value.KEPT, a.unit, m) for m in a.mb]
+    if a.op is Op.OPT and a.unit is not None:  # ZeRO units step their shard
+        keys.append(vkey(Value.WEIGHT, a.unit, 0, True))
+    return keys
 
 
-def produced_keys(a: Action) -> list[int]:
-    """Value keys action ``a`` may produce (slow; used only to explain errors)."""
-    op, u = a.op, a.unit
-    if op is Op.F:
-        return [vkey(k, u, m) for m in a.mb for k in (0, 1)]
-    if op is Op.RECOMPUTE:
-        return [vkey(1, u, m) for m in a.mb]
-    if op in (Op.B, Op.D):
-        keys = [vkey(3, u - 1, m) for m in a.mb] if u else []
-        return keys + ([vkey(2, u, m) for m in a.mb] if op is Op.D else [])
-    if op is Op.RECV or a.is_comm:
-        if a.payload is Payload.WEIGHT:
-            return [vkey(4, u)]
-        if a.payload in _KD:
-            return [vkey(_KD[a.payload], u, m) for m in a.mb]
-    return []
-
-
-def finish_checks(b: "BuilderState") -> None:
+def finish_checks(b: "Builder") -> None:
     _unmatched(b)
     _collectives(b)
     _completeness(b)
     _classify_missing(b)
 
 
-def _unmatched(b: "BuilderState") -> None:
+def _unmatched(b: "Builder") -> None:
     for lk, ls in b.link_state.items():
         ns, nr = ls[0], ls[1]
         if ns == nr:
@@ -56,7 +49,7 @@ def _unmatched(b: "BuilderState") -> None:
                 b.error(r, i, a, "unmatched_recv", f"no matching SEND on rank {src}: {what}")
 
 
-def _collectives(b: "BuilderState") -> None:
+def _collectives(b: "Builder") -> None:
     for n, members in b.coll_members.items():
         fa, fr, fi = members[0]
         posted = {r for _, r, _ in members}
@@ -66,7 +59,7 @@ def _collectives(b: "BuilderState") -> None:
                     f"{list(fa.group)} (each member must post the same k-th collective of the group)")
 
 
-def _completeness(b: "BuilderState") -> None:
+def _completeness(b: "Builder") -> None:
     fwd, bwd, wdone = b.fwd, b.bwd, b.wdone
     for u in range(b.U):
         for m in range(b.M):
@@ -89,14 +82,14 @@ def _completeness(b: "BuilderState") -> None:
                 b.error(r, i, b.s.actions[r][i], "missing_compute", f"micro-batch {m} of unit {u} has a D but no W")
 
 
-def _classify_missing(b: "BuilderState") -> None:
+def _classify_missing(b: "Builder") -> None:
     by_rank: dict[int, dict[int, list[int]]] = {}
     for r, i, key in b.missing:
         index = by_rank.get(r)
         if index is None:
             index = by_rank[r] = {}
             for j, a in enumerate(b.s.actions[r]):
-                for k in produced_keys(a):
+                for k in produced_keys(a, b.U, r):
                     index.setdefault(k, []).append(j)
         later = index.get(key, [])
         k = bisect.bisect_right(later, i)
@@ -105,3 +98,4 @@ def _classify_missing(b: "BuilderState") -> None:
             b.error(r, i, a, "input_later", f"input {describe_key(key)} is produced later, at action {later[k]}")
         else:
             b.error(r, i, a, "missing_input", f"input {describe_key(key)} is never produced on rank {r}")
+

@@ -1,25 +1,35 @@
-"""Constants and value keys shared by the engine's modules."""
+"""Constants and packed value keys shared by the engine's modules.
+
+A value key packs ``(kind, shard, unit, micro-batch)`` of pipert.ir.semantics into one int:
+kind in the low 3 bits, the shard flag in bit 3, the host flag in bit 4, then the micro-batch
+(32 bits), then the unit. Per-unit kinds (weights, weight gradients) use micro-batch 0.
+"""
 from __future__ import annotations
 
-__all__ = ["QUEUES", "vkey", "describe_key"]
+from ..ir.semantics import MEMORY_KIND, PER_UNIT, Value
 
-COMPUTE_Q, SEND_Q, RECV_Q = 0, 1, 2
-QUEUES = ("compute", "send", "recv")
+__all__ = ["QUEUES", "vkey", "describe_key", "unpack_key"]
+
+COMPUTE_Q, SEND_Q, RECV_Q, GROUP_Q = 0, 1, 2, 3
+QUEUES = ("compute", "send", "recv", "group")
 K_COMPUTE, K_TRANSFER, K_COLLECTIVE = 0, 1, 2
 MISSING = -2   # value absent
-INITIAL = -1   # value present from the start (owned weights): no edge
-# value kinds, the low 3 bits of a value key
-_ACT, _STASH, _STASHW, _GRAD, _WEIGHT = 0, 1, 2, 3, 4
-_KIND_NAMES = ("act", "stash", "stash_w", "grad", "weight")
+INITIAL = -1   # value present from the start (held weights): no edge
+SHARD, HOST, SHIFT = 8, 16, 5
 
 
-def vkey(kind: int, unit: int, mb: int = 0) -> int:
-    """Key of a value: kind in the low 3 bits, then the micro-batch (32 bits), then the unit."""
-    return ((unit << 32 | mb) << 3) | kind
+def vkey(kind: int, unit: int, mb: int = 0, shard: bool = False, host: bool = False) -> int:
+    """Key of a value (see module doc)."""
+    return ((unit << 32 | mb) << SHIFT) | kind | (SHARD if shard else 0) | (HOST if host else 0)
+
+
+def unpack_key(key: int) -> tuple[Value, int, int, bool, bool]:
+    """(kind, unit, micro-batch, shard, host) of a key."""
+    um = key >> SHIFT
+    return Value(key & 7), um >> 32, um & 0xFFFFFFFF, bool(key & SHARD), bool(key & HOST)
 
 
 def describe_key(key: int) -> str:
-    kind, um = key & 7, key >> 3
-    u, m = um >> 32, um & 0xFFFFFFFF
-    return f"weight u{u}" if kind == _WEIGHT else f"{_KIND_NAMES[kind]} u{u} m{m}"
-
+    kind, u, m, shard, host = unpack_key(key)
+    name = ("shard of " if shard else "") + MEMORY_KIND[kind] + (" (offloaded)" if host else "")
+    return f"{name} u{u}" if kind in PER_UNIT else f"{name} u{u} m{m}"

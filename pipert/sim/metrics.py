@@ -4,9 +4,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..cost.base import LINK_CLASSES
-from ..ir.action import COLLECTIVE_OPS, Action, Op
+from ..ir.action import Action, Op
 from .graph import Graph
-from .keys import K_TRANSFER, QUEUES
+from .keys import K_TRANSFER
 from .timing import Times
 
 __all__ = ["exposed_comm", "comm_bytes", "events", "Event"]
@@ -72,20 +72,13 @@ def events(g: Graph, t: Times) -> list[Event]:
     A RECV ends when its data arrives; a SEND when the link is free again."""
     out: list[Event] = []
     start, end0, end1 = t.start, t.end0, t.end1
-    coll_q = QUEUES[g.queue_of_coll]
     for r, nodes in enumerate(g.node_of):
         acts = g.schedule.actions[r]
+        qs = g.queues[r]
         for i, n in enumerate(nodes):
             if n < 0:
                 continue
             a = acts[i]
-            op = a.op
-            if op is Op.RECV:
-                out.append((r, "recv", a, start[n], end1[n]))
-            elif op is Op.SEND:
-                out.append((r, "send", a, start[n], end0[n]))
-            elif op in COLLECTIVE_OPS:
-                out.append((r, coll_q, a, start[n], end0[n]))
-            else:
-                out.append((r, "compute", a, start[n], end0[n]))
+            end = end1[n] if a.op is Op.RECV else end0[n]
+            out.append((r, qs[i], a, start[n], end))
     return out

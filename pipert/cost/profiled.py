@@ -1,0 +1,48 @@
+"""ProfiledCost: a cost model from measurements of the real units (``pipert.runtime.profile``).
+
+Times are seconds per unit and micro-batch (a fold of k micro-batches takes k times as long, a
+sub-block ``sI/N`` 1/N of its op); sizes are bytes per micro-batch, measured as the executor
+accounts memory (docs/semantics.md, "Memory"). OPT takes ``t_opt`` seconds.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..ir.action import Action, Op, Payload
+
+__all__ = ["ProfiledCost"]
+
+_TIMED = {Op.F: "F", Op.B: "B", Op.D: "D", Op.W: "W", Op.RECOMPUTE: "RECOMPUTE"}
+
+
+class ProfiledCost:
+    """Cost model of measured unit profiles (objects with ``times`` and ``sizes`` dicts)."""
+
+    def __init__(self, profiles: Sequence[Any], t_opt: float = 0.0) -> None:
+        if not profiles:
+            raise ValueError("ProfiledCost needs one profile per unit, got none")
+        self.profiles = list(profiles)
+        self.t_opt = t_opt
+
+    def compute_time(self, action: Action, rank: int) -> float:
+        if action.op is Op.OPT:
+            return self.t_opt
+        key = _TIMED.get(action.op)
+        if key is None:
+            return 0.0
+        t = self.profiles[action.unit].times[key] * len(action.mb)
+        if action.sub is not None:
+            t /= action.sub[1]
+        return t
+
+    def message_bytes(self, payload: Payload, unit: int, num_mbs: int = 1) -> float:
+        sizes = self.profiles[unit].sizes
+        if payload is Payload.ACT or payload is Payload.GRAD:
+            return float(sizes["act"] * num_mbs)
+        return float(sizes["weight"])
+
+    def memory(self, kind: str, unit: int) -> float:
+        try:
+            return float(self.profiles[unit].sizes[kind])
+        except KeyError:
+            raise ValueError(f"unknown memory kind {kind!r}; allowed: {', '.join(self.profiles[unit].sizes)}") from None

@@ -1,0 +1,286 @@
+"""Lowering passes: decisions about *how* a schedule runs, made on the IR so that the simulator
+times exactly the program the executor runs (docs/semantics.md, "Lowering passes").
+
+Each pass is a pure function ``Schedule -> Schedule`` that keeps the schedule valid:
+
+- :func:`post_receives_early` posts activation/gradient receives some computes before their
+  consumer (latency hiding; the buffer is held from there);
+- :func:`send_early` moves every SEND right after the action that produces its value;
+- :func:`merge_sub_blocks` runs a compute split into sub-blocks as one action at its last piece;
+- :func:`expand_folds` turns an action over several micro-batches into one action per
+  micro-batch (then :func:`send_early` lets each micro-batch's message leave at once);
+- :func:`recompute` rebuilds chosen units' stashes before their backward instead of keeping them;
+- :func:`offload_stashes` moves chosen stashes to host memory between forward and backward;
+- :func:`offload_weights` moves chosen units' weights to host memory between two computes of
+  the unit that other computes separate;
+- :func:`fold_microbatches` makes every op run a fold of k micro-batches.
+
+A pass returns the schedule unchanged (the same object) when it has nothing to do.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+from .action import COMPUTE_OPS, Action, Op, Payload
+from .schedule import Schedule
+from .semantics import Queue, op_queue, writes
+
+__all__ = ["post_receives_early", "send_early", "merge_sub_blocks", "expand_folds", "recompute", "offload_stashes",
+           "offload_weights", "fold_microbatches", "apply_passes", "PASSES"]
+
+_PER_MB = (Payload.ACT, Payload.GRAD, Payload.STASH)
+
+
+def _is_compute_queue(a: Action, cq: str) -> bool:
+    return op_queue(a.op, cq) is Queue.COMPUTE
+
+
+def post_receives_early(schedule: Schedule, computes: int = 1,
+                        payloads: Iterable[Payload] = (Payload.ACT, Payload.GRAD)) -> Schedule:
+    """Move each RECV of ``payloads`` up to ``computes`` compute-queue actions earlier (to just
+    before the compute that many places before its old position), never above an earlier RECV of
+    the same directed link (FIFO matching) nor above the list start."""
+    if computes < 0:
+        raise ValueError(f"computes must be >= 0, got {computes}")
+    kinds = frozenset(payloads)
+    cq = schedule.meta.get("collective_queue", "group")
+    out = []
+    for acts in schedule.actions:
+        compute_pos = [i for i, a in enumerate(acts) if _is_compute_queue(a, cq)]
+        slot: dict[int, float] = {}   # index -> new sort position (a fractional slot before a compute)
+        last_of_link: dict[int, float] = {}
+        ci = 0
+        for i, a in enumerate(acts):
+            while ci < len(compute_pos) and compute_pos[ci] < i:
+                ci += 1
+            if a.op is not Op.RECV:
+                continue
+            pos = float(i)
+            if a.payload in kinds and computes:
+                k = ci - computes  # the compute it is posted before
+                pos = compute_pos[k] - 0.5 if k >= 0 else -0.5
+            bound = last_of_link.get(a.peer)
+            if bound is not None and pos <= bound:
+                pos = bound + 1e-6
+            pos = min(pos, float(i))
+            slot[i] = pos
+            last_of_link[a.peer] = pos
+        if not slot or all(p == i for i, p in slot.items()):
+            out.append(acts)
+            continue
+        order = sorted(range(len(acts)), key=lambda i: (slot.get(i, float(i)), i))
+        out.append([acts[i] for i in order])
+    return _with(schedule, out)
+
+
+def send_early(schedule: Schedule) -> Schedule:
+    """Move each SEND right after the last earlier action that writes its value (or to its old
+    place), never above an earlier SEND to the same peer."""
+    U = schedule.num_units
+    out = []
+    for r, acts in enumerate(schedule.actions):
+        new: list[Action] = []
+        last_send_at: dict[int, int] = {}
+        writer_at: dict[tuple, int] = {}
+        for a in acts:
+            if a.op is Op.SEND:
+                need = _values(a, U)
+                after = max((writer_at.get(k, -1) for k in need), default=-1)
+                after = max(after, last_send_at.get(a.peer, -1))
+                pos = after + 1
+                new.insert(pos, a)
+                _shift(writer_at, pos)
+                _shift(last_send_at, pos)
+                last_send_at[a.peer] = pos
+                continue
+            new.append(a)
+            if a.sub is None or a.sub[0] == a.sub[1] - 1:
+                for (kind, u, m), _ in writes(a, U, r):
+                    writer_at[(kind, u, m)] = len(new) - 1
+        out.append(new)
+    return _with(schedule, out)
+
+
+def _values(a: Action, num_units: int) -> list[tuple]:
+    from .semantics import PAYLOAD_VALUE, PER_UNIT
+    kind = PAYLOAD_VALUE[a.payload]
+    return [(kind, a.unit, -1)] if kind in PER_UNIT else [(kind, a.unit, m) for m in a.mb]
+
+
+def _shift(index: dict, pos: int) -> None:
+    for k, v in index.items():
+        if v >= pos:
+            index[k] = v + 1
+
+
+def merge_sub_blocks(schedule: Schedule, ops: Iterable[Op] = (Op.F, Op.B, Op.D, Op.RECOMPUTE)) -> Schedule:
+    """Replace the pieces ``sI/N`` of each compute in ``ops`` by the whole action at the place of
+    its last piece."""
+    ops = frozenset(ops)
+    out = []
+    changed = False
+    for acts in schedule.actions:
+        new = []
+        for a in acts:
+            if a.sub is None or a.op not in ops:
+                new.append(a)
+                continue
+            changed = True
+            if a.sub[0] == a.sub[1] - 1:
+                new.append(dataclasses.replace(a, sub=None))
+        out.append(new)
+    return _with(schedule, out) if changed else schedule
+
+
+def expand_folds(schedule: Schedule) -> Schedule:
+    """One action per micro-batch for every action over several (in micro-batch order, at the
+    place of the fold); then :func:`send_early`, so each micro-batch's message leaves as soon as
+    its own compute ends (the two-fold overlap of HelixPipe)."""
+    out = []
+    changed = False
+    for acts in schedule.actions:
+        new = []
+        for a in acts:
+            if len(a.mb) > 1 and (a.op in COMPUTE_OPS or a.payload in _PER_MB):
+                changed = True
+                new.extend(dataclasses.replace(a, mb=(m,)) for m in a.mb)
+            else:
+                new.append(a)
+        out.append(new)
+    return send_early(_with(schedule, out)) if changed else schedule
+
+
+PASSES = {"post_receives_early": post_receives_early, "send_early": send_early,
+          "merge_sub_blocks": merge_sub_blocks, "expand_folds": expand_folds}
+"""Passes by name (``pipert train --passes``, ``pipert simulate --passes``)."""
+
+
+def apply_passes(schedule: Schedule, names: Iterable[str]) -> Schedule:
+    """Apply the named passes in order."""
+    for name in names:
+        try:
+            schedule = PASSES[name](schedule)
+        except KeyError:
+            raise ValueError(f"unknown pass {name!r}; allowed: {', '.join(PASSES)}") from None
+    return schedule
+
+
+def _with(schedule: Schedule, actions: list[list[Action]]) -> Schedule:
+    if actions == schedule.actions:
+        return schedule
+    return schedule.with_actions(actions)
+
+
+def recompute(schedule: Schedule, units: Iterable[int] | None = None) -> Schedule:
+    """Recompute instead of stashing: ``RECOMPUTE u m`` right before the first backward (B or
+    D) of each (u, m) of ``units`` (default: every unit) on its rank; that F then keeps only its
+    input (docs/semantics.md)."""
+    chosen = set(range(schedule.num_units)) if units is None else set(units)
+    out = []
+    for acts in schedule.actions:
+        new, done = [], set()
+        for a in acts:
+            if a.op in (Op.B, Op.D) and a.unit in chosen and (a.sub is None or a.sub[0] == 0):
+                ms = tuple(m for m in a.mb if (a.unit, m) not in done)
+                if ms:
+                    new.append(Action(Op.RECOMPUTE, unit=a.unit, mb=ms))
+                    done.update((a.unit, m) for m in ms)
+            new.append(a)
+        out.append(new)
+    return _with(schedule, out)
+
+
+def offload_stashes(schedule: Schedule, units: Iterable[int] | None = None) -> Schedule:
+    """``OFFLOAD stash u m`` right after each F (its last piece) of ``units`` and ``PREFETCH stash
+    u m`` right before its first backward; stashes a RECOMPUTE rebuilds are left alone."""
+    chosen = set(range(schedule.num_units)) if units is None else set(units)
+    out = []
+    for acts in schedule.actions:
+        rebuilt = {(a.unit, m) for a in acts if a.op is Op.RECOMPUTE for m in a.mb}
+        new, moved = [], set()
+        for a in acts:
+            first = a.sub is None or a.sub[0] == 0
+            last = a.sub is None or a.sub[0] == a.sub[1] - 1
+            if a.op in (Op.B, Op.D) and first:
+                for m in a.mb:
+                    if (a.unit, m) in moved:
+                        new.append(Action(Op.PREFETCH, unit=a.unit, mb=(m,), payload=Payload.STASH))
+                        moved.discard((a.unit, m))
+            new.append(a)
+            if a.op is Op.F and last and a.unit in chosen:
+                for m in a.mb:
+                    if (a.unit, m) not in rebuilt:
+                        new.append(Action(Op.OFFLOAD, unit=a.unit, mb=(m,), payload=Payload.STASH))
+                        moved.add((a.unit, m))
+        out.append(new)
+    return _with(schedule, out)
+
+
+def fold_microbatches(schedule: Schedule, k: int) -> Schedule:
+    """The same program with every micro-batch j replaced by the fold ``k*j .. k*j+k-1`` (each
+    op runs k micro-batches; the schedule then has k times as many). Transfers carry folds."""
+    if k < 1:
+        raise ValueError(f"fold must be >= 1, got {k}")
+    if k == 1:
+        return schedule
+    if schedule.placement.kind == "microbatch":
+        raise ValueError("fold_microbatches needs a placement that does not depend on the micro-batch "
+                         f"(schedule {schedule.name!r} places by micro-batch)")
+    out = [[a if not a.mb else dataclasses.replace(a, mb=tuple(k * j + i for j in a.mb for i in range(k)))
+            for a in acts] for acts in schedule.actions]
+    pl = schedule.placement
+    if pl.kind == "table":
+        pl = dataclasses.replace(pl, ranks=tuple(tuple(row[j // k] for j in range(len(row) * k)) for row in pl.ranks))
+    meta = dict(schedule.meta, fold=k * schedule.meta.get("fold", 1))
+    if meta.get("update_every"):
+        meta["update_every"] *= k
+    return Schedule(f"{schedule.name}-fold{k}" if "-fold" not in schedule.name else schedule.name,
+                    schedule.num_ranks, schedule.num_units, schedule.num_microbatches * k, pl, out, meta)
+
+
+_WEIGHT_USERS = (Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE)
+
+
+def offload_weights(schedule: Schedule, units: Iterable[int] | None = None) -> Schedule:
+    """``OFFLOAD weight u`` right after a compute of u and ``PREFETCH weight u`` right before the
+    next compute of u on the same rank, wherever other computes run between the two and nothing
+    else touches unit u's weights or gradients (no transfer, collective, FREE or OPT of u): the
+    weights leave the device while the rank works on other units."""
+    chosen = set(range(schedule.num_units)) if units is None else set(units)
+    out = []
+    for acts in schedule.actions:
+        offload_after: set[int] = set()
+        prefetch_before: set[int] = set()
+        last: dict[int, int] = {}      # unit -> index of its last compute with no barrier since
+        between: dict[int, int] = {}   # unit -> computes of other units since then
+        for i, a in enumerate(acts):
+            if a.op in _WEIGHT_USERS:
+                j = last.get(a.unit)
+                if a.unit in chosen and j is not None and between.get(a.unit, 0) > 0:
+                    offload_after.add(j)
+                    prefetch_before.add(i)
+                last[a.unit] = i
+                between[a.unit] = 0
+                for u in between:
+                    if u != a.unit:
+                        between[u] += 1
+            elif a.unit is not None:
+                last.pop(a.unit, None)   # a barrier for its unit
+            elif a.op is Op.OPT:
+                last.clear()
+        if not offload_after:
+            out.append(acts)
+            continue
+        new = []
+        for i, a in enumerate(acts):
+            if i in prefetch_before:
+                new.append(Action(Op.PREFETCH, unit=a.unit, payload=Payload.WEIGHT))
+            new.append(a)
+            if i in offload_after:
+                new.append(Action(Op.OFFLOAD, unit=a.unit, payload=Payload.WEIGHT))
+        out.append(new)
+    return _with(schedule, out)
+
+
+PASSES.update({"recompute": recompute, "offload_stashes": offload_stashes, "offload_weights": offload_weights})

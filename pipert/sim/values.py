@@ -1,0 +1,430 @@
+"""The walk of pass 1: every action's node, edges, value effects and memory, read from
+``pipert.ir.semantics.TABLE`` (see graph.py for the DAG and docs/semantics.md for the rules).
+
+Per rank the walk keeps ``have`` (value key -> node that produced it; INITIAL for values present
+from the start), ``live`` (counted value key -> its size), ``wg`` (weight-gradient contribution
+sets per (unit, shard)) and ``host`` (the rank's last compute-queue node: where its program is).
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import Any
+
+from ..ir.action import COLLECTIVE_OPS, Action, Op
+from ..ir.semantics import MEMORY_KIND, PAYLOAD_VALUE, TABLE, Role, Value, op_queue, recomputed
+from .comm import CommState
+from .errors import ScheduleError
+from .keys import HOST, INITIAL, K_COMPUTE, K_TRANSFER, MISSING, QUEUES, SHARD, SHIFT, describe_key
+
+__all__ = ["Builder"]
+
+_ACT, _STASH, _STASHW, _GRAD, _WEIGHT, _KEPT, _WGRAD = (int(v) for v in Value)
+_COMPUTE_OPS = frozenset({Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE})
+_ROLE = {Role.ALL: 0, Role.ROOT: 1, Role.OTHERS: 2, Role.NONE: 3}
+
+
+def _compile(refs: tuple) -> tuple:
+    """Refs as flat tuples: (kind or -1 for the payload, du, edge 0/1 prev/2 next, release, role,
+    shard|host bits)."""
+    out = []
+    for r in refs:
+        kind = -1 if r.value is None else int(r.value)
+        edge = {None: 0, "prev": 1, "next": 2}[r.edge]
+        out.append((kind, r.du, edge, r.release, _ROLE[r.role], (SHARD if r.shard else 0) | (HOST if r.host else 0)))
+    return tuple(out)
+
+
+_READS = {op: _compile(s.reads) for op, s in TABLE.items()}
+_WRITES = {op: _compile(s.writes) for op, s in TABLE.items()}
+_F_KEEPS = _compile((TABLE[Op.F].writes[0],)) + ((_KEPT, 0, 0, False, 0, 0),)
+_TIMED = {op: s.timed for op, s in TABLE.items()}
+
+
+class Builder(CommState):
+    """Pass 1 (see module doc). ``run`` fills the node arrays and the per-rank results."""
+
+    def __init__(self, s: Any, cost: Any, links: Any, memory_limit: Any) -> None:
+        super().__init__(s, cost, links)
+        self.limits = self._limits(memory_limit)
+        pl = s.placement
+        self.holders = [pl.holders(u) for u in range(self.U)]
+        self.zero = [pl.zero_stage(u) for u in range(self.U)]
+        mem = cost.memory
+        kinds = [k for k in MEMORY_KIND.values() if k != "kept"]
+        self.sz = {k: [mem(k, u) for u in range(self.U)] for k in kinds}
+        self.sz["kept"] = [_kept_size(cost, u) for u in range(self.U)]
+        self.size_of = [self.sz[MEMORY_KIND[Value(k)]] for k in range(7)]
+        cq = s.meta.get("collective_queue", "group")
+        if cq not in ("compute", "group", "send", "recv"):
+            raise ValueError(f"meta['collective_queue'] must be 'compute' or 'group', got {cq!r}")
+        self.cq = "compute" if cq == "compute" else "group"
+        self.q_of = {op: QUEUES.index(op_queue(op, self.cq).value) for op in Op}
+        self.fwd: dict[int, int] = {}   # u << 32 | m -> r << 32 | i of its F
+        self.bwd: dict[int, int] = {}   # -> (r << 32 | i) << 1 | is_D
+        self.wdone: dict[int, int] = {}
+        self.wg_parts: dict[int, list] = {}
+        self.opt_checks: list[tuple] = []
+        self.node_of: list[list[int]] = []
+        self.compute_nodes: list[list[int]] = []
+        self.busy: list[float] = []
+        self.peaks: list[float] = []
+        self.queues: list[list[str]] = []
+        self.memory_trace: list[list[float]] = []
+
+    def _limits(self, memory_limit: Any) -> list:
+        if memory_limit is None or isinstance(memory_limit, (int, float)):
+            return [memory_limit] * self.P
+        limits = list(memory_limit)
+        if len(limits) != self.P:
+            raise ValueError(f"memory_limit has {len(limits)} entries for {self.P} ranks")
+        return limits
+
+    # --- the walk ---------------------------------------------------------------------------
+    def run(self) -> None:
+        s, U = self.s, self.U
+        q_of, ctime = self.q_of, self.cost.compute_time
+        for r in range(self.P):
+            acts = s.actions[r]
+            self.r = r
+            self.have = self._initial(r)
+            self.live: dict[int, float] = {}
+            self.wg: dict[tuple[int, int], list] = {}
+            self.open_sub: dict[tuple, tuple] = {}
+            self.wait_index = None
+            self.opt_count: dict[int, int] = {}
+            self.recomputed = recomputed(acts)
+            self.host = -1
+            self.mem = 0.0
+            nodes_r = self.nodes_r = [-1] * len(acts)
+            cq: list[int] = []
+            qnames: list[str] = []
+            trace: list[float] = []
+            peak = busy = 0.0
+            limit, over = self.limits[r], False
+            for i, a in enumerate(acts):
+                op = a.op
+                q = q_of[op]
+                qnames.append(QUEUES[q])
+                if self._bad_index(r, i, a):
+                    trace.append(self.mem)
+                    continue
+                if q == 0:
+                    if op in COLLECTIVE_OPS:
+                        n = self.collective(a, r, i, chained=True)
+                    else:
+                        d = ctime(a, r) if _TIMED[op] else 0.0
+                        n = self.node(K_COMPUTE, d)
+                        busy += d
+                        self.chain_compute(n)
+                    if n >= 0:
+                        cq.append(n)
+                elif q == 3:
+                    n = self.collective(a, r, i, chained=False)
+                else:
+                    n = self.p2p(a, r, i)
+                nodes_r[i] = n
+                if n >= 0:
+                    self.effects(a, r, i, n)
+                trace.append(self.mem)
+                if self.mem > peak:
+                    peak = self.mem
+                    if limit is not None and peak > limit and not over:
+                        over = True
+                        self.error(r, i, a, "memory", f"memory {peak:g} exceeds the limit {limit:g}")
+            for (op, u, mb), (nxt, j, a) in self.open_sub.items():
+                self.error(r, j, a, "sub_block", f"sub-block {nxt - 1}/{a.sub[1]} is never followed by "
+                           f"sub-block {nxt}/{a.sub[1]}")
+            self.node_of.append(nodes_r)
+            self.compute_nodes.append(cq)
+            self.busy.append(busy)
+            self.peaks.append(peak)
+            self.queues.append(qnames)
+            self.memory_trace.append(trace)
+        self.finish()
+
+    def _initial(self, r: int) -> dict[int, int]:
+        have: dict[int, int] = {}
+        for u in range(self.U):
+            if r in self.holders[u]:
+                z = self.zero[u]
+                if z <= 2:
+                    have[(u << 32) << SHIFT | _WEIGHT] = INITIAL
+                if z >= 1:
+                    have[(u << 32) << SHIFT | _WEIGHT | SHARD] = INITIAL
+        return have
+
+    def _bad_index(self, r: int, i: int, a: Action) -> bool:
+        if (a.unit is not None and a.unit >= self.U) or (a.mb and max(a.mb) >= self.M):
+            self.error(r, i, a, "bad_index", f"unit or micro-batch out of range (schedule has {self.U} units, "
+                       f"{self.M} micro-batches)")
+            return True
+        return False
+
+    def chain_compute(self, n: int) -> None:
+        p = self.host
+        if p >= 0:
+            self.edge(p, n, 0)
+        self.host = n
+
+    def post(self, n: int) -> None:
+        """A SEND/RECV/collective is posted when the rank's program reaches it."""
+        if self.host >= 0:
+            self.edge(self.host, n, 0)
+
+    # --- effects of one action ----------------------------------------------------------------
+    def effects(self, a: Action, r: int, i: int, n: int) -> None:
+        op = a.op
+        if op is Op.WAIT:
+            self.wait(a, r, i, n)
+            return
+        if op is Op.OPT:
+            self.opt(a, r, i, n)
+            return
+        first = last = True
+        if a.sub is not None and op in _COMPUTE_OPS:
+            first, last = self.sub_block(r, i, a)
+        u = a.unit
+        compute = op in _COMPUTE_OPS
+        if first or last:  # a split compute reads at its first piece and frees what it read at its last
+            self.apply_reads(a, r, i, n, _READS[op], compute, use=first, free=last)
+        if op is Op.W and first and not last:  # its pieces fill the gradient from the first one on
+            self.reserve_wgrad(u, n)
+        if last:
+            if compute:
+                self.mark_done(a, r, i)
+            refs = _F_KEEPS if op is Op.F and any((u, m) in self.recomputed for m in a.mb) else _WRITES[op]
+            self.apply_writes(a, r, n, refs)
+
+    def _role_ok(self, role: int, a: Action, r: int) -> bool:
+        return role == 0 or (role == 1) == (r == a.root) and role != 3
+
+    def _keys(self, a: Action, kind: int, uu: int, bits: int) -> list[int]:
+        base = kind | bits
+        if kind == _WEIGHT or kind == _WGRAD:
+            return [(uu << 32) << SHIFT | base]
+        return [((uu << 32 | m) << SHIFT) | base for m in a.mb]
+
+    def _resolved(self, a: Action, r: int, refs: tuple):
+        """(kind, unit, release, bits) of each ref of ``refs`` that applies to ``a`` on rank r:
+        edges and roles applied, the payload's kind filled in (a SEND keeps a unit's weights)."""
+        u, last = a.unit, self.U - 1
+        for kind, du, edge, release, role, bits in refs:
+            if edge == 1 and u == 0 or edge == 2 and u == last:
+                continue
+            if role and not self._role_ok(role, a, r):
+                continue
+            if kind < 0:
+                kind = _payload_kind(a)
+                if a.op is Op.SEND and kind == _WEIGHT:
+                    release = False
+            yield kind, u + du, release, bits
+
+    def apply_reads(self, a: Action, r: int, i: int, n: int, refs: tuple, compute: bool, use: bool = True,
+                    free: bool = True) -> None:
+        for kind, uu, release, bits in self._resolved(a, r, refs):
+            if kind == _WGRAD:
+                if use:
+                    self.take_wgrad(a, r, i, n, uu, bool(bits & SHARD))
+                continue
+            for k in self._keys(a, kind, uu, bits):
+                p = self.use(r, i, k, n, compute) if use else self.have.get(k, MISSING)
+                if release and free and p != MISSING:
+                    del self.have[k]
+                    self.mem -= self.live.pop(k, 0.0)
+
+    def apply_writes(self, a: Action, r: int, n: int, refs: tuple) -> None:
+        for kind, uu, _, bits in self._resolved(a, r, refs):
+            if kind == _WGRAD:
+                self.add_wgrad(a, r, n, uu, bool(bits & SHARD))
+                continue
+            for k in self._keys(a, kind, uu, bits):
+                self.have[k] = n
+                if not bits & HOST and k not in self.live and not self.static(kind, uu, bool(bits & SHARD)):
+                    sz = self.size_of[kind][uu] / (len(self.holders[uu]) if bits & SHARD else 1)
+                    self.live[k] = sz
+                    self.mem += sz
+
+    def static(self, kind: int, u: int, shard: bool) -> bool:
+        """Model state a rank keeps across steps (not part of the running sum)."""
+        if self.r not in self.holders[u]:
+            return False
+        if kind == _WEIGHT:
+            return shard or self.zero[u] <= 2
+        if kind == _WGRAD:
+            return shard or self.zero[u] <= 1
+        return False
+
+    def use(self, r: int, i: int, key: int, n: int, compute: bool) -> int:
+        """Read value ``key`` at node n; returns its producer (MISSING if absent)."""
+        p = self.have.get(key, MISSING)
+        if p == MISSING:
+            if key | HOST in self.have and not key & HOST:
+                self.error(r, i, self.s.actions[r][i], "offloaded", f"input {describe_key(key)} is offloaded; "
+                           f"PREFETCH it before this action")
+            else:
+                self.missing.append((r, i, key))
+        elif p >= 0 and (not compute or self.kind[p]):
+            self.edge(p, n, 1)
+            if compute:
+                self.comm_in.append((n, p))
+            elif self.kind[n] == K_TRANSFER:
+                self.tx_prod[n] = p
+        return p
+
+    # --- weight gradients: sets of micro-batch contributions -------------------------------------
+    def wg_state(self, u: int, shard: bool) -> list:
+        st = self.wg.get((u, shard))
+        if st is None:
+            # [local micro-batches, source nodes, last local contributor, size held]
+            st = self.wg[(u, shard)] = [[], [], -1, 0.0]
+        return st
+
+    def add_wgrad(self, a: Action, r: int, n: int, u: int, shard: bool) -> None:
+        """A contribution: a local accumulator (B, W) or one more received buffer (RECV,
+        collective); each holds one weight gradient until the next reader takes them all."""
+        st = self.wg_state(u, shard)
+        local = a.op is Op.B or a.op is Op.W
+        new_buffer = not local or st[2] < 0
+        if local:
+            st[0].extend(a.mb)
+            st[2] = n
+        else:
+            st[1].append(n)
+        if new_buffer and not self.static(_WGRAD, u, shard):
+            sz = self.sz["wgrad"][u] / (len(self.holders[u]) if shard else 1)
+            st[3] += sz
+            self.mem += sz
+
+    def reserve_wgrad(self, u: int, n: int) -> None:
+        """The local accumulator of unit u exists from node n on (the first piece of a split W)."""
+        st = self.wg_state(u, False)
+        if st[2] < 0:
+            st[2] = n
+            if not self.static(_WGRAD, u, False):
+                st[3] += self.sz["wgrad"][u]
+                self.mem += self.sz["wgrad"][u]
+
+    def wg_take(self, u: int, shard: bool, n: int) -> tuple[list[int], list[int]] | None:
+        """Move the rank's weight gradient of unit u into node n (edges from its contributors)."""
+        st = self.wg.pop((u, shard), None)
+        if st is None:
+            return None
+        if st[2] >= 0 and st[2] != n:
+            self.edge(st[2], n, 1)
+        for src in st[1]:
+            self.edge(src, n, 1)
+        self.mem -= st[3]
+        return st[0], st[1]
+
+    def take_wgrad(self, a: Action, r: int, i: int, n: int, u: int, shard: bool) -> None:
+        parts = self.wg_take(u, shard, n)
+        if a.op is Op.SEND:
+            if parts is None:
+                self.error(r, i, a, "missing_input", f"no weight-grad contribution of unit {u} on rank {r} "
+                           f"before this SEND")
+                parts = ([], [])
+            self.wg_parts[n] = [parts]
+        elif a.op is Op.FREE:
+            return
+        elif parts is not None:  # a collective: the joint node carries every member's parts
+            self.wg_parts.setdefault(n, []).append(parts)
+        else:
+            self.wg_parts.setdefault(n, [])
+
+    # --- ops with rules beyond reads and writes --------------------------------------------------
+    def opt(self, a: Action, r: int, i: int, n: int) -> None:
+        units = [a.unit] if a.unit is not None else [u for u in range(self.U) if r in self.holders[u]]
+        if not units:
+            self.error(r, i, a, "wgrad", f"OPT on rank {r}, which holds no unit's weights")
+        for u in units:
+            if r not in self.holders[u]:
+                self.error(r, i, a, "wgrad", f"OPT u{u} runs on rank {r}, but unit {u}'s weights are held by "
+                           f"rank(s) {list(self.holders[u])}")
+                continue
+            shard = self.zero[u] >= 1
+            bit = SHARD if shard else 0
+            wkey = (u << 32) << SHIFT | _WEIGHT | bit
+            self.use(r, i, wkey, n, True)
+            self.have[wkey] = n  # the updated weights: later sends and gathers wait for the step
+            if shard and self.zero[u] <= 2:
+                self.have.pop((u << 32) << SHIFT | _WEIGHT, None)  # whole weights stale until ALLGATHER
+            parts = self.wg_take(u, shard, n)
+            local, sources = parts if parts is not None else ([], [])
+            for src in sources:
+                self.comm_in.append((n, src))
+            j = self.opt_count.get(u, 0)
+            self.opt_count[u] = j + 1
+            self.opt_checks.append((n, r, i, a, u, local, sources, j))
+
+    def wait(self, a: Action, r: int, i: int, n: int) -> None:
+        if self.wait_index is None:
+            self.wait_index = {}
+            for j, b in enumerate(self.s.actions[r]):
+                if b.op is Op.SEND or b.op is Op.RECV:
+                    self.wait_index.setdefault(b, []).append(j)
+        target = dataclasses.replace(a, op=a.waits, waits=None)
+        idx = self.wait_index.get(target, [])
+        k = bisect.bisect_left(idx, i) - 1
+        if k < 0:
+            self.error(r, i, a, "wait", f"no earlier {target} on this rank to wait for")
+            return
+        p = self.nodes_r[idx[k]]
+        if p >= 0:
+            self.edge(p, n, 1 if a.waits is Op.RECV else 0)
+            self.comm_in.append((n, p))
+
+    def mark_done(self, a: Action, r: int, i: int) -> None:
+        """Exactly one F, one B or D, and a W after a D per (unit, micro-batch)."""
+        op, u = a.op, a.unit
+        if op is Op.RECOMPUTE:
+            return
+        table = self.fwd if op is Op.F else self.wdone if op is Op.W else self.bwd
+        for m in a.mb:
+            fk = u << 32 | m
+            prev = table.get(fk)
+            if prev is not None:
+                loc = prev >> 1 if table is self.bwd else prev
+                what = op.value if table is not self.bwd else ("B" if prev & 1 == 0 else "D")
+                self.duplicate(r, i, a, loc, what)
+            elif table is self.bwd:
+                table[fk] = (r << 32 | i) << 1 | (op is Op.D)
+            else:
+                table[fk] = r << 32 | i
+
+    def duplicate(self, r: int, i: int, a: Action, prev: int, what: str) -> None:
+        self.error(r, i, a, "duplicate", f"{what} of unit {a.unit} for these micro-batches already runs at "
+                   f"rank {prev >> 32}, action {prev & 0xFFFFFFFF}")
+
+    def sub_block(self, r: int, i: int, a: Action) -> tuple[bool, bool]:
+        """Check piece order; returns (is first piece, is last piece)."""
+        j, cnt = a.sub
+        key = (a.op, a.unit, a.mb)
+        nxt = self.open_sub.get(key, (0, i, a))[0]
+        if j != nxt:
+            self.error(r, i, a, "sub_block", f"expected sub-block {nxt}/{cnt} of {a.op} u{a.unit} next")
+        if j == cnt - 1:
+            self.open_sub.pop(key, None)
+        else:
+            self.open_sub[key] = (j + 1, i, a)
+        return j == 0, j == cnt - 1
+
+    def error(self, r: int, i: int, a: Action | None, reason: str, detail: str) -> None:
+        self.errors.append(ScheduleError(r, i, a, reason, detail))
+
+    def finish(self) -> None:
+        from .checks import finish_checks
+        finish_checks(self)
+
+
+def _payload_kind(a: Action) -> int:
+    return int(PAYLOAD_VALUE[a.payload])
+
+
+def _kept_size(cost: Any, u: int) -> float:
+    """Bytes an F keeps for a later RECOMPUTE: the cost model's "kept", else the unit's input
+    (the previous unit's activation; unit 0 keeps its token ids, counted as nothing)."""
+    try:
+        return cost.memory("kept", u)
+    except (ValueError, KeyError):
+        return cost.memory("act", u - 1) if u > 0 else 0.0
