@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["Case", "CaseResult", "tiny_units", "make_batch", "run_case", "run_cases_dist", "rel_err", "sgd"]
+__all__ = ["Case", "CaseResult", "tiny_units", "make_batch", "run_case", "run_cases_dist", "rel_err", "sgd", "build_case_schedule"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,8 @@ class Case:
     """One schedule configuration to check."""
 
     schedule: str
+    """A registered name, or ``torch:<class>`` for the order torch's schedule class builds
+    (``torch_orders``; option ``("comms", True)`` keeps torch's send/receive positions)."""
     stages: int
     microbatches: int
     dtype: str = "float64"
@@ -32,6 +34,14 @@ class Case:
     """Training steps; every step is checked against a reference started from the same weights."""
     fine: bool = False
     """Partition into three units per layer instead of chunks of layers."""
+    passes: tuple = ()
+    """Lowering passes applied to the built schedule (names of ``pipert.ir.passes.PASSES``)."""
+    fold: int = 1
+    """Micro-batches per op (``pipert.ir.passes.fold_microbatches``)."""
+    dp: int = 1
+    """Data-parallel replicas (``pipert.schedules.data_parallel.replicate``); ranks = stages * dp."""
+    zero: int = 0
+    """ZeRO stage of every unit over its replicas (with dp > 1)."""
 
 
 @dataclass
@@ -80,10 +90,28 @@ def rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return worst
 
 
-def _schedule(case: Case):
+def build_case_schedule(case: Case):
+    """The schedule of ``case``: built for ``microbatches / (fold * dp)`` micro-batches, folded,
+    passes applied, replicated ``dp`` times."""
+    from .ir.passes import apply_passes, fold_microbatches
     from .schedules import build_schedule
-    return build_schedule(case.schedule, stages=case.stages, microbatches=case.microbatches, chunks=case.chunks,
-                          **dict(case.options))
+    from .schedules.data_parallel import replicate
+    per = case.fold * case.dp
+    if case.microbatches % per:
+        raise ValueError(f"{case.microbatches} micro-batches do not split into fold {case.fold} x dp {case.dp}")
+    if case.schedule.startswith("torch:"):
+        from .ir.torch_format import from_torch
+        orders = torch_orders(case.schedule[len("torch:"):], case.stages, case.microbatches // per, case.chunks or 1,
+                              **dict(case.options))
+        s = from_torch(orders, case.schedule, fsdp="drop")
+    else:
+        s = build_schedule(case.schedule, stages=case.stages, microbatches=case.microbatches // per,
+                           chunks=case.chunks, **dict(case.options))
+    s = apply_passes(fold_microbatches(s, case.fold), case.passes)
+    return replicate(s, case.dp, case.zero) if case.dp > 1 else s
+
+
+_schedule = build_case_schedule
 
 
 def _snapshot(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -164,10 +192,13 @@ def run_cases_dist(rank: int, world: int, cases: Sequence[Case], out_path: str, 
             json.dump(results, f)
 
 
-def fault_worker(rank: int, world: int, schedule: str, microbatches: int, fault, timeout: float) -> None:
-    """Process entry: one step of a tiny model where ``fault`` stops one rank mid-step."""
+def fault_worker(rank: int, world: int, schedule: str | Sequence[str], microbatches: int, fault,
+                 timeout: float) -> None:
+    """Process entry: one step of a tiny model where ``fault`` stops one rank mid-step;
+    ``schedule`` may name one schedule per rank (ranks that disagree on the program)."""
     from .runtime.pipeline import Pipeline
-    sched = _schedule(Case(schedule, world, microbatches))
+    name = schedule if isinstance(schedule, str) else schedule[rank]
+    sched = _schedule(Case(name, world, microbatches))
     units = tiny_units(sched.num_units, "float32")
     pipe = Pipeline(units, sched, optimizer=sgd, backend="dist", timeout=timeout, fault=fault)
     x, y = make_batch(microbatches)
@@ -198,3 +229,33 @@ class SizedCost:
         if payload in (Payload.WEIGHT, Payload.WGRAD):
             return float(self.weight_bytes[unit])
         return self.base.message_bytes(payload, unit, num_mbs)
+
+
+def torch_orders(cls_name: str, stages: int, microbatches: int, chunks: int = 1,
+                 comms: bool = False) -> dict[int, list]:
+    """The per-rank action orders that ``torch.distributed.pipelining.<cls_name>`` builds for
+    ``stages`` ranks with ``chunks`` stages each (``pipeline_order``, or
+    ``pipeline_order_with_comms`` when ``comms``), computed without processes: the schedule
+    classes derive their orders from the stages' indices and group size alone, which stand-in
+    stages provide."""
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    class _Stage:
+        def __init__(self, index: int) -> None:
+            self.stage_index, self.group_size, self.group_rank = index, stages, 0
+            self.num_stages = stages * chunks
+            self.submod = nn.Identity()
+            self.is_first, self.is_last = index == 0, index == self.num_stages - 1
+
+    if cls_name == "ScheduleZBVZeroBubble":
+        local = [0, 2 * stages - 1]
+    else:
+        local = [c * stages for c in range(chunks)]
+    cls = getattr(torch_schedules, cls_name)
+    sched = cls([_Stage(i) for i in local] if chunks > 1 or cls_name == "ScheduleZBVZeroBubble"
+                else _Stage(0), microbatches)
+    if comms:
+        if getattr(sched, "pipeline_order_with_comms", None) is None:
+            raise ValueError(f"{cls_name} has no communication order")
+        return dict(sched.pipeline_order_with_comms)
+    return dict(sched.pipeline_order)

@@ -32,6 +32,12 @@ class TrainConfig:
     """Units per rank for interleaved schedules."""
     ranks_per_node: int | None = None
     """Ranks per node, for topology-aware schedules (tawpipe)."""
+    dp: int = 1
+    """Data-parallel replicas D of the pipeline (stages x dp processes)."""
+    zero: int = 0
+    """ZeRO stage 0-3 of every unit over its replicas (with --dp > 1)."""
+    passes: str = ""
+    """Comma-separated lowering passes applied to the schedule (recompute, offload_stashes, expand_folds, ...)."""
     steps: int = 300
     """Training steps."""
     batch_size: int = 16
@@ -58,7 +64,7 @@ class TrainConfig:
     def validate(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype {self.dtype!r} unknown; allowed: {', '.join(_DTYPES)}")
-        for name in ("stages", "microbatches", "steps", "batch_size", "seq"):
+        for name in ("stages", "microbatches", "steps", "batch_size", "seq", "dp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -68,8 +74,41 @@ class TrainConfig:
         if self.batch_size % self.microbatches:
             raise ValueError(f"--batch-size {self.batch_size} is not divisible into {self.microbatches} "
                              f"micro-batches; use a multiple of {self.microbatches}")
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"--zero must be 0, 1, 2 or 3, got {self.zero}")
+        if self.zero and self.dp == 1:
+            raise ValueError(f"--zero {self.zero} shards over data-parallel replicas: give --dp > 1")
+        if self.microbatches % self.dp:
+            raise ValueError(f"--microbatches {self.microbatches} do not split over --dp {self.dp} replicas; use a "
+                             f"multiple of {self.dp}")
+        from .ir.passes import PASSES
+        unknown = [p for p in self.pass_names() if p not in PASSES]
+        if unknown:
+            raise ValueError(f"--passes: unknown pass(es) {', '.join(unknown)}; allowed: {', '.join(PASSES)}")
         if self.backend not in ("auto", "gloo", "nccl", "local"):
             raise ValueError(f"--backend {self.backend!r} unknown; allowed: auto, gloo, nccl, local")
+
+
+    def pass_names(self) -> list[str]:
+        return [p for p in self.passes.split(",") if p]
+
+    @property
+    def world(self) -> int:
+        """Processes (ranks): stages x data-parallel replicas."""
+        return self.stages * self.dp
+
+
+def build_program(cfg: TrainConfig):
+    """The schedule every rank runs, built once: the named schedule for one replica's share of
+    the micro-batches, the passes, then ``dp`` replicas."""
+    from .ir.passes import apply_passes
+    from .schedules import build_schedule
+    from .schedules.data_parallel import replicate
+    opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
+    s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp, chunks=cfg.chunks,
+                       **opts)
+    s = apply_passes(s, cfg.pass_names())
+    return replicate(s, cfg.dp, cfg.zero) if cfg.dp > 1 else s
 
 
 def resolve_backend(name: str) -> str:
@@ -79,14 +118,10 @@ def resolve_backend(name: str) -> str:
     return "nccl" if n > 1 else ("local" if n == 1 else "gloo")
 
 
-def _build(cfg: TrainConfig, device: torch.device):
-    """Model units, schedule and data, identical in every process for the same config."""
+def _build(cfg: TrainConfig, device: torch.device, schedule):
+    """Model units and data, identical in every process for the same config."""
     from .models import build_model, partition
-    from .schedules import build_schedule
     from .data import ByteCorpus
-    opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
-    schedule = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches, chunks=cfg.chunks,
-                              **opts)
     model = build_model(cfg.model, seed=cfg.seed, max_seq=cfg.seq).to(device=device, dtype=_DTYPES[cfg.dtype])
     units = partition(model, schedule.num_units)
     corpus = ByteCorpus(cfg.seq, seed=cfg.seed)
@@ -101,11 +136,11 @@ def _report(cfg: TrainConfig, step: int, loss: float, tokens_per_s: float, extra
         bar.update(1)
 
 
-def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device) -> list[float]:
+def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, schedule) -> list[float]:
     from .runtime.pipeline import Pipeline
     from .runtime.reference import reference_step
     from .testing import rel_err
-    schedule, units, corpus = _build(cfg, device)
+    schedule, units, corpus = _build(cfg, device, schedule)
     opt = lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=0.0)  # noqa: E731
     # The reference keeps its own copy of the model and a persistent optimizer (AdamW state
     # evolves across steps); each step it starts from the pipeline's current weights.
@@ -116,7 +151,8 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device) -> li
     bar = None
     if rank == 0 and not cfg.json:
         from tqdm import tqdm
-        bar = tqdm(total=cfg.steps, desc=f"pipert train {cfg.schedule} P={cfg.stages} M={cfg.microbatches}",
+        dp = f" D={cfg.dp}" + (f" ZeRO-{cfg.zero}" if cfg.zero else "") if cfg.dp > 1 else ""
+        bar = tqdm(total=cfg.steps, desc=f"pipert train {cfg.schedule} P={cfg.stages}{dp} M={cfg.microbatches}",
                    file=sys.stderr)
     losses = []
     for step, (x, y) in enumerate(corpus.batches(cfg.batch_size, cfg.steps)):
@@ -169,30 +205,27 @@ def _copy_into(units, named: dict) -> None:
                     p.copy_(named[f"unit{i}.{n}"].to(p.device, p.dtype))
 
 
-def _proc(rank: int, world: int, cfg: TrainConfig, backend: str) -> None:
+def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, schedule) -> None:
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     torch.set_num_threads(1)
-    _loop(cfg, rank, backend, device)
+    _loop(cfg, rank, backend, device, schedule)
 
 
 def run_train(cfg: TrainConfig) -> list[float] | None:
     """Run training; returns the losses when run in this process (local backend)."""
     cfg.validate()
     backend = resolve_backend(cfg.backend)
-    from .schedules import build_schedule
     from .models import model_config
     layers = model_config(cfg.model).layers
-    opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
-    schedule = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches, chunks=cfg.chunks,
-                              **opts)  # rejects bad configs before any process starts
+    schedule = build_program(cfg)  # rejects bad configs before any process starts; shared by every rank
     if schedule.num_units > layers:
         raise ValueError(f"schedule {cfg.schedule} needs {schedule.num_units} units but model {cfg.model!r} has "
                          f"only {layers} layers; use fewer stages/chunks or a larger model")
     if backend == "local":
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        return _loop(cfg, 0, backend, device)
+        return _loop(cfg, 0, backend, device, schedule)
     from .runtime.launch import launch
-    launch(_proc, cfg.stages, args=(cfg, backend), backend=backend, timeout=cfg.timeout)
+    launch(_proc, cfg.world, args=(cfg, backend, schedule), backend=backend, timeout=cfg.timeout)
     return None
 
 

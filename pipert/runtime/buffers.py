@@ -40,6 +40,18 @@ class BoundarySpec:
             total += n
         return total
 
+    def pack(self, value: torch.Tensor | tuple) -> torch.Tensor:
+        """The value as one flat tensor (what crosses a link)."""
+        if isinstance(value, torch.Tensor):
+            return value.reshape(-1)
+        return pack(value)
+
+    def unpack(self, flat: torch.Tensor) -> torch.Tensor | tuple:
+        """The value back from :meth:`pack` (views of ``flat``)."""
+        if self.packed:
+            return unpack(flat, self)
+        return flat.view(self.shapes[0])
+
     def empty(self) -> torch.Tensor:
         if self.packed:
             return torch.empty(self.numel(), dtype=self.dtype, device=self.device)

@@ -1,24 +1,41 @@
 """The action interpreter: runs one rank's program of a Schedule on real units.
 
-Per action the interpreter does only a dictionary lookup and a call; all placement logic
-lives in the schedule. Receives are posted where they stand and completed by the first
-action that consumes their value (or an explicit WAIT); sends are posted where they stand
-and completed at the end of the step. Every wait has a timeout and, when it expires,
-raises ``PipelineTimeout`` naming this rank, the action and the peer it waited for.
+The program is run in list order and decides nothing of its own (docs/semantics.md): what an
+action reads and writes comes from ``pipert.ir.semantics`` (looked up once per action when the
+executor is built), where receives are posted is where they stand. Six verbs realise the ops:
+
+- ``compute``: F, B, D, W, RECOMPUTE, OPT on the unit runners (values in, values out);
+- ``send`` / ``recv``: posted where they stand; a receive completes when its value is first
+  read (or at a WAIT), a send when the transport is done with it (checked after every action);
+- ``collective``: posted where it stands over its group, completed by its first reader (at once
+  when ``meta["collective_queue"] == "compute"``);
+- ``wait``: completes an earlier SEND or RECV;
+- ``memory``: FREE, OFFLOAD, PREFETCH of a value, a unit's weights or a stash.
+
+Every wait has a timeout and, when it expires, raises ``PipelineTimeout`` naming this rank,
+the action and the peer it waited for.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..ir import Action, Op, Payload, Schedule
-from .buffers import BoundarySpec, flatten_grads, flatten_params, load_grads, load_params, pack, unpack
+from ..ir.semantics import Queue, Value, op_queue, reads, recomputed, writes
+from .buffers import BoundarySpec
+from .queues import HostQueues
+from .stash import tensor_key
+from .state import UnitState
 from .transport import CommTimeout, Handle, PeerFailure, Transport
 
-__all__ = ["PipelineError", "PipelineTimeout", "RankExecutor", "StepResult", "Fault"]
+__all__ = ["PipelineError", "PipelineTimeout", "RankExecutor", "StepResult", "Fault", "SUPPORTED_OPS", "digest"]
+
+SUPPORTED_OPS = frozenset(Op)
+"""Every op of the IR runs on every transport (gloo's missing collectives are emulated)."""
 
 
 class PipelineError(RuntimeError):
@@ -48,8 +65,16 @@ class StepResult:
     """What one rank's step produced."""
 
     losses: dict[int, float] = field(default_factory=dict)  # micro-batch -> loss (last-unit ranks only)
-    sent_bytes: dict[str, int] = field(default_factory=dict)  # payload -> bytes this rank sent
+    sent_bytes: dict[str, int] = field(default_factory=dict)  # payload (or op:payload) -> bytes this rank sent
     trace: list[tuple[str, float, float]] = field(default_factory=list)  # (action, start, end) if traced
+    memory: list[int] = field(default_factory=list)  # bytes held after each action, if measured
+    order: list[tuple] = field(default_factory=list)
+    """If recorded: (action index, op, unit, micro-batch, digest of the value read, digest of the value
+    written) per micro-batch of every compute, in the order they ran."""
+
+
+_ACT_GRAD = (Value.ACT, Value.GRAD)
+_PAYLOAD_KIND = {Payload.ACT: Value.ACT, Payload.GRAD: Value.GRAD}
 
 
 class RankExecutor:
@@ -58,74 +83,127 @@ class RankExecutor:
     def __init__(self, rank: int, schedule: Schedule, runners: dict, transport: Transport,
                  optimizers: dict[int, torch.optim.Optimizer], boundary: Callable[[int, int], BoundarySpec],
                  timeout: float = 60.0, loss_scale: float | None = None, fault: Fault | None = None,
-                 trace: bool = False) -> None:
+                 trace: bool = False, state: UnitState | None = None, measure_memory: bool = False,
+                 record: bool = False, queues: Any = None) -> None:
         self.rank = rank
         self.schedule = schedule
-        self.actions: list[Action] = schedule.actions[rank]
+        self.program: list[Action] = schedule.actions[rank]
         self.runners = runners
         self.transport = transport
-        self.optimizers = optimizers
         self.boundary = boundary
         self.timeout = timeout
-        # Each optimizer update averages the loss over the micro-batches it covers.
         per_update = schedule.meta.get("update_every") or schedule.num_microbatches
         self.loss_scale = loss_scale if loss_scale is not None else 1.0 / per_update
         self.fault = fault if fault is not None and fault.rank == rank else None
+        self._aborted = threading.Event()
         self.trace = trace
+        self.measure = measure_memory
+        self.record = record
         self.last_unit = schedule.num_units - 1
-        # Activation/gradient receives that stand between two computes are posted before the
-        # first of them, so the sender never waits for this rank to finish that compute
-        # (gloo and NCCL sends rendezvous with the posted receive). Queue order is unchanged.
-        self.early_recvs: dict[int, list[int]] = {}
-        computes = [i for i, a in enumerate(self.actions) if a.is_compute]
-        for k, c in enumerate(computes):
-            stop = computes[k + 1] if k + 1 < len(computes) else len(self.actions)
-            ahead = [j for j in range(c + 1, stop) if self.actions[j].op is Op.RECV
-                     and self.actions[j].payload in (Payload.ACT, Payload.GRAD)]
-            if ahead:
-                self.early_recvs[c] = ahead
-        self.early_set = {j for js in self.early_recvs.values() for j in js}
-        self._dispatch = {
-            Op.F: self._forward, Op.B: self._backward, Op.D: self._backward, Op.W: self._weight_grad,
-            Op.OPT: self._optimize, Op.RECOMPUTE: self._recompute, Op.SEND: self._send, Op.RECV: self._recv,
-            Op.WAIT: self._wait_action, Op.FREE: self._noop, Op.OFFLOAD: self._noop, Op.PREFETCH: self._noop,
-            Op.BROADCAST: self._collective, Op.REDUCE: self._collective, Op.ALLREDUCE: self._collective,
-            Op.ALLGATHER: self._collective, Op.REDUCESCATTER: self._collective,
-        }
+        self.state = state if state is not None else UnitState(rank, schedule, runners, optimizers)
+        self.queues = queues if queues is not None else HostQueues()
+        self._sends_lock = threading.Lock()
+        cq = schedule.meta.get("collective_queue", "group")
+        self.blocking_collectives = cq == "compute"
+        keep = recomputed(self.program)
+        U = schedule.num_units
+        verbs = {Queue.COMPUTE: self._compute, Queue.SEND: self._send, Queue.RECV: self._recv,
+                 Queue.GROUP: self._collective}
+        # per action: (verb, activation/gradient values it reads, those it writes, flag, queue, every
+        # value it reads, every value it writes): the flag of an F says whether it keeps its graph,
+        # of another compute whether it reads weights
+        self.plan: list[tuple] = []
+        for a in self.program:
+            if a.op not in SUPPORTED_OPS:
+                raise PipelineError(f"rank {rank}: op {a.op} is not supported; allowed: "
+                                    f"{', '.join(sorted(o.value for o in SUPPORTED_OPS))}", rank)
+            verb = verbs[op_queue(a.op)]
+            if a.op is Op.WAIT:
+                verb = self._wait
+            elif a.op in (Op.FREE, Op.OFFLOAD, Op.PREFETCH):
+                verb = self._memory
+            rk = [k for k, _ in reads(a, U, rank)]
+            rd = [k for k in rk if k[0] in _ACT_GRAD]
+            wr = [k for k, _ in writes(a, U, rank) if k[0] in _ACT_GRAD]
+            # F keeps its graph unless a RECOMPUTE follows; a compute that reads weights waits for them
+            graph = not any((a.unit, m) in keep for m in a.mb) if a.op is Op.F else \
+                any(k[0] is Value.WEIGHT for k in rk)
+            wk = [k for k, _ in writes(a, U, rank)]
+            qn = Queue.COMPUTE if a.op is Op.WAIT or op_queue(a.op, cq) is Queue.COMPUTE else op_queue(a.op)
+            self.plan.append((verb, rd, wr, graph, qn, rk, wk, _wait_target(self.program, len(self.plan))))
+        held = sorted(u for u in runners if rank in schedule.placement.holders(u))
+        # units whose weights or gradients each compute-queue action may change
+        self.touches = [([a.unit] if a.unit is not None else held) if op_queue(a.op, cq) is Queue.COMPUTE else []
+                        for a in self.program]
 
     # ------------------------------------------------------------------ step
     def run(self, inputs: Sequence[torch.Tensor] | None, targets: Sequence[torch.Tensor] | None) -> StepResult:
         """Run the whole program once. ``inputs[m]``/``targets[m]`` are needed on the ranks
         that compute the first/last unit of micro-batch m."""
         self.inputs, self.targets = inputs, targets
-        for runner in self.runners.values():
-            runner.clear()  # nothing carries over from a step that failed midway
-        self.values: dict[tuple, torch.Tensor] = {}     # (payload, unit, mb) -> tensor present here
-        self.pending: dict[tuple, tuple] = {}            # value key -> (handle, buffer, index, action)
-        self.unit_pending: dict[int, list] = {}          # unit -> pending weight/wgrad receives
-        self.sends: list[tuple[Handle, int, Action]] = []
-        self.stepped: set[int] = set()                   # units whose OPT ran this step
+        self.state.begin_step()
+        self.values: dict[tuple, Any] = {}         # (kind, unit, mb) -> tensor or tuple present here
+        self.pending: dict[tuple, tuple] = {}      # value key -> (handle, buffer, slot, index, action)
+        self.sends: list[tuple[Handle, Any, int, Action]] = []
         self.result = StepResult()
-        now = time.perf_counter
-        early, early_set = self.early_recvs, self.early_set
-        for i, a in enumerate(self.actions):
+        self._error: BaseException | None = None
+        q = self.queues
+        posted: dict[tuple, Any] = {}    # value key -> event of the post that brings it
+        at: dict[int, Any] = {}          # action index -> event of its post (SEND, RECV, collective)
+        taken: dict[int, Any] = {}       # unit -> event of the last post that read its weights or gradient
+        for i, a in enumerate(self.program):
             if self.fault is not None and i == self.fault.at_action:
-                self._trip()
-            if i in early_set:
-                continue  # posted before the previous compute
-            if a.sub is not None and a.sub[0] != a.sub[1] - 1 and a.is_compute:
-                continue  # a split compute runs whole at its last sub-block
-            for j in early.get(i, ()):
-                self._recv(j, self.actions[j])
-            t0 = now() if self.trace else 0.0
-            self._dispatch[a.op](i, a)
-            if self.trace:
-                self.result.trace.append((str(a), t0, now()))
-        for handle, i, a in self.sends:
+                q.compute(self._item(i, a, lambda *_: self._trip()))
+            verb, rd, wr, flag, qn, rk, wk, dep = self.plan[i]
+            waits = [posted[k] for k in rk if k in posted]
+            item = self._item(i, a, verb, rd, wr, flag)
+            if qn is Queue.COMPUTE:
+                if dep is not None and dep in at:             # a WAIT: its SEND or RECV was posted
+                    waits.append(at[dep])
+                for u in self.touches[i]:                     # computes change weights and gradients
+                    if u in taken:
+                        waits.append(taken[u])
+                q.compute(item, waits)
+                continue
+            ev = q.recv(item, waits) if qn is Queue.RECV else q.send(item, waits)
+            at[i] = ev
+            for k in wk:
+                posted[k] = ev
+            for k in rk:
+                if k[0] is Value.WEIGHT or k[0] is Value.WGRAD:
+                    taken[k[1]] = ev
+        q.finish()
+        if self._error is not None:
+            raise self._error
+        for handle, _, i, a in self.sends:
             self._complete(handle, i, a)
-        for key, (handle, _, i, a) in list(self.pending.items()):
-            raise PipelineError(f"rank {self.rank}: action {i} ({a}) received a value nobody consumed")
+        self.sends = []
+        self.state.pending_check(self.rank)
+        for key, (_, _, _, i, a) in self.pending.items():
+            raise PipelineError(f"rank {self.rank}: action {i} ({a}) received {key[0].name.lower()} u{key[1]} "
+                                f"m{key[2]}, which nothing read")
         return self.result
+
+    def _item(self, i: int, a: Action, verb: Callable, *args: Any) -> Callable[[], None]:
+        """Action i as a queue item: skipped after a failure; the first exception is kept."""
+        def run() -> None:
+            if self._error is not None:
+                raise RuntimeError("skipped after an earlier failure")
+            self.state.at(i)
+            t0 = time.perf_counter() if self.trace else 0.0
+            try:
+                verb(i, a, *args)
+                if self.sends:
+                    self._reap_sends()
+            except BaseException as e:  # noqa: BLE001 - raised again by run() after the queues stop
+                if self._error is None:
+                    self._error = e
+                raise
+            if self.trace:
+                self.result.trace.append((str(a), t0, time.perf_counter()))
+            if self.measure:
+                self.result.memory.append(self.held_bytes())
+        return run
 
     def _trip(self) -> None:
         mode = self.fault.mode
@@ -134,8 +212,13 @@ class RankExecutor:
             os._exit(3)
         if mode == "raise":
             raise PipelineError(f"rank {self.rank}: injected fault at action {self.fault.at_action}")
-        while True:
-            time.sleep(3600)
+        self._aborted.wait()  # "hang": until the Pipeline gives up on the step (abort)
+        raise PipelineError(f"rank {self.rank}: injected hang at action {self.fault.at_action} aborted")
+
+    def abort(self) -> None:
+        """End an injected hang (the Pipeline calls this on ranks still running after it gave
+        up on a failed step, so no thread outlives the step)."""
+        self._aborted.set()
 
     # ------------------------------------------------------------------ waits
     def _complete(self, handle: Handle, i: int, a: Action) -> None:
@@ -145,188 +228,209 @@ class RankExecutor:
             verb = "to" if a.op is Op.SEND or a.waits is Op.SEND else "from"
             raise PipelineTimeout(
                 f"rank {self.rank} stalled at action {i} ({a}): waited {self.timeout:g} s for "
-                f"{a.payload} {verb} rank {self.peer_text(a)}, which did not respond", self.rank, a.peer) from None
+                f"{a.payload} {verb} rank {peer_text(a)}, which did not respond", self.rank, a.peer) from None
         except PeerFailure as e:
-            raise PipelineError(f"rank {self.rank} failed at action {i} ({a}): peer rank {self.peer_text(a)} "
+            raise PipelineError(f"rank {self.rank} failed at action {i} ({a}): peer rank {peer_text(a)} "
                                 f"went away ({e})", self.rank, a.peer) from None
 
-    def _post(self, post, i: int, a: Action) -> Handle:
+    def _post(self, post: Callable[[], Handle], i: int, a: Action) -> Handle:
         try:
             return post()
         except PeerFailure as e:
-            raise PipelineError(f"rank {self.rank} failed at action {i} ({a}): peer rank {self.peer_text(a)} "
+            raise PipelineError(f"rank {self.rank} failed at action {i} ({a}): peer rank {peer_text(a)} "
                                 f"went away ({e})", self.rank, a.peer) from None
 
-    @staticmethod
-    def peer_text(a: Action) -> str:
-        if a.peer is not None:
-            return str(a.peer)
-        return "in group " + ",".join(map(str, a.group))
+    def _reap_sends(self) -> None:
+        """Release the buffers of sends the transport has finished."""
+        with self._sends_lock:
+            self.sends[:] = [item for item in self.sends if not item[0].done()]
 
-    def _take(self, key: tuple, i: int, a: Action) -> torch.Tensor:
-        """The value ``key`` on this rank, completing its receive if one is pending."""
+    def _take(self, key: tuple, i: int, a: Action) -> Any:
+        """Value ``key`` on this rank (completing its receive if pending); it leaves the table."""
         if key in self.pending:
-            handle, buf, j, recv = self.pending.pop(key)
-            self._complete(handle, j, recv)
-            self.values[key] = buf
+            self._settle(key)
         try:
             return self.values.pop(key)
         except KeyError:
-            raise PipelineError(f"rank {self.rank}: action {i} ({a}) needs {key[0]} u{key[1]} m{key[2]} "
-                                f"which is not on this rank (was the schedule validated?)") from None
+            raise PipelineError(f"rank {self.rank}: action {i} ({a}) needs {key[0].name.lower()} u{key[1]} "
+                                f"m{key[2]}, which is not on this rank (was the schedule validated?)") from None
 
-    def _settle_unit(self, unit: int, grads: bool = True) -> None:
-        """Complete pending weight (and, with ``grads``, weight-gradient) receives of
-        ``unit``. Computes need only the weights: their gradient contributions add up in
-        any order, so received gradients are merged where they are sent or stepped."""
-        pending = self.unit_pending.get(unit)
-        if not pending:
-            return
-        keep = []
-        for handle, buf, j, recv in pending:
-            if recv.payload is Payload.WGRAD and not grads:
-                keep.append((handle, buf, j, recv))
-                continue
-            self._complete(handle, j, recv)
-            module = self.runners[unit].module
-            if recv.payload is Payload.WEIGHT:
-                load_params(module, buf)
-            else:
-                self._fresh_grads(unit)
-                load_grads(module, buf, accumulate=True)
-        if keep:
-            self.unit_pending[unit] = keep
-        else:
-            del self.unit_pending[unit]
+    def _settle(self, key: tuple) -> None:
+        """Complete the receive or collective that brings ``key`` (and its fold partners)."""
+        handle, buf, slots, j, recv = self.pending[key]
+        self._complete(handle, j, recv)
+        for k, part in zip(slots, self._split(buf, slots)):
+            self.pending.pop(k, None)
+            self.values[k] = part
+
+    def _split(self, buf: torch.Tensor, keys: list[tuple]) -> list[Any]:
+        """A received buffer cut into the values of ``keys`` (a fold carries several)."""
+        out, off = [], 0
+        for kind, u, m in keys:
+            spec = self.boundary(u, m)
+            n = spec.numel()
+            flat = buf[off:off + n]
+            off += n
+            out.append(spec.unpack(flat))
+        return out
 
     # ------------------------------------------------------------------ compute
-    def _forward(self, i: int, a: Action) -> None:
-        u = a.unit
-        self._settle_unit(u, grads=False)
+    def _compute(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
+        op, u = a.op, a.unit
+        if op is Op.OPT:
+            self.state.optimize(a)
+            return
+        if op is Op.F or graph:
+            self.state.ready(u)
         runner = self.runners[u]
+        first = a.sub is None or a.sub[0] == 0
+        reads_by_mb = {k[2]: k for k in rd} if first else {}
+        writes_by_mb = {k[2]: k for k in wr}
         for m in a.mb:
-            x = self.inputs[m] if u == 0 else self._act_input(u, m, i, a)
-            if u == self.last_unit:
-                self.result.losses[m] = float(runner.forward(m, x, self.targets[m]))
-            else:
-                self.values[(Payload.ACT, u, m)] = runner.forward(m, x)
+            key = reads_by_mb.get(m)
+            x = self._take(key, i, a) if key is not None else None
+            out = self._run(runner, a, m, x, graph)
+            if self.record:
+                self.result.order.append((i, op.value, u, m, digest(x), digest(out)))
+            key = writes_by_mb.get(m)
+            if key is not None:
+                self.values[key] = out
 
-    def _act_input(self, u: int, m: int, i: int, a: Action):
-        return self._unpacked(self._take((Payload.ACT, u - 1, m), i, a), u - 1, m)
-
-    def _unpacked(self, value, u: int, m: int):
-        """A received boundary value arrives packed flat; a local one is passed as produced."""
-        if isinstance(value, torch.Tensor) and self.boundary(u, m).packed:
-            return unpack(value, self.boundary(u, m))
-        return value
-
-    def _fresh_grads(self, u: int) -> None:
-        """Gradients stay readable after OPT until the next step; a unit that accumulates
-        again in the same step (several updates per step) starts from zero."""
-        if u in self.stepped:
-            self.stepped.discard(u)
-            for p in self.runners[u].module.parameters():
-                p.grad = None
-
-    def _backward(self, i: int, a: Action) -> None:
-        u = a.unit
-        self._settle_unit(u, grads=False)
-        if a.op is Op.B:
-            self._fresh_grads(u)
-        runner = self.runners[u]
-        for m in a.mb:
-            if u == self.last_unit:
-                grad_out = None
-            else:
-                grad_out = self._unpacked(self._take((Payload.GRAD, u, m), i, a), u, m)
-            if a.op is Op.B:
-                grad_in = runner.backward(m, grad_out, loss_scale=self.loss_scale)
-            else:
-                grad_in = runner.backward_input(m, grad_out, loss_scale=self.loss_scale)
-            if u > 0:
-                self.values[(Payload.GRAD, u - 1, m)] = grad_in
-
-    def _weight_grad(self, i: int, a: Action) -> None:
-        self._fresh_grads(a.unit)
-        for m in a.mb:
-            self.runners[a.unit].backward_weight(m)
-
-    def _recompute(self, i: int, a: Action) -> None:
-        raise PipelineError(f"rank {self.rank}: action {i} ({a}): RECOMPUTE is not supported by this executor")
-
-    def _optimize(self, i: int, a: Action) -> None:
-        units = [a.unit] if a.unit is not None else self.schedule.units_owned(self.rank)
-        for u in units:
-            self._settle_unit(u)
-            if u in self.optimizers:  # units without parameters have no optimizer
-                self.optimizers[u].step()
-            self.stepped.add(u)
+    def _run(self, runner: Any, a: Action, m: int, x: Any, graph: bool) -> Any:
+        op, u = a.op, a.unit
+        if op is Op.F:
+            if u == 0:
+                x = self.inputs[m]
+            with self.state.stash.capture(u, m):
+                if u == self.last_unit:
+                    self.result.losses[m] = float(runner.forward(m, x, self.targets[m], keep_graph=graph))
+                    return None
+                return runner.forward(m, x, keep_graph=graph)
+        if op is Op.RECOMPUTE:
+            with self.state.stash.capture(u, m):
+                runner.recompute(m)
+            return None
+        if op is Op.W:
+            self.state.fresh_grads(u)
+            runner.backward_weight(m, a.sub)
+            if a.sub is None or a.sub[0] == a.sub[1] - 1:
+                self.state.stash.drop(u, m)
+            return None
+        if op is Op.B:
+            self.state.fresh_grads(u)
+            out = runner.backward(m, x, loss_scale=self.loss_scale)
+            self.state.stash.drop(u, m)
+            return out
+        return runner.backward_input(m, x, loss_scale=self.loss_scale)  # D
 
     # ------------------------------------------------------------------ communication
-    def _payload_tensor(self, i: int, a: Action) -> torch.Tensor:
-        p = a.payload
-        if p is Payload.WEIGHT:
-            self._settle_unit(a.unit)
-            return flatten_params(self.runners[a.unit].module)
-        if p is Payload.WGRAD:
-            self._settle_unit(a.unit)
-            return flatten_grads(self.runners[a.unit].module)
-        t = self._take((p, a.unit, a.mb[0]), i, a)
-        return pack(t) if isinstance(t, (tuple, list)) else t.contiguous()
+    def _payload_out(self, i: int, a: Action, release: bool) -> torch.Tensor:
+        """The flat tensor a SEND or collective carries (values leave the table if ``release``)."""
+        if a.payload is Payload.WEIGHT or a.payload is Payload.WGRAD:
+            return self.state.flat(a.unit, a.payload)
+        kind = _PAYLOAD_KIND[a.payload]
+        parts = []
+        for m in a.mb:
+            key = (kind, a.unit, m)
+            v = self._take(key, i, a)
+            if not release:
+                self.values[key] = v
+            parts.append(self.boundary(a.unit, m).pack(v))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _send(self, i: int, a: Action) -> None:
-        t = self._payload_tensor(i, a)
+    def _count(self, key: str, t: torch.Tensor) -> None:
+        self.result.sent_bytes[key] = self.result.sent_bytes.get(key, 0) + t.numel() * t.element_size()
+
+    def _send(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
         if a.payload is Payload.WGRAD:
-            load_grads(self.runners[a.unit].module, None)  # the contributions move with the message
+            t = self.state.take_wgrad(a.unit)
+        else:
+            t = self._payload_out(i, a, release=True)
         handle = self._post(lambda: self.transport.isend(t, a.peer), i, a)
-        key = a.payload.value
-        self.result.sent_bytes[key] = self.result.sent_bytes.get(key, 0) + t.numel() * t.element_size()
-        self.sends.append((handle, i, a))
+        self._count(a.payload.value, t)
+        with self._sends_lock:
+            self.sends.append((handle, t, i, a))
 
-    def _recv(self, i: int, a: Action) -> None:
-        p = a.payload
-        if p in (Payload.WEIGHT, Payload.WGRAD):
-            module = self.runners[a.unit].module
-            buf = flatten_params(module).new_empty(sum(q.numel() for q in module.parameters()))
+    def _recv(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
+        if a.payload is Payload.WEIGHT or a.payload is Payload.WGRAD:
+            st, u = self.state, a.unit
+            buf = st.new_flat(u)
             handle = self._post(lambda: self.transport.irecv(buf, a.peer), i, a)
-            self.unit_pending.setdefault(a.unit, []).append((handle, buf, i, a))
+            done = (lambda: st.bind(u, buf)) if a.payload is Payload.WEIGHT else (lambda: st.add_grads(u, buf))
+            st.expect(u, handle, done, i, a, self._complete, buf)
             return
-        spec = self.boundary(a.unit, a.mb[0])
-        buf = spec.empty()
+        kind = _PAYLOAD_KIND[a.payload]
+        keys = [(kind, a.unit, m) for m in a.mb]
+        buf = self._empty(keys)
         handle = self._post(lambda: self.transport.irecv(buf, a.peer), i, a)
-        self.pending[(p, a.unit, a.mb[0])] = (handle, buf, i, a)
+        for k in keys:
+            self.pending[k] = (handle, buf, keys, i, a)
 
-    def _wait_action(self, i: int, a: Action) -> None:
+    def _empty(self, keys: list[tuple]) -> torch.Tensor:
+        specs = [self.boundary(u, m) for _, u, m in keys]
+        return torch.empty(sum(s.numel() for s in specs), dtype=specs[0].dtype, device=specs[0].device)
+
+    def _wait(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
         if a.waits is Op.RECV:
-            if a.payload in (Payload.WEIGHT, Payload.WGRAD):
-                self._settle_unit(a.unit)
-            elif (a.payload, a.unit, a.mb[0]) in self.pending:
-                handle, buf, j, recv = self.pending.pop((a.payload, a.unit, a.mb[0]))
-                self._complete(handle, j, recv)
-                self.values[(a.payload, a.unit, a.mb[0])] = buf
+            if a.payload is Payload.WEIGHT or a.payload is Payload.WGRAD:
+                self.state.settle(a.unit)
+                return
+            for m in a.mb:
+                key = (_PAYLOAD_KIND[a.payload], a.unit, m)
+                if key in self.pending:
+                    self._settle(key)
+            return
+        target = Action(Op.SEND, unit=a.unit, mb=a.mb, payload=a.payload, peer=a.peer, tag=a.tag)
+        for handle, _, j, s in reversed(self.sends):
+            if s == target and j < i:
+                self._complete(handle, j, s)
+                return
 
-    def _collective(self, i: int, a: Action) -> None:
-        module = self.runners[a.unit].module
-        self._settle_unit(a.unit)
-        if a.payload is Payload.WEIGHT:
-            t = flatten_params(module)
-        else:
-            t = flatten_grads(module)
-        op = a.op.value
-        if op not in ("BROADCAST", "REDUCE", "ALLREDUCE"):
-            raise PipelineError(f"rank {self.rank}: action {i} ({a}): {op} is not supported yet; "
-                                f"allowed: BROADCAST, REDUCE, ALLREDUCE")
-        handle = self._post(lambda: self.transport.collective(op, t, a.group, a.root), i, a)
-        self._complete(handle, i, a)
-        key = f"{op.lower()}:{a.payload.value}"
-        self.result.sent_bytes[key] = self.result.sent_bytes.get(key, 0) + t.numel() * t.element_size()
-        if a.payload is Payload.WEIGHT:
-            if self.rank != a.root:
-                load_params(module, t)
-        elif op == "REDUCE" and self.rank != a.root:
-            load_grads(module, None)
-        else:
-            load_grads(module, t, accumulate=False)
+    def _collective(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
+        from .collectives import run_collective
+        run_collective(self, i, a)
 
-    def _noop(self, i: int, a: Action) -> None:
+    # ------------------------------------------------------------------ memory ops
+    def _memory(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
+        from .collectives import run_memory_op
+        run_memory_op(self, i, a)
+
+    # ------------------------------------------------------------------ measurement
+    def held_bytes(self) -> int:
+        """Bytes the program holds now (docs/semantics.md, "Memory": unit of account)."""
+        keys: set[tuple] = set()
+        for v in self.values.values():
+            for t in (v if isinstance(v, (tuple, list)) else (v,)):
+                if isinstance(t, torch.Tensor):
+                    keys.add(tensor_key(t))
+        for _, buf, slots, _, _ in self.pending.values():
+            keys.add(tensor_key(buf))
+        return sum(k[3] for k in keys) + self.state.stash_bytes() + self.state.held_bytes()
+
+
+def _wait_target(program: list[Action], i: int) -> int | None:
+    """Index of the SEND or RECV that the WAIT at ``i`` completes (None for other actions)."""
+    a = program[i]
+    if a.op is not Op.WAIT:
         return None
+    target = Action(a.waits, unit=a.unit, mb=a.mb, payload=a.payload, peer=a.peer, tag=a.tag)
+    return next((j for j in range(i - 1, -1, -1) if program[j] == target), None)
+
+
+def digest(v: Any) -> str | None:
+    """A fingerprint of a value's bytes (a tensor or tuple of tensors; None for none)."""
+    if v is None:
+        return None
+    import hashlib
+    h = hashlib.sha1()
+    for t in (v if isinstance(v, (tuple, list)) else (v,)):
+        if isinstance(t, torch.Tensor):
+            h.update(str(tuple(t.shape)).encode())
+            h.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def peer_text(a: Action) -> str:
+    if a.peer is not None:
+        return str(a.peer)
+    return "in group " + ",".join(map(str, a.group))

@@ -17,15 +17,18 @@ import torch.distributed as dist
 from torch import nn
 
 from ..ir import Op, Schedule
+from ..ir.passes import merge_sub_blocks
 from ..sim import validate
 from ..schedules import build_schedule
 from .buffers import BoundarySpec
 from .executor import Fault, PipelineError, PipelineTimeout, RankExecutor, StepResult
+from .state import UnitState
 from .transport import DelayedTransport, DistTransport, LocalHub
 from .optim import MasterWeightOptimizer, needs_master_weights
 from .unit import UnitRunner
 
-__all__ = ["Pipeline", "default_optimizer", "split_microbatches"]
+__all__ = ["Pipeline", "default_optimizer", "split_microbatches", "program_for", "check_same_program",
+           "program_digest"]
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -42,14 +45,74 @@ def split_microbatches(t: torch.Tensor, num: int) -> tuple[torch.Tensor, ...]:
 
 
 def _compute_units(schedule: Schedule, rank: int) -> set[int]:
-    """Units whose module must exist on ``rank``: computed or owned there."""
+    """Units whose module must exist on ``rank``: named by one of its actions, or held there."""
     units = {a.unit for a in schedule.actions[rank] if a.unit is not None}
     return units | set(schedule.units_owned(rank))
+
+
+def program_for(schedule: Schedule) -> Schedule:
+    """The program the executor runs for ``schedule``: pieces of computes other than W merged
+    (``pipert.ir.passes.merge_sub_blocks``); everything else as given."""
+    return merge_sub_blocks(schedule)
 
 
 def _owner_optimizer(params: list, factory: OptimizerFactory):
     """The owner's optimizer: on fp32 master copies when the parameters are bf16/fp16."""
     return MasterWeightOptimizer(params, factory) if needs_master_weights(params) else factory(params)
+
+
+def program_digest(program: Schedule) -> str:
+    """A digest of what every rank runs: shape, placement, every action and the meta entries the
+    executor reads (generator statistics such as solve times are left out)."""
+    import hashlib
+    import json
+    d = program.to_dict()
+    d = {k: d[k] for k in ("num_ranks", "num_units", "num_microbatches", "placement", "actions")}
+    d["meta"] = {k: program.meta.get(k) for k in ("update_every", "collective_queue")}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def _device_of(units: Iterable[nn.Module]) -> torch.device:
+    for u in units:
+        for p in u.parameters():
+            return p.device
+    return torch.device("cpu")
+
+
+def _device_type(units: Iterable[nn.Module]) -> str:
+    return _device_of(units).type
+
+
+def check_same_program(program: Schedule) -> None:
+    """Every rank of a torch.distributed job must run the same program: compare a digest of it
+    across ranks and fail naming the ranks that disagree."""
+    digest = program_digest(program)
+    digests: list = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, digest)
+    if len(set(digests)) > 1:
+        by: dict[str, list[int]] = {}
+        for r, d in enumerate(digests):
+            by.setdefault(d, []).append(r)
+        groups = "; ".join(f"ranks {rs} have program {d[:12]}" for d, rs in sorted(by.items(), key=lambda x: x[1]))
+        raise PipelineError(f"ranks disagree on the program to run ({groups}); build the schedule once and "
+                            f"share it (a solver must be deterministic)")
+
+
+def _built_once(name: str, options: dict) -> Schedule:
+    """The named schedule, built on rank 0 and sent to every rank (a solver's result is decided
+    once; a failure to build is raised on every rank)."""
+    if not dist.is_initialized():
+        raise RuntimeError("backend 'dist' needs torch.distributed initialised (torchrun or pipert.runtime.launch)")
+    box: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = build_schedule(name, **options).to_json()
+        except (ValueError, RuntimeError) as e:
+            box[0] = e
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return Schedule.from_json(box[0])
 
 
 def _root_cause(errors: dict[int, BaseException]) -> int:
@@ -68,29 +131,55 @@ class Pipeline:
     ``units`` is the list of unit modules (see ``pipert.models.partition``); the last one
     returns the loss given (x, targets). Parameters of unit u live on
     ``schedule.placement.weight_owner[u]``, which also runs its optimizer.
+
+    ``dp=D`` trains D data-parallel replicas of the pipeline (``stages * D`` ranks, laid out as a
+    ``(dp, pp)`` DeviceMesh under torch.distributed); ``zero`` is the ZeRO stage (0-3) of every
+    unit, or one per unit (``pipert.schedules.data_parallel``). ``microbatches`` counts all
+    replicas' micro-batches. ``measure_memory`` records the bytes each rank's program holds after
+    every action (``last_results[r].memory``); ``program`` is what the ranks run.
     """
 
     def __init__(self, units: Sequence[nn.Module], schedule: Schedule | str = "1f1b", *,
                  stages: int | None = None, microbatches: int | None = None, chunks: int | None = None,
                  optimizer: OptimizerFactory = default_optimizer, backend: str = "local",
                  timeout: float = 60.0, schedule_options: dict | None = None, fault: Fault | None = None,
-                 trace: bool = False, links: Any = None) -> None:
+                 trace: bool = False, links: Any = None, measure_memory: bool = False, record: bool = False,
+                 pool: Any = None, dp: int = 1, zero: int | Sequence[int] = 0, queues: str = "streams") -> None:
         if backend not in ("local", "dist"):
             raise ValueError(f"backend {backend!r} unknown; allowed: 'local', 'dist'")
+        if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+            raise ValueError(f"dp must be a positive integer (data-parallel replicas), got {dp!r}")
         if isinstance(schedule, str):
             if microbatches is None:
                 raise ValueError("microbatches is required when the schedule is given by name")
-            schedule = build_schedule(schedule, stages=stages or len(units), microbatches=microbatches,
-                                      chunks=chunks, **(schedule_options or {}))
+            if microbatches % dp:
+                raise ValueError(f"{microbatches} micro-batches do not split over dp={dp} replicas; use a multiple "
+                                 f"of {dp}")
+            name, opts = schedule, dict(stages=stages or len(units), microbatches=microbatches // dp,
+                                        chunks=chunks, **(schedule_options or {}))
+            schedule = _built_once(name, opts) if backend == "dist" else build_schedule(name, **opts)
+        if dp > 1:
+            from ..schedules.data_parallel import replicate
+            schedule = replicate(schedule, dp, zero)
+        elif zero not in (0, None) and schedule.placement.replicas is None:
+            raise ValueError(f"zero={zero!r} needs data-parallel replicas (dp > 1)")
         validate(schedule)
         if schedule.num_units != len(units):
             raise ValueError(f"schedule {schedule.name!r} has {schedule.num_units} units but the model was "
                              f"partitioned into {len(units)}")
         self.schedule = schedule
+        self.program = program_for(schedule)
+        """The program every rank runs (``schedule`` after the executor's lowering passes)."""
         self.backend = backend
         self.timeout = timeout
         self.fault = fault
         self.trace = trace
+        self.measure_memory = measure_memory
+        self.record = record
+        if queues not in ("streams", "host"):
+            raise ValueError(f"queues {queues!r} unknown; allowed: 'streams', 'host'")
+        # a snapshot after every action needs the actions to run one at a time
+        self.queues = "host" if (measure_memory or record) else queues
         self.links = links  # a LinkEmulator delaying the local transport's messages (emulation)
         if links is not None and backend != "local":
             raise ValueError("links (delay injection) applies to the local backend; for torch.distributed "
@@ -107,34 +196,87 @@ class Pipeline:
                 raise ValueError(f"schedule {schedule.name!r} needs {schedule.num_ranks} ranks, "
                                  f"the job has {dist.get_world_size()}")
             self.ranks = [dist.get_rank()]
+            check_same_program(self.program)
+        if pool is None and any(a.op in (Op.OFFLOAD, Op.PREFETCH) for _, _, a in self.program):
+            from .pinned import PinnedPool
+            pool = PinnedPool()
+        self.pool = pool
         self.modules: dict[int, dict[int, nn.Module]] = {}
         self.optimizers: dict[int, dict[int, torch.optim.Optimizer]] = {}
+        pl = schedule.placement
         for r in self.ranks:
             owned = set(schedule.units_owned(r))
-            self.modules[r] = {u: (units[u] if u in owned else copy.deepcopy(units[u]))
-                               for u in sorted(_compute_units(schedule, r))}
+            # the owner keeps the given module; every other rank that names the unit gets a copy
+            self.modules[r] = {u: (units[u] if pl.weight_owner[u] == r or backend == "dist" else
+                                   copy.deepcopy(units[u])) for u in sorted(_compute_units(schedule, r))}
             self.optimizers[r] = {u: _owner_optimizer(list(self.modules[r][u].parameters()), optimizer)
-                                  for u in sorted(owned) if list(self.modules[r][u].parameters())}
-        groups = sorted({tuple(sorted(a.group)) for _, _, a in schedule if a.group})
-        dist_transport = DistTransport(groups) if backend == "dist" else None
+                                  for u in sorted(owned)
+                                  if list(self.modules[r][u].parameters()) and pl.zero_stage(u) == 0}
+        self._optimizer_factory = optimizer
+        groups = sorted({tuple(sorted(a.group)) for _, _, a in self.program if a.group})
+        dist_transport = None
+        if backend == "dist":
+            made = None
+            stages_ = schedule.meta.get("pp_stages")
+            if schedule.placement.replicas is not None and stages_:
+                from .mesh import pipeline_mesh, replica_process_groups
+                made = replica_process_groups(pipeline_mesh(stages_, schedule.num_ranks // stages_,
+                                                            _device_type(units)))
+            dist_transport = DistTransport(groups, process_groups=made)
         # Built once: runners and the executor's per-program tables do not depend on the step.
         # The local backend gives each step a fresh hub (set as the executor's transport).
+        self._closers: list = []
         self._executors = {r: self._executor(r, dist_transport) for r in self.ranks}
 
     # ------------------------------------------------------------------ queries
     def named_parameters(self) -> dict[str, torch.Tensor]:
-        """Parameters of the units this process owns, named ``unit{u}.{name}``."""
-        out = {}
-        for r in self.ranks:
-            for u in self.schedule.units_owned(r):
-                for n, p in self.modules[r][u].named_parameters():
-                    out[f"unit{u}.{n}"] = p
-        return out
+        """Parameters of the units this process holds, named ``unit{u}.{name}``. ZeRO-3 units
+        are assembled from their shards (in a torch.distributed job every rank must call this:
+        the holders of a unit gather its shards)."""
+        return self._named(grads=False)
 
     def named_grads(self) -> dict[str, torch.Tensor]:
-        """Accumulated gradients of owned parameters from the last step (kept until the next)."""
-        return {n: (p.grad if p.grad is not None else torch.zeros_like(p))
-                for n, p in self.named_parameters().items()}
+        """Accumulated gradients of held parameters from the last step (kept until the next);
+        ZeRO units' gradients assembled from the shards their replicas reduced (see
+        :meth:`named_parameters` for torch.distributed jobs)."""
+        return self._named(grads=True)
+
+    def _named(self, grads: bool) -> dict[str, torch.Tensor]:
+        out = {}
+        for r in self.ranks:
+            st = self._executors[r].state
+            for u in self.schedule.units_owned(r):
+                module = self.modules[r][u]
+                sharded = st.zero[u] >= 1 if grads else st.zero[u] >= 3
+                flat = self._assemble(r, u, grads) if sharded else None
+                off = 0
+                for n, p in module.named_parameters():
+                    if flat is not None:
+                        v = flat[off:off + p.numel()].view(p.shape)
+                        off += p.numel()
+                    elif grads:
+                        v = p.grad if p.grad is not None else torch.zeros_like(p)
+                    else:
+                        v = p
+                    out[f"unit{u}.{n}"] = v
+        return out
+
+    def _assemble(self, rank: int, u: int, grads: bool) -> torch.Tensor:
+        """Unit u's flat parameters (or last gradient) from the shards of its holders."""
+        st = self._executors[rank].state
+        def shard_of(s: UnitState) -> torch.Tensor:
+            if not grads:
+                return s.shards[u].detach()
+            g = s.last_shard_grads.get(u)
+            return g if g is not None else torch.zeros_like(s.shards[u])
+        group = st.group(u)
+        if self.backend == "local":
+            whole = torch.cat([shard_of(self._executors[h].state) for h in group])
+        else:
+            mine = shard_of(st)
+            whole = mine.new_empty(mine.numel() * len(group))
+            self._executors[rank].transport.collective("ALLGATHER", mine, group, None, out=whole).wait(self.timeout)
+        return whole[:st.numel(u)]
 
     # ------------------------------------------------------------------ step
     def _infer_boundaries(self, inputs: Sequence[torch.Tensor]) -> None:
@@ -153,9 +295,15 @@ class Pipeline:
     def _executor(self, rank: int, transport) -> RankExecutor:
         runners = {u: UnitRunner(mod, is_first=(u == 0), is_last=(u == self.schedule.num_units - 1))
                    for u, mod in self.modules[rank].items()}
-        return RankExecutor(rank, self.schedule, runners, transport, self.optimizers[rank],
+        state = UnitState(rank, self.program, runners, self.optimizers[rank],
+                          lambda ps: _owner_optimizer(ps, self._optimizer_factory), pool=self.pool)
+        from .queues import make_queues
+        queues = make_queues(self.queues, _device_of(self.modules[rank].values()), name=f"rank{rank}")
+        self._closers.append(queues.close)
+        return RankExecutor(rank, self.program, runners, transport, self.optimizers[rank],
                             lambda u, m: self._boundary[(u, m)], timeout=self.timeout, fault=self.fault,
-                            trace=self.trace)
+                            trace=self.trace, state=state, measure_memory=self.measure_memory, record=self.record,
+                            queues=queues)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         """One training step on the batch; returns the mean loss over all micro-batches."""
@@ -213,6 +361,14 @@ class Pipeline:
                 first_error_at = time.monotonic()
             if first_error_at is not None and time.monotonic() - first_error_at > self.timeout + 1.0:
                 break
-        if errors:
-            raise errors[_root_cause(errors)]
+        stuck = [t for t in threads if t.is_alive()]
+        report = dict(errors)  # what aborted ranks raise below is not part of the report
+        if stuck:  # ranks still running after the others failed: end them before reporting
+            hub.fail("the step was abandoned after another rank failed")
+            for r in self.ranks:
+                self._executors[r].abort()
+            for t in stuck:
+                t.join(timeout=self.timeout + 1.0)
+        if report:
+            raise report[_root_cause(report)]
         return results

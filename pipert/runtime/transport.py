@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["CommTimeout", "PeerFailure", "Handle", "Transport", "DistTransport", "LocalHub", "LocalTransport",
-           "DelayedTransport"]
+           "DelayedTransport", "COLLECTIVES"]
 
 
 class CommTimeout(RuntimeError):
@@ -34,6 +34,8 @@ class PeerFailure(RuntimeError):
 class Handle(Protocol):
     def wait(self, timeout: float) -> None: ...
 
+    def done(self) -> bool: ...
+
 
 class Transport(Protocol):
     rank: int
@@ -43,12 +45,38 @@ class Transport(Protocol):
 
     def irecv(self, tensor: torch.Tensor, peer: int) -> Handle: ...
 
-    def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None) -> Handle: ...
+    def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None,
+                   out: torch.Tensor | None = None) -> Handle: ...
+
+
+COLLECTIVES = ("ALLREDUCE", "BROADCAST", "REDUCE", "ALLGATHER", "REDUCESCATTER")
+"""Every transport runs these. ALLGATHER and REDUCESCATTER write ``out`` (the gathered whole,
+or this member's share of the sum: share k for the k-th rank of the sorted group); the others
+work in place on ``tensor``."""
 
 
 class _Done:
     def wait(self, timeout: float) -> None:
         return None
+
+    def done(self) -> bool:
+        return True
+
+
+class _Then:
+    """A handle that runs ``fn`` once ``inner`` completed (a collective emulated in two steps)."""
+
+    def __init__(self, inner: Handle, fn) -> None:
+        self.inner, self.fn, self.ran = inner, fn, False
+
+    def wait(self, timeout: float) -> None:
+        self.inner.wait(timeout)
+        if not self.ran:
+            self.ran = True
+            self.fn()
+
+    def done(self) -> bool:
+        return self.ran or self.inner.done()
 
 
 # --------------------------------------------------------------------------- torch.distributed
@@ -65,6 +93,9 @@ class _DistHandle:
                 raise CommTimeout(text) from None
             raise PeerFailure(text) from None
 
+    def done(self) -> bool:
+        return self.work.is_completed()
+
 
 def _posted(post) -> _DistHandle:
     """Post a torch.distributed operation; a broken connection surfaces as PeerFailure."""
@@ -77,18 +108,28 @@ def _posted(post) -> _DistHandle:
 class DistTransport:
     """Point-to-point and collectives over an initialised default process group."""
 
-    def __init__(self, groups: Sequence[Sequence[int]] = ()) -> None:
+    def __init__(self, groups: Sequence[Sequence[int]] = (), emulate_reduce_scatter: bool | None = None,
+                 process_groups: dict[tuple[int, ...], Any] | None = None) -> None:
+        """``groups``: the rank sets collectives run over (every rank must pass the same list);
+        ``process_groups``: ones already made for some of them (e.g. a DeviceMesh's "dp" groups),
+        used as they are."""
         if not dist.is_initialized():
             raise RuntimeError("DistTransport needs torch.distributed initialised (torchrun or pipert's launcher)")
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        # reduce-scatter as all-reduce plus this rank's slice where torch has no native one
+        native = hasattr(dist, "reduce_scatter_single") or hasattr(dist, "reduce_scatter_tensor")
+        self.emulate_reduce_scatter = (not native) if emulate_reduce_scatter is None else emulate_reduce_scatter
         # Every rank must create the same groups in the same order.
         self.up = dist.new_group(list(range(self.world_size)))
         self.down = dist.new_group(list(range(self.world_size)))
-        self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        # every rank makes the same groups in the same order; those given are made already
+        self.groups: dict[tuple[int, ...], Any] = {k: v for k, v in (process_groups or {}).items() if v is not None}
+        made = set(process_groups or {})
         for g in groups:
             key = tuple(sorted(g))
-            if key not in self.groups:
+            if key not in made:
+                made.add(key)
                 self.groups[key] = dist.new_group(list(key))
 
     def _pg(self, src: int, dst: int) -> dist.ProcessGroup:
@@ -100,9 +141,12 @@ class DistTransport:
     def irecv(self, tensor: torch.Tensor, peer: int) -> Handle:
         return _posted(lambda: dist.irecv(tensor, peer, group=self._pg(peer, self.rank)))
 
-    def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None) -> Handle:
+    def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None,
+                   out: torch.Tensor | None = None) -> Handle:
         key = tuple(sorted(group))
         if len(key) == 1:
+            if out is not None:
+                out.copy_(tensor)
             return _Done()
         pg = self.groups.get(key)
         if pg is None:
@@ -113,7 +157,23 @@ class DistTransport:
             return _posted(lambda: dist.reduce(tensor, root, op=dist.ReduceOp.SUM, group=pg, async_op=True))
         if op == "ALLREDUCE":
             return _posted(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=pg, async_op=True))
-        raise ValueError(f"collective {op} is not supported by DistTransport; allowed: BROADCAST, REDUCE, ALLREDUCE")
+        if op == "ALLGATHER":
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            return _posted(lambda: gather(out, tensor, group=pg, async_op=True))
+        if op == "REDUCESCATTER":
+            if self.emulate_reduce_scatter:
+                return self._reduce_scatter_by_all_reduce(tensor, out, key, pg)
+            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            return _posted(lambda: scatter(out, tensor, op=dist.ReduceOp.SUM, group=pg, async_op=True))
+        raise ValueError(f"collective {op} unknown; allowed: {', '.join(COLLECTIVES)}")
+
+    def _reduce_scatter_by_all_reduce(self, tensor: torch.Tensor, out: torch.Tensor, key: tuple[int, ...],
+                                      pg: Any) -> Handle:
+        """Reduce-scatter for backends without it: all-reduce a copy, keep this rank's share."""
+        total = tensor.clone()
+        k, n = key.index(self.rank), out.numel()
+        work = _posted(lambda: dist.all_reduce(total, op=dist.ReduceOp.SUM, group=pg, async_op=True))
+        return _Then(work, lambda: out.copy_(total[k * n:(k + 1) * n]))
 
 
 # --------------------------------------------------------------------------- one process
@@ -131,6 +191,9 @@ class _Future:
             raise CommTimeout(f"timed out after {timeout:g} s")
         if self.error is not None:
             raise self.error
+
+    def done(self) -> bool:
+        return self._event.is_set()
 
 
 class _Link:
@@ -158,6 +221,9 @@ class _RecvHandle:
                 raise CommTimeout(f"timed out after {timeout:g} s")
         self.tensor.copy_(data)
 
+    def done(self) -> bool:
+        return self.seq in self.link.messages
+
 
 class LocalHub:
     """Shared state of all ranks of one process: FIFO mailboxes per directed link, and
@@ -182,31 +248,42 @@ class LocalHub:
         return LocalTransport(self, rank)
 
     def _collective(self, rank: int, op: str, tensor: torch.Tensor, group: tuple[int, ...],
-                    root: int | None) -> _Future:
+                    root: int | None, out: torch.Tensor | None) -> _Future:
         with self.lock:
             n = self.counts.get((rank, group), 0)
             self.counts[(rank, group)] = n + 1
-            slot = self.pending.setdefault((group, n), {"parts": {}, "futures": {}})
+            slot = self.pending.setdefault((group, n), {"parts": {}, "outs": {}, "futures": {}})
             slot["parts"][rank] = tensor
+            slot["outs"][rank] = out
             fut = _Future()
             slot["futures"][rank] = fut
             if len(slot["parts"]) < len(group):
                 return fut
             del self.pending[(group, n)]
-        parts = slot["parts"]
-        if op == "BROADCAST":
-            for r, t in parts.items():
-                if r != root:
-                    t.copy_(parts[root])
-        elif op in ("REDUCE", "ALLREDUCE"):
-            total = sum(parts[r].clone() for r in group)
-            targets = [root] if op == "REDUCE" else list(group)
-            for r in targets:
-                parts[r].copy_(total)
-        else:
-            err = ValueError(f"collective {op} is not supported; allowed: BROADCAST, REDUCE, ALLREDUCE")
+        parts, outs = slot["parts"], slot["outs"]
+        try:
+            if op == "BROADCAST":
+                for r, t in parts.items():
+                    if r != root:
+                        t.copy_(parts[root])
+            elif op in ("REDUCE", "ALLREDUCE"):
+                total = sum(parts[r].clone() for r in group)
+                for r in ([root] if op == "REDUCE" else list(group)):
+                    parts[r].copy_(total)
+            elif op == "ALLGATHER":
+                whole = torch.cat([parts[r].reshape(-1) for r in group])
+                for r in group:
+                    outs[r].copy_(whole.view_as(outs[r]))
+            elif op == "REDUCESCATTER":
+                total = sum(parts[r].clone() for r in group).reshape(-1)
+                for k, r in enumerate(group):
+                    m = outs[r].numel()
+                    outs[r].copy_(total[k * m:(k + 1) * m].view_as(outs[r]))
+            else:
+                raise ValueError(f"collective {op} unknown; allowed: {', '.join(COLLECTIVES)}")
+        except Exception as e:  # noqa: BLE001 - every member sees the failure
             for f in slot["futures"].values():
-                f.set(err)
+                f.set(e)
             return fut
         for f in slot["futures"].values():
             f.set()
@@ -235,11 +312,14 @@ class LocalTransport:
             link.posted += 1
         return _RecvHandle(link, seq, tensor, self.hub)
 
-    def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None) -> Handle:
+    def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None,
+                   out: torch.Tensor | None = None) -> Handle:
         key = tuple(sorted(group))
         if len(key) == 1:
+            if out is not None:
+                out.copy_(tensor)
             return _Done()
-        return self.hub._collective(self.rank, op, tensor, key, root)
+        return self.hub._collective(self.rank, op, tensor, key, root, out)
 
 
 class DelayedTransport:
@@ -260,5 +340,6 @@ class DelayedTransport:
     def irecv(self, tensor: torch.Tensor, peer: int) -> Handle:
         return self.inner.irecv(tensor, peer)
 
-    def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None) -> Handle:
-        return self.inner.collective(op, tensor, group, root)
+    def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None,
+                   out: torch.Tensor | None = None) -> Handle:
+        return self.inner.collective(op, tensor, group, root, out)

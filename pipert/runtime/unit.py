@@ -51,6 +51,7 @@ from typing import Any, Union
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.graph import get_gradient_edge
 
 __all__ = ["UnitRunner", "Activation"]
 
@@ -74,6 +75,21 @@ def _split_helpers() -> Any:
         return None
 
 
+@dataclass(frozen=True)
+class _Root:
+    """One output of a forward, kept for its backward without its tensor: the autograd edge
+    (None when the output needs no gradient) and what a gradient for it must look like."""
+
+    edge: Any
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+
+    @staticmethod
+    def of(t: Tensor) -> "_Root":
+        return _Root(get_gradient_edge(t) if t.requires_grad else None, t.shape, t.dtype, t.device)
+
+
 @dataclass
 class _Entry:
     """What one micro-batch keeps between its forward and its (last) backward."""
@@ -81,10 +97,11 @@ class _Entry:
     inputs: tuple[Tensor, ...]        # leaves the module consumed (floating ones require grad unless first)
     single: bool                      # the input activation was one Tensor, not a tuple
     targets: Tensor | None
-    outputs: tuple[Tensor, ...] | None = None  # graph roots; None while awaiting RECOMPUTE or after D
+    outputs: tuple["_Root", ...] | None = None  # graph roots; None while awaiting RECOMPUTE or after D
     groups: list | None = None        # after D (intermediates): parameter groups with captured grads
     rest: tuple[list, list] | None = None  # after D: (outputs, grads) that W must differentiate whole
     input_done: bool = False          # D ran; only W may follow
+    w_pieces_done: int = 0            # pieces of W run so far
 
 
 def _as_tuple(x: Activation) -> tuple[tuple[Tensor, ...], bool]:
@@ -134,6 +151,15 @@ class UnitRunner:
         """Drop every stash (e.g. after a failed step)."""
         self._stash.clear()
 
+    def drop(self, mb: int) -> None:
+        """FREE of a stash: forget what micro-batch ``mb`` kept (its backward can no longer run)."""
+        if self._stash.pop(mb, None) is None:
+            raise RuntimeError(f"FREE stash of micro-batch {mb}: nothing stashed (stashed: {self.stashed()})")
+
+    def held_inputs(self) -> dict[int, tuple[Tensor, ...]]:
+        """Micro-batch -> the input tensors its stash entry keeps (until its last backward)."""
+        return {m: e.inputs for m, e in self._stash.items()}
+
     # ------------------------------------------------------------------ forward
     def forward(self, mb: int, inputs: Activation, targets: Tensor | None = None, *,
                 keep_graph: bool = True) -> Activation:
@@ -170,11 +196,11 @@ class UnitRunner:
             if not isinstance(out, Tensor) or out.numel() != 1:
                 raise TypeError("the last unit must return a scalar loss tensor")
             if record:
-                entry.outputs = (out,)
+                entry.outputs = (_Root.of(out),)
             return out.detach()
         outs, single = _as_tuple(out)
-        if record:
-            entry.outputs = outs
+        if record:  # graph roots without the output tensors: their storage goes with the sent value
+            entry.outputs = tuple(_Root.of(o) for o in outs)
         detached = tuple(o.detach() for o in outs)
         return detached[0] if single else detached
 
@@ -204,20 +230,35 @@ class UnitRunner:
         it = iter(got)
         return self._input_grads(entry, [next(it) if t.requires_grad else None for t in entry.inputs])
 
-    def backward_weight(self, mb: int) -> None:
-        """W: accumulate the parameter gradients of ``mb`` (after its D); frees the stash."""
+    def backward_weight(self, mb: int, piece: tuple[int, int] | None = None) -> None:
+        """W: accumulate the parameter gradients of ``mb`` (after its D); frees the stash.
+
+        ``piece=(j, n)`` runs the j-th of n pieces: the gradients of the j-th share of the
+        unit's parameter groups (contiguous shares, in parameter order); the stash is freed
+        by the last piece. Pieces must run in order 0..n-1."""
         entry = self._stash.get(mb)
         if entry is None or not entry.input_done:
             raise RuntimeError(f"W of micro-batch {mb}: no D ran for it (stashed: {self.stashed()}, "
                                f"awaiting W: {self.awaiting_weight()})")
-        del self._stash[mb]
+        j, n = piece if piece is not None else (0, 1)
+        if j != entry.w_pieces_done:
+            raise RuntimeError(f"W of micro-batch {mb}: piece {j}/{n} after {entry.w_pieces_done} pieces")
+        last = j == n - 1
         params = [p for p in self.module.parameters() if p.requires_grad]
         if entry.rest is not None and entry.rest[0]:
             outs, grads = entry.rest
-            for p, g in zip(params, self._grad(outs, params, grads, retain=bool(entry.groups))):
+            lo, hi = _share(len(params), j, n)
+            mine = params[lo:hi]
+            keep = bool(entry.groups) or not last
+            for p, g in zip(mine, self._grad(outs, mine, grads, retain=keep)):
                 _accumulate(p, g)
         if entry.groups:
-            self._helpers.stage_backward_weight(iter(params), entry.groups)  # frees the graph below
+            lo, hi = _share(len(entry.groups), j, n)
+            if hi > lo:
+                self._helpers.stage_backward_weight(iter(params), entry.groups[lo:hi])  # frees the graph below
+        entry.w_pieces_done = j + 1
+        if last:
+            del self._stash[mb]
 
     # ------------------------------------------------------------------ helpers
     def _get(self, mb: int, op: str) -> _Entry:
@@ -240,7 +281,8 @@ class UnitRunner:
         outs = entry.outputs
         if self.is_last and grad_output is None:
             scale = self.loss_scale if loss_scale is None else loss_scale
-            grads: tuple = (torch.full_like(outs[0], scale),)
+            o = outs[0]
+            grads: tuple = (torch.full(o.shape, scale, dtype=o.dtype, device=o.device),)
         elif grad_output is None:
             raise ValueError(f"backward of micro-batch {mb}: a non-last unit needs the output gradient")
         elif isinstance(grad_output, Tensor):
@@ -251,12 +293,12 @@ class UnitRunner:
             raise ValueError(f"backward of micro-batch {mb}: {len(grads)} gradient(s) for {len(outs)} output(s)")
         keep_o, keep_g = [], []
         for i, (o, g) in enumerate(zip(outs, grads)):
-            if g is None or not o.requires_grad:
+            if g is None or o.edge is None:
                 continue
             if g.shape != o.shape:
                 raise ValueError(f"backward of micro-batch {mb}: gradient {i} has shape {tuple(g.shape)}, "
                                  f"output has {tuple(o.shape)}")
-            keep_o.append(o)
+            keep_o.append(o.edge)
             keep_g.append(g.to(o.dtype))
         return keep_o, keep_g
 
@@ -279,7 +321,7 @@ class UnitRunner:
         h = self._helpers
         node = h._get_grad_fn_or_grad_acc
         params = [p for p in self.module.parameters() if p.requires_grad]
-        out_nodes = [node(o) for o in outs]
+        out_nodes = [o.node for o in outs]
         in_nodes = [node(t) for t in wanted]
         reverse = h.construct_reverse_graph(out_nodes)
         in_closure, _ = h.reverse_closure(in_nodes, set(), reverse)
@@ -307,6 +349,11 @@ class UnitRunner:
                 group["grads"] = [seen[i] for i in sorted(seen)]
                 entry.groups.append(group)
         return got
+
+
+def _share(count: int, j: int, n: int) -> tuple[int, int]:
+    """[lo, hi) of the j-th of n contiguous shares of ``count`` items."""
+    return count * j // n, count * (j + 1) // n
 
 
 def _capture(group: dict, i: int):

@@ -1,6 +1,7 @@
 """A rank that hangs or dies mid-step makes the others fail within the timeout, naming the
 stalled rank, the action and the peer."""
 import re
+import threading
 import time
 
 import pytest
@@ -26,6 +27,8 @@ def test_local_hang_names_rank_action_and_peer():
     assert re.search(r"rank [13] stalled at action \d+ \((RECV|SEND) \w+ u\d m\d [<-]+2\)", msg), msg
     assert "from rank 2" in msg or "to rank 2" in msg, msg
     assert elapsed < 2 * TIMEOUT + 2, elapsed
+    # no rank thread outlives the failed step (a stuck one would block interpreter exit)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("pipert-rank")]
 
 
 @pytest.mark.parametrize("mode", ["hang", "exit"])
@@ -45,3 +48,52 @@ def test_gloo_fault_stops_the_job_within_timeout(mode):
     else:
         assert "stalled" in "".join(named)
     assert elapsed < 60, elapsed  # process start-up included; the waits themselves time out after 3 s
+
+
+def test_ranks_that_build_different_programs_fail_at_start_naming_them():
+    with pytest.raises(LaunchError) as err:
+        launch(fault_worker, 2, args=(["1f1b", "gpipe"], 4, None, TIMEOUT), timeout=TIMEOUT)
+    msg = str(err.value)
+    assert "ranks disagree on the program" in msg and "ranks [0]" in msg and "ranks [1]" in msg, msg
+
+
+def _build_on_rank0_only(rank: int, world: int, out: str) -> None:
+    """Pipeline(schedule=name, backend="dist") where every rank but 0 cannot build schedules:
+    the job still runs, because rank 0 builds the program and sends it."""
+    import json
+
+    import pipert.runtime.pipeline as pipeline_module
+    from pipert.runtime.pipeline import Pipeline
+    from pipert.testing import make_batch, sgd, tiny_units
+
+    if rank != 0:
+        def refuse(*args, **kwargs):
+            raise AssertionError(f"rank {rank} built a schedule")
+        pipeline_module.build_schedule = refuse
+    pipe = Pipeline(tiny_units(2, "float64"), "crosspipe-optimal", microbatches=3, optimizer=sgd, backend="dist",
+                    timeout=TIMEOUT)
+    x, y = make_batch(3)
+    pipe.step(x, y)
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump([str(a) for a in pipe.program.actions[rank]], f)
+
+
+def test_a_named_schedule_is_built_once_and_shared(tmp_path):
+    import json
+    out = str(tmp_path / "program")
+    launch(_build_on_rank0_only, 2, args=(out,), timeout=60.0)
+    progs = [json.loads(open(f"{out}.{r}").read()) for r in range(2)]
+    assert all(progs), progs
+
+
+def test_a_failing_build_is_raised_on_every_rank():
+    with pytest.raises(LaunchError) as err:
+        launch(_bad_build, 2, timeout=60.0)
+    errors = err.value.errors
+    assert set(errors) == {0, 1} and all("zb-v needs chunks == 2" in e for e in errors.values()), errors
+
+
+def _bad_build(rank: int, world: int) -> None:
+    from pipert.runtime.pipeline import Pipeline
+    from pipert.testing import tiny_units
+    Pipeline(tiny_units(6, "float64"), "zb-v", microbatches=2, chunks=3, backend="dist", timeout=TIMEOUT)

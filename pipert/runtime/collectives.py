@@ -1,0 +1,149 @@
+"""The executor's collective and memory verbs (see executor.py and docs/semantics.md).
+
+A collective is posted where it stands and completes where its result is first needed: for a
+unit's weights or gradient through ``UnitState.expect`` (``ready``/``settle``), for an
+activation or gradient value through the executor's pending table. With
+``meta["collective_queue"] == "compute"`` it completes at once.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..ir import Action, Op, Payload
+from ..ir.semantics import Value
+
+if TYPE_CHECKING:
+    from .executor import RankExecutor
+
+__all__ = ["run_collective", "run_memory_op"]
+
+_KIND = {Payload.ACT: Value.ACT, Payload.GRAD: Value.GRAD}
+
+
+def run_collective(ex: "RankExecutor", i: int, a: Action) -> None:
+    if a.payload in (Payload.WEIGHT, Payload.WGRAD):
+        _unit_collective(ex, i, a)
+    else:
+        _value_collective(ex, i, a)
+
+
+def _post(ex: "RankExecutor", i: int, a: Action, t: torch.Tensor, out: torch.Tensor | None = None):
+    group = tuple(sorted(a.group))
+    handle = ex._post(lambda: ex.transport.collective(a.op.value, t, group, a.root, out=out), i, a)
+    ex._count(f"{a.op.value.lower()}:{a.payload.value}", t)
+    return handle
+
+
+def _unit_collective(ex: "RankExecutor", i: int, a: Action) -> None:
+    st, u, op, is_root = ex.state, a.unit, a.op, ex.rank == a.root
+    wgrad = a.payload is Payload.WGRAD
+    if op is Op.ALLGATHER:
+        if wgrad:
+            raise _unsupported(ex, i, a, "ALLGATHER of a weight gradient")
+        shard = st.shards[u].detach()
+        out = shard.new_empty(shard.numel() * len(st.group(u)))
+        handle = _post(ex, i, a, shard, out)
+        done, buffer = (lambda: st.bind(u, out)), out
+    elif op is Op.REDUCESCATTER:
+        full = st.padded_flat(u, a.payload)
+        out = st.shard_buffer(u, full)
+        handle = _post(ex, i, a, full, out)
+        done = (lambda: st.add_shard_grad(u, out)) if wgrad else (lambda: _bind_shard(st, u, out))
+        buffer = None  # a shard: static model state
+    else:
+        if wgrad:
+            t = st.take_wgrad(u) if (op is not Op.BROADCAST or is_root) else st.new_flat(u)
+        else:
+            t = st.flat(u, Payload.WEIGHT) if (op is not Op.BROADCAST or is_root) else st.new_flat(u)
+        handle = _post(ex, i, a, t)
+        writes = op is Op.ALLREDUCE or (op is Op.REDUCE and is_root) or (op is Op.BROADCAST and not is_root)
+        if not writes:  # this member only gives: completed as it finishes, like a send
+            with ex._sends_lock:
+                ex.sends.append((handle, t, i, a))
+            return
+        buffer = t
+        if wgrad:  # the local contributions left at the post: the result adds to what came since
+            done = lambda: st.add_grads(u, t, accumulate=True)  # noqa: E731
+        else:
+            done = lambda: st.bind(u, t)  # noqa: E731
+    st.expect(u, handle, done, i, a, ex._complete, buffer)
+    if ex.blocking_collectives:
+        st.settle(u)
+
+
+def _bind_shard(st, u: int, out: torch.Tensor) -> None:
+    with torch.no_grad():
+        st.shards[u].copy_(out)
+
+
+def _value_collective(ex: "RankExecutor", i: int, a: Action) -> None:
+    """Collectives of activations or gradients, one per micro-batch value."""
+    op, is_root = a.op, ex.rank == a.root
+    if op in (Op.ALLGATHER, Op.REDUCESCATTER):
+        raise _unsupported(ex, i, a, f"{op.value} of an activation or gradient")
+    kind = _KIND[a.payload]
+    keys = [(kind, a.unit, m) for m in a.mb]
+    if op is Op.BROADCAST and not is_root:
+        t = ex._empty(keys)
+    else:
+        t = ex._payload_out(i, a, release=not (op is Op.BROADCAST and is_root))
+    handle = _post(ex, i, a, t)
+    if op is Op.ALLREDUCE or (op is Op.REDUCE and is_root) or (op is Op.BROADCAST and not is_root):
+        for k in keys:
+            ex.pending[k] = (handle, t, keys, i, a)
+        if ex.blocking_collectives:
+            ex._settle(keys[0])
+    else:
+        with ex._sends_lock:
+            ex.sends.append((handle, t, i, a))
+
+
+def _unsupported(ex: "RankExecutor", i: int, a: Action, what: str) -> Exception:
+    from .executor import PipelineError
+    return PipelineError(f"rank {ex.rank}: action {i} ({a}): {what} has no meaning in pipert's IR "
+                         f"(docs/semantics.md); collectives of weights: ALLREDUCE, BROADCAST, REDUCE, ALLGATHER, "
+                         f"REDUCESCATTER; of gradients: ALLREDUCE, BROADCAST, REDUCE, REDUCESCATTER", ex.rank)
+
+
+# --------------------------------------------------------------------------- memory ops
+def run_memory_op(ex: "RankExecutor", i: int, a: Action) -> None:
+    st, op, u, pl = ex.state, a.op, a.unit, a.payload
+    if pl is Payload.STASH:
+        for m in a.mb:
+            if op is Op.FREE:
+                ex.runners[u].drop(m)
+                st.stash.drop(u, m)
+            elif op is Op.OFFLOAD:
+                st.offload_stash(u, m)
+            else:
+                st.prefetch_stash(u, m)
+        return
+    if pl is Payload.WEIGHT:
+        if op is not Op.PREFETCH:
+            st.settle_weights(u)
+        if op is Op.OFFLOAD:
+            st.offload(("weight", u), st.flat(u, Payload.WEIGHT))
+        if op in (Op.FREE, Op.OFFLOAD):
+            st.free(u, i)
+        else:
+            st.bind(u, st.restore(("weight", u)))
+        return
+    if pl is Payload.WGRAD:
+        if op is Op.PREFETCH:
+            st.add_grads(u, st.restore(("wgrad", u)), accumulate=True)
+            return
+        t = st.take_wgrad(u)
+        if op is Op.OFFLOAD:
+            st.offload(("wgrad", u), t)
+        return
+    kind = _KIND[pl]
+    for m in a.mb:
+        key = (kind, u, m)
+        if op is Op.PREFETCH:
+            ex.values[key] = ex.boundary(u, m).unpack(st.restore(key))
+            continue
+        v = ex._take(key, i, a)
+        if op is Op.OFFLOAD:
+            st.offload(key, ex.boundary(u, m).pack(v))

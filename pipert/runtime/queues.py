@@ -1,0 +1,91 @@
+"""Where the executor's three queues run (docs/semantics.md, "The three queues and time").
+
+- :class:`StreamQueues`: on a StreamSet of ``pipert.runtime.streams`` (pipert._C worker threads on
+  a CPU, the pure-Python threads with ``PIPERT_NO_EXT=1``, a compute stream and high-priority
+  send and receive streams on a GPU). The host issues the whole program; a SEND, RECV or
+  collective waits for the event the compute queue recorded after the last compute-queue action
+  before it (it is posted when the program reaches it), a compute for the events of the receives
+  and collectives that bring what it reads. Receives are only posted on the receive stream; the
+  compute that reads a value completes its receive, so a receive not yet needed never blocks the
+  compute queue.
+- :class:`HostQueues`: every action runs on the calling thread in list order (the same timing
+  model, one thread); used where a per-action snapshot is taken (memory measurement, recording).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+
+__all__ = ["HostQueues", "StreamQueues", "make_queues"]
+
+
+class HostQueues:
+    """All three queues on the calling thread."""
+
+    name = "host"
+
+    def compute(self, fn: Callable[[], None], waits: Iterable[Any] = ()) -> None:
+        fn()
+
+    def send(self, fn: Callable[[], None], waits: Iterable[Any] = ()) -> None:
+        fn()
+
+    def recv(self, fn: Callable[[], None], waits: Iterable[Any] = ()) -> None:
+        fn()
+
+    def finish(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class StreamQueues:
+    """The queues on a StreamSet (module doc). Each ``compute``/``send``/``recv`` returns the
+    event recorded after the item."""
+
+    def __init__(self, device: torch.device | str = "cpu", backend: str | None = None, name: str = "") -> None:
+        from .streams import StreamSet
+        self.set = StreamSet(device, name=name, backend=backend)
+        self.name = self.set.backend
+        self.last: Any = None  # event after the last compute-queue action issued
+
+    def _on(self, stream: Any, fn: Callable[[], None], waits: Iterable[Any], posted: bool) -> Any:
+        if posted and self.last is not None:
+            stream.wait(self.last)
+        for ev in waits:
+            stream.wait(ev)
+        stream.enqueue(fn)
+        return stream.record()
+
+    def compute(self, fn: Callable[[], None], waits: Iterable[Any] = ()) -> Any:
+        self.last = self._on(self.set.compute, fn, waits, posted=False)
+        return self.last
+
+    def send(self, fn: Callable[[], None], waits: Iterable[Any] = ()) -> Any:
+        return self._on(self.set.send, fn, waits, posted=True)
+
+    def recv(self, fn: Callable[[], None], waits: Iterable[Any] = ()) -> Any:
+        return self._on(self.set.recv, fn, waits, posted=True)
+
+    def finish(self) -> None:
+        """Wait for every queue; errors of items surface through the executor (it keeps the
+        first exception an item raised), so the streams' own error text is not needed here."""
+        try:
+            self.set.synchronize()
+        except RuntimeError:
+            pass
+        self.last = None
+
+    def close(self) -> None:
+        self.set.close()
+
+
+def make_queues(kind: str, device: torch.device | str, name: str = "") -> HostQueues | StreamQueues:
+    """``kind``: "host", or "streams" (the device's default stream backend)."""
+    if kind == "host":
+        return HostQueues()
+    if kind == "streams":
+        return StreamQueues(device, name=name)
+    raise ValueError(f"queues {kind!r} unknown; allowed: 'streams', 'host'")

@@ -1,0 +1,159 @@
+"""Saved tensors of every stash, held through autograd's saved-tensor hooks.
+
+While a unit's forward (or RECOMPUTE) runs inside :meth:`StashLedger.capture`, every tensor
+autograd saves for its backward is packed into a :class:`_Held` that this ledger tracks, keyed
+by the (unit, micro-batch) of the stash. That gives, at any time:
+
+- the live bytes of each stash (the holders autograd still references; a freed graph drops them),
+  counted once per storage within a stash, parameters and module buffers excluded;
+- OFFLOAD/PREFETCH of a stash: the held tensors move to host buffers and back (backward reads
+  them through ``unpack``; reading an offloaded stash raises).
+
+Parameters are never packed into holders (they are the unit's weights, not its activations);
+they are saved as detached aliases, so a graph keeps the weights it was built with even when the
+parameter is rebound to new storage afterwards.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+__all__ = ["StashLedger", "tensor_key"]
+
+
+class _Held:
+    """One saved tensor; ``tensor`` is None while offloaded (``host`` holds it then)."""
+
+    __slots__ = ("tensor", "host", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.host: Any = None
+
+
+def _region(t: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+    """The bytes a view spans, as a uint8 tensor, and their identity (device, first byte, bytes)."""
+    es = t.element_size()
+    span = (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * es if t.numel() else 0
+    raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage(), t.storage_offset() * es,
+                                                                  (span,), (1,))
+    return raw, (t.device.type, t.device.index, t.data_ptr(), span)
+
+
+def tensor_key(t: torch.Tensor) -> tuple:
+    """Identity of the bytes a tensor views: (device, first byte, bytes). Two views of the same
+    bytes count once; distinct views of one storage count separately (a received fold's buffer
+    split per micro-batch is two values)."""
+    nbytes = t.numel() * t.element_size()
+    if t.numel() > 1 and not any(t.stride()):
+        nbytes = 0  # the one-element placeholder of a freed or offloaded tensor
+    return (t.device.type, t.device.index, t.data_ptr(), nbytes)
+
+
+class StashLedger:
+    """Holders of saved tensors per (unit, micro-batch); see the module doc."""
+
+    def __init__(self, excluded: Callable[[], list[torch.Tensor]]) -> None:
+        self._excluded_fn = excluded
+        self._excluded: set[int] | None = None
+        self._current: tuple[int, int] | None = None
+        self._held: dict[tuple[int, int], weakref.WeakSet] = {}
+        self._staged: dict[tuple[int, int], tuple[dict, list]] = {}
+
+    def _excluded_ptrs(self) -> set[int]:
+        # recomputed lazily: received weights rebind parameters to new storage
+        return {t.untyped_storage().data_ptr() for t in self._excluded_fn()}
+
+    @contextlib.contextmanager
+    def capture(self, unit: int, mb: int) -> Iterator[None]:
+        """Track what autograd saves while the block runs as the stash of (unit, mb)."""
+        self._current = (unit, mb)
+        self._excluded = self._excluded_ptrs()
+        self._held.setdefault((unit, mb), weakref.WeakSet())
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield
+        finally:
+            self._current = None
+            self._excluded = None
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        # a detached alias: the graph keeps this storage even when the parameter (or a buffer)
+        # is later rebound to another one (received weights, FREE, OFFLOAD)
+        t = t.detach()
+        if self._current is None or t.untyped_storage().data_ptr() in self._excluded:
+            return t
+        h = _Held(t)
+        self._held[self._current].add(h)
+        return h
+
+    @staticmethod
+    def _unpack(h: Any) -> torch.Tensor:
+        if not isinstance(h, _Held):
+            return h
+        if h.tensor is None:
+            raise RuntimeError("backward reads a stash that is offloaded; PREFETCH it before its backward")
+        return h.tensor
+
+    # --- queries ----------------------------------------------------------------------------
+    def live_bytes(self, unit: int, mb: int) -> int:
+        """Device bytes of the stash of (unit, mb) that autograd still holds."""
+        held = self._held.get((unit, mb))
+        if not held:
+            return 0
+        return sum(k[3] for k in self.keys(unit, mb))
+
+    def keys(self, unit: int, mb: int) -> set[tuple]:
+        """:func:`tensor_key` of every live, on-device tensor of the stash of (unit, mb)."""
+        return {tensor_key(h.tensor) for h in list(self._held.get((unit, mb), ())) if h.tensor is not None}
+
+    def total_bytes(self) -> int:
+        """Sum over stashes of :meth:`live_bytes` (bytes shared by two stashes count twice)."""
+        return sum(self.live_bytes(u, m) for (u, m) in list(self._held))
+
+    def drop(self, unit: int, mb: int) -> None:
+        self._held.pop((unit, mb), None)
+        self._staged.pop((unit, mb), None)
+
+    def clear(self) -> None:
+        self._held.clear()
+        self._staged.clear()
+
+    # --- offload ----------------------------------------------------------------------------
+    def offload(self, unit: int, mb: int, stage: Callable[[torch.Tensor], Any],
+                extra: Sequence[torch.Tensor] = ()) -> None:
+        """Move the stash of (unit, mb) off the device, with ``extra`` tensors (the inputs its
+        runner keeps, rebound to placeholders). ``stage(t)`` returns a host copy of a uint8
+        tensor; each distinct byte region is staged once, however many views share it."""
+        views = [(h, h.tensor) for h in list(self._held.get((unit, mb), ())) if h.tensor is not None]
+        views += [(t, t) for t in extra]
+        staged: dict[tuple, Any] = {}
+        layout = []
+        for owner, t in views:
+            region = _region(t)
+            if region[1] not in staged:
+                staged[region[1]] = stage(region[0])
+            layout.append((owner, region[1], t.dtype, t.shape, t.stride()))
+            if isinstance(owner, _Held):
+                owner.tensor = None
+            else:
+                owner.data = owner.data.new_zeros(1).expand(owner.shape)
+        self._staged[(unit, mb)] = (staged, layout)
+
+    def prefetch(self, unit: int, mb: int, restore: Callable[[Any], torch.Tensor]) -> None:
+        """Bring the stash of (unit, mb) (and its ``extra`` tensors) back: ``restore(host)`` returns
+        the uint8 region on its device; every view is rebuilt on its region."""
+        staged, layout = self._staged.pop((unit, mb), ({}, []))
+        back = {k: restore(v) for k, v in staged.items()}
+        for owner, k, dtype, shape, stride in layout:
+            t = torch.empty(0, dtype=dtype, device=back[k].device).set_(back[k].untyped_storage(), 0, shape, stride)
+            if isinstance(owner, _Held):
+                owner.tensor = t
+            else:
+                owner.data = t
+
+    def is_offloaded(self, unit: int, mb: int) -> bool:
+        return any(h.tensor is None for h in list(self._held.get((unit, mb), ())))
