@@ -29,7 +29,6 @@ from pipert.cost import Links, Topology, UniformCost
 from pipert.schedules import build_schedule
 from pipert.schedules.crosspipe import (ChunkScaledCost, best_hint, GreedyConfig, SolverConfig, default_memory_limit,
                                         greedy_best, greedy_schedule, problem_from_cost, solve)
-from pipert.schedules.crosspipe.lowering import lower_crosspipe
 from pipert.schedules.crosspipe.select import compare_pp_dp, format_pp_dp, llama3_405b
 from pipert.sim import simulate
 
@@ -70,7 +69,7 @@ def cell(P: int, dcs: int, lat: float, bw: float, relax: float, tl: float, solve
             if solver:
                 h = best_hint(pr, c, links, 4)      # the better of the greedy and ZB-H1
                 r = solve(pr, SolverConfig(time_limit_s=tl, relative_gap=0.01, sub_blocks=4), hint=h)
-                s = lower_crosspipe(pr, r.orders, r.recv_order, r.send_order)
+                s = r.schedule(pr)
                 row["optimum"] = simulate(s, c, links).makespan
                 row.update(bound=r.bound, status=r.status, gap=r.gap, solver_s=r.runtime_s)
                 row["greedy_gap"] = g.makespan / row["optimum"] - 1

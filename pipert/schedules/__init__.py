@@ -20,7 +20,7 @@ register("1f1b", one_f_one_b, "1F1B (PipeDream-flush): warm-up, one forward one 
 register("interleaved-1f1b", interleaved_1f1b,
          "Megatron interleaved 1F1B: V chunks per rank, looping placement u -> u mod P",
          default_chunks=2, min_chunks=2, max_chunks=None, check=check_interleaved,
-         constraints="V >= 2; M % P == 0 or M < 2P")
+         constraints="V >= 2; any M >= 1")
 register("zb-h1", zb_h1, "Zero Bubble H1: 1F1B with backward split into D/W, W deferred into the cool-down",
          split_backward=True, check=check_zb_h1, constraints="V = 1; any M >= 1")
 register("zb-v", zb_v, "Zero Bubble V: 2 chunks per rank in a V shape, D/W split, 1F1B-like memory",

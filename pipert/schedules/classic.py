@@ -13,7 +13,7 @@ from ..ir import Action, Op, Schedule
 from .registry import PipelineConfig, assemble, require_chunks
 
 __all__ = ["gpipe", "one_f_one_b", "interleaved_1f1b", "check_gpipe", "check_1f1b", "check_interleaved",
-           "interleaved_table", "group_size"]
+           "interleaved_table", "group_sizes"]
 
 
 def check_gpipe(config: PipelineConfig) -> None:
@@ -27,19 +27,8 @@ def check_1f1b(config: PipelineConfig) -> None:
 
 
 def check_interleaved(config: PipelineConfig) -> None:
-    """Interleaved 1F1B needs V >= 2 (V = 1 is plain 1F1B) and M % P == 0 or M < 2P.
-
-    M % P == 0 is Megatron's requirement: groups of P micro-batches. M < 2P is a single
-    group of M (for M < P the forward of chunk c+1 then waits for chunk c to leave the
-    last rank: valid, with a larger bubble). Larger groups (torch's M // (M // P) for
-    other M) deadlock or stall under in-order send/recv queues, so they are refused.
-    """
+    """Interleaved 1F1B needs V >= 2 (V = 1 is plain 1F1B); it runs any M >= 1."""
     require_chunks("interleaved-1f1b", config, 2, None)
-    p, m = config.stages, config.microbatches
-    if m % p and m >= 2 * p:
-        lo, hi = m - m % p, m - m % p + p
-        raise ValueError(f"interleaved-1f1b needs microbatches to be a multiple of stages or fewer than "
-                         f"2*stages (got M={m}, P={p}); nearby valid M: {lo}, {hi}")
 
 
 def gpipe(config: PipelineConfig) -> Schedule:
@@ -69,35 +58,40 @@ def one_f_one_b(config: PipelineConfig) -> Schedule:
     return assemble("1f1b", config, list(range(p)), orders, split_backward=False)
 
 
-def group_size(stages: int, microbatches: int) -> int:
-    """Micro-batches per group: P when P divides M, else M (one group; M < 2P)."""
-    return stages if microbatches % stages == 0 else microbatches
+def group_sizes(stages: int, microbatches: int) -> list[int]:
+    """Micro-batches per group: torch's rounds (``max(1, M // P)`` groups) as equal as they can
+    be, larger groups first. P when P divides M (Megatron), one group of M when M < 2P."""
+    rounds = max(1, microbatches // stages)
+    return [microbatches // rounds + (1 if k < microbatches % rounds else 0) for k in range(rounds)]
 
 
 def interleaved_table(stages: int, microbatches: int, chunks: int) -> list[tuple[int, int]]:
     """Megatron's (micro-batch, chunk) order of the forwards on every rank.
 
-    Micro-batches form consecutive groups of :func:`group_size`; within a group the rank
-    runs chunk 0 for every micro-batch of the group, then chunk 1, and so on. The
-    backwards follow the same table with chunk c replaced by V-1-c.
+    Micro-batches form consecutive groups (:func:`group_sizes`); within a group the rank runs
+    chunk 0 for every micro-batch of the group, then chunk 1, and so on. The backwards follow
+    the same table with chunk c replaced by V-1-c.
     """
-    g = group_size(stages, microbatches)
-    return [(mb, c) for start in range(0, microbatches, g) for c in range(chunks)
-            for mb in range(start, min(start + g, microbatches))]
+    out, start = [], 0
+    for g in group_sizes(stages, microbatches):
+        out += [(mb, c) for c in range(chunks) for mb in range(start, start + g)]
+        start += g
+    return out
 
 
 def interleaved_1f1b(config: PipelineConfig) -> Schedule:
     """Megatron-LM interleaved 1F1B (Narayanan et al. 2021).
 
-    Rank i runs ``min(2(P-1-i) + (V-1)g, M*V)`` warm-up forwards (g = :func:`group_size`,
-    P when P divides M), then alternates the next forward with the next backward of
-    :func:`interleaved_table`, then drains the backwards. Chunk c of rank i is unit
-    ``c*P + i``.
+    Rank i runs ``min(2(P-1-i) + (V-1)g, M*V)`` warm-up forwards (g: the first group's size
+    of :func:`group_sizes`, P when P divides M), then alternates the next forward with the next
+    backward of :func:`interleaved_table`, then drains the backwards. Chunk c of rank i is unit
+    ``c*P + i``. Every M >= 1 gives a valid program (receives on different links never wait for
+    each other, docs/semantics.md); ``tests/unit/test_schedules.py`` checks a range of P, M, V.
     """
     check_interleaved(config)
     p, m, v = config.stages, config.microbatches, config.chunks
     table = interleaved_table(p, m, v)
-    g = group_size(p, m)
+    g = group_sizes(p, m)[0]
     total = m * v
     orders = []
     for i in range(p):

@@ -257,11 +257,13 @@ class SlotProgram:
     """Per-rank action lists built slot by slot; transfers are added once and placed on
     both sides so that each directed link's SENDs and RECVs are in the same order.
 
-    Within a slot: pre-compute sends, receives of pre-compute sends (for the next slot),
-    pre-compute collectives, computes (each followed by the sends that depend on it),
-    post-compute collectives and sends, receives of post-compute sends, WAIT+OPT, sends
-    after the OPT, FREEs. A receive is posted no earlier in its queue than its send can
-    start, so it never holds up receives behind it for longer than that send.
+    Within a slot: pre-compute sends, receives of pre-compute and post-OPT sends (for the
+    next slot), pre-compute collectives, computes (each followed by the sends that depend on
+    it), post-compute collectives and sends, receives of post-compute sends, WAIT+OPT, sends
+    after the OPT, FREEs. A transfer starts once its RECV is posted (docs/semantics.md), so the
+    weights a slot needs are received before the previous slot's computes: their transfer
+    overlaps those computes. Gradients sent after a compute are received after the slot's
+    computes (their buffers are not held across them).
     """
 
     def __init__(self, num_ranks: int) -> None:
@@ -274,13 +276,13 @@ class SlotProgram:
 
     def transfer(self, slot: int, stage: int, sub: tuple, src: int, dst: int, payload: Payload, unit: int,
                  tag: int) -> Action:
-        """SEND on src at (slot, stage, *sub, unit); the RECV on dst in the slot's (early or
-        late) receive section at (stage, *sub, src, unit): a directed link has the same order on both
+        """SEND on src at (slot, stage, *sub, unit); the RECV on dst in the slot's early
+        (pre-compute and post-OPT sends) or late (post-compute sends) receive section at (stage, *sub, src, unit): a directed link has the same order on both
         sides (FIFO matching). ``sub`` must have the same length for every transfer that
         shares ``stage``. Returns the SEND."""
         send = Action(Op.SEND, unit=unit, payload=payload, peer=dst, tag=tag)
         self.add(src, slot, stage, send, tuple(sub) + (unit,))
-        self.add(dst, slot, RECV if stage == SEND0 else RECV_LATE,
+        self.add(dst, slot, RECV if stage in (SEND0, SEND2) else RECV_LATE,
                  Action(Op.RECV, unit=unit, payload=payload, peer=src, tag=tag), (stage,) + tuple(sub) + (src, unit))
         return send
 

@@ -215,26 +215,42 @@ def test_zb2_rounds_and_handover():
 
 def run_versions(s: Schedule) -> int:
     """Execute ``s`` symbolically: ranks hold weight versions, OPT bumps the owner's, SEND/RECV
-    carry versions FIFO per link. Every F/B/D of micro-batch m must see version m // update_every
-    (0 without it). Returns the number of computes checked."""
+    carry versions FIFO per link. A RECV is posted where it stands and completes when its message
+    arrives; an action that reads or replaces unit u's weights waits for the rank's posted
+    receives of u (docs/semantics.md). Every F/B/D of micro-batch m must see version
+    m // update_every (0 without it). Returns the number of computes checked."""
     every = s.meta.get("update_every")
     ver = [{u: 0 for u in s.units_owned(r)} for r in range(s.num_ranks)]
-    links: dict[tuple[int, int], deque] = defaultdict(deque)
+    links: dict[tuple[int, int], deque] = defaultdict(deque)      # sent, not yet received
+    posted: dict[tuple[int, int], deque] = defaultdict(deque)     # received-posted, not yet sent
+    waiting = [defaultdict(int) for _ in range(s.num_ranks)]      # unit -> weight receives in flight
     ptr, checked, P = [0] * s.num_ranks, 0, s.num_ranks
+
+    def deliver(r: int, a: Action, v) -> None:
+        if a.payload is Payload.WEIGHT:
+            ver[r][a.unit] = v
+            waiting[r][a.unit] -= 1
+
     while any(ptr[r] < len(s.actions[r]) for r in range(P)):
         moved = False
         for r in range(P):
             while ptr[r] < len(s.actions[r]):
                 a = s.actions[r][ptr[r]]
+                if a.unit is not None and waiting[r][a.unit] and a.op is not Op.RECV:
+                    break
                 if a.op is Op.SEND:
-                    links[(r, a.peer)].append(ver[r][a.unit] if a.payload is Payload.WEIGHT else None)
+                    v = ver[r][a.unit] if a.payload is Payload.WEIGHT else None
+                    if posted[(r, a.peer)]:
+                        deliver(a.peer, posted[(r, a.peer)].popleft(), v)
+                    else:
+                        links[(r, a.peer)].append(v)
                 elif a.op is Op.RECV:
-                    q = links[(a.peer, r)]
-                    if not q:
-                        break
-                    v = q.popleft()
                     if a.payload is Payload.WEIGHT:
-                        ver[r][a.unit] = v
+                        waiting[r][a.unit] += 1
+                    if links[(a.peer, r)]:
+                        deliver(r, a, links[(a.peer, r)].popleft())
+                    else:
+                        posted[(a.peer, r)].append(a)
                 elif a.op is Op.FREE:
                     del ver[r][a.unit]
                 elif a.op is Op.OPT:

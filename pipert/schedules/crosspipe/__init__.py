@@ -4,7 +4,7 @@
   memory, per-message link occupancy and latency, memory limit);
 - :mod:`.greedy`   CrossUDSub (paper Algorithm 1) for any pattern (UD, Wave, Loop);
 - :mod:`.solver`   the paper's constraint model in OR-Tools CP-SAT;
-- :mod:`.lowering` compute + message orders -> a pipert Schedule;
+- :mod:`.lowering` compute orders + receive positions -> a pipert Schedule;
 - :mod:`.build`    registry builders and the default memory limit;
 - :mod:`.select`   candidate ranking and the cross-DC pipeline-vs-data-parallel comparison.
 
@@ -14,14 +14,15 @@ Registered names: ``crosspipe-greedy`` (UD), ``crosspipe-wave`` (Wave greedy),
 from .build import (COUNTERPART, best_hint, build_greedy, build_optimal, build_wave, default_memory_limit,
                     make_problem, resolve_system, schedule_as_hint)
 from .greedy import GreedyConfig, GreedyResult, greedy_best, greedy_schedule
-from .lowering import lower_crosspipe
+from .lowering import lower_crosspipe, place_receives
 from .model import PATTERNS, ChunkScaledCost, CrossPipeProblem, pattern_chunks, pattern_units, problem_from_cost
 from .solver import SolverConfig, SolverResult, solve
 
 __all__ = ["COUNTERPART", "PATTERNS", "ChunkScaledCost", "CrossPipeProblem", "GreedyConfig", "GreedyResult",
-           "SolverConfig", "SolverResult", "best_hint", "build_greedy", "build_optimal", "build_wave", "default_memory_limit",
-           "greedy_best", "greedy_schedule", "lower_crosspipe", "make_problem", "pattern_chunks", "pattern_units",
-           "problem_from_cost", "resolve_system", "schedule_as_hint", "solve", "register_crosspipe"]
+           "SolverConfig", "SolverResult", "best_hint", "build_greedy", "build_optimal", "build_wave",
+           "default_memory_limit", "greedy_best", "greedy_schedule", "lower_crosspipe", "make_problem",
+           "pattern_chunks", "pattern_units", "place_receives", "problem_from_cost", "resolve_system",
+           "schedule_as_hint", "solve", "register_crosspipe"]
 
 
 def register_crosspipe() -> None:

@@ -5,9 +5,11 @@ Each builder is a pure function of the pipeline config and the system it is buil
 With no links and no ``dc_latency``/``dc_transfer`` every transfer is free.
 
 Memory convention: the limit is one number per rank in the cost model's memory unit,
-counted the simulator's way (stashes plus received activation/gradient buffers, in list
-order). The default is the static counterpart's peak -- the largest per-rank peak of
-ZB-H1 for UD (= 1F1B's: P stashes + one gradient buffer = P + 1 in uniform units), ZB-V
+counted the simulator's way (stashes plus activation/gradient buffers -- received ones
+from their RECV, written ones until sent or read -- in list order). The default is the
+static counterpart's peak -- the largest per-rank peak of ZB-H1 for UD (= 1F1B's: rank 0
+after its P-th forward holds P stashes, the first gradient, whose RECV ``lower`` posts one
+compute ahead, and that forward's activation until its SEND: P + 2 in uniform units), ZB-V
 for Wave, interleaved 1F1B for Loop -- applied to every rank, as a device capacity is.
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ...cost.uniform import UniformCost
 from ...ir import Op, Schedule
 from ..registry import PipelineConfig
 from .greedy import GreedyConfig, GreedyResult, Timed, greedy_best
-from .lowering import lower_crosspipe
+from .lowering import lower_crosspipe, place_receives
 from .model import CrossPipeProblem, pattern_chunks, problem_from_cost
 from .solver import SolverConfig, solve
 
@@ -70,7 +72,12 @@ def make_problem(config: PipelineConfig, pattern: str, cost: Any, links: Any,
 
 def schedule_as_hint(problem: CrossPipeProblem, schedule: Schedule, cost: Any, links: Any) -> GreedyResult | None:
     """A simulated schedule of the same placement in the greedy's result form (for the
-    solver's hint); None if it uses ops the solver does not model (B) or breaks the limit."""
+    solver's hint); None if it uses ops the solver does not model (B) or breaks the limit.
+
+    Its receive positions are re-derived by the models' rule (:func:`.lowering.place_receives`
+    on the simulated times): each RECV moves to where it is posted no earlier than before
+    and still by its transfer's start, so the re-lowered schedule is no slower and holds
+    no buffer longer than ``schedule``."""
     from ...sim import simulate
     if any(a.op is Op.B for _, _, a in schedule) or tuple(schedule.placement.ranks) != problem.unit_ranks:
         return None
@@ -78,19 +85,15 @@ def schedule_as_hint(problem: CrossPipeProblem, schedule: Schedule, cost: Any, l
     if max(r.peak_memory) > min(problem.limit(q) for q in range(problem.stages)) + 1e-9:
         return None
     timeline: list[list[Timed]] = [[] for _ in range(problem.stages)]
-    sends: dict[tuple, float] = {}
     messages: dict[tuple, tuple[float, float]] = {}
-    recv_order: list[list[tuple]] = [[] for _ in range(problem.stages)]
     for rank, queue, a, start, end in r.events:
         if queue == "compute" and a.op in (Op.F, Op.D, Op.W):
             timeline[rank].append(Timed(a, start, end))
-        elif a.op is Op.SEND:
-            sends[(a.payload.value, a.unit, a.mb[0])] = start
         elif a.op is Op.RECV:
-            key = (a.payload.value, a.unit, a.mb[0])
-            recv_order[rank].append(key)
-            messages[key] = (start, end)
-    return GreedyResult(timeline, r.makespan, 0.0, messages, recv_order, list(r.peak_memory))
+            messages[(a.payload.value, a.unit, a.mb[0])] = (start, end)
+    recv_at = place_receives(problem, [[t.action for t in tl] for tl in timeline],
+                             [[t.end for t in tl] for tl in timeline], {k: v[0] for k, v in messages.items()})
+    return GreedyResult(timeline, r.makespan, 0.0, messages, recv_at, list(r.peak_memory))
 
 
 def best_hint(problem: CrossPipeProblem, cost: Any, links: Any, sub_blocks: int = 4) -> GreedyResult:
@@ -114,7 +117,7 @@ def _greedy(config: PipelineConfig, pattern: str, name: str, sub_blocks: int, me
     g = greedy_best(pr, GreedyConfig(sub_blocks=sub_blocks))
     meta = {"predicted_makespan": g.makespan, "greedy_s": round(g.runtime_s, 4), "sub_blocks": sub_blocks,
             "memory_limit": pr.meta["memory_limit"]}
-    return lower_crosspipe(pr, g.orders, g.recv_order, name=name, meta=meta)
+    return lower_crosspipe(pr, g.orders, g.recv_at, name=name, meta=meta)
 
 
 def build_greedy(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
@@ -137,16 +140,21 @@ def build_optimal(config: PipelineConfig, *, cost: Any = None, links: Any = None
                   memory_limit: float | None = None, sub_blocks: int = 4, dc_latency: float = 0.0,
                   dc_transfer: float = 0.0, num_dcs: int | None = None, pattern: str | None = None,
                   time_limit: float = 60.0, objective: str = "all", relative_gap: float = 0.0,
-                  workers: int = 2) -> Schedule:
+                  workers: int = 1) -> Schedule:
     """CP-SAT optimum (paper §4.1), hinted and bounded by the greedy.
 
     ``pattern`` defaults to "ud" for chunks=1 and "wave" for chunks=2 ("loop" must be named).
+    ``workers=1`` (default) searches deterministically and ``time_limit`` is CP-SAT's
+    deterministic time limit (the wall clock stops a search only at 10x that), so every build
+    of the same input gives the same program; more workers may return a different one of
+    several optimal schedules on each build. (``Pipeline`` also builds a named schedule once
+    and sends it to every rank.)
     """
     pattern = pattern or ("ud" if config.chunks == 1 else "wave")
     cost, links = resolve_system(config.stages, cost, links, topology, dc_latency, dc_transfer, num_dcs)
     pr = make_problem(config, pattern, cost, links, memory_limit)
     hint = best_hint(pr, cost, links, sub_blocks)
-    res = solve(pr, SolverConfig(time_limit_s=time_limit, workers=workers, sub_blocks=sub_blocks,
-                                 objective=objective, relative_gap=relative_gap), hint=hint)
+    res = solve(pr, SolverConfig(time_limit_s=10 * time_limit, deterministic_limit=time_limit, workers=workers,
+                                 sub_blocks=sub_blocks, objective=objective, relative_gap=relative_gap), hint=hint)
     meta = {"sub_blocks": sub_blocks, "memory_limit": pr.meta["memory_limit"], "hint_makespan": hint.makespan}
     return res.schedule(pr, name="crosspipe-optimal", meta=meta)

@@ -8,7 +8,7 @@ placement: F u -> F u+1, F of the last unit -> its D, D u -> D u-1, D u -> W u):
 2. on it, among the ops available at that time pick by priority:
    - F and D both available: alternate with the last F/D block run on this rank
      (steady state); only F arrives during warm-up, only D and W remain in tear-down;
-   - F and D blocked by the memory limit, or nothing else available: one W sub-block
+   - F and D blocked by the memory limit (or flow control), or nothing else available: one W sub-block
      (the oldest pending W, so every W runs in micro-batch order);
    - among several F (or D) of different units (Wave, Loop): the higher unit first,
      then the lower micro-batch;
@@ -18,23 +18,45 @@ placement: F u -> F u+1, F of the last unit -> its D, D u -> D u-1, D u -> W u):
    throttle (``GreedyConfig.throttle``) only decides *when a block may be chosen*, never
    holds a chosen block back: a lowered schedule has no way to express a deliberate
    delay, and the simulator runs every compute as soon as its queue and inputs allow;
-4. when a block finishes, its message (if the next unit is on another rank) is issued:
-   it starts when the producer ended, the sender's previous message left (send queue,
-   FIFO in compute order) and the receiver's previously issued message left (receive
-   queue, FIFO in issue order); it occupies both queues -- hence its directed link -- for
-   its occupancy and arrives its latency later. This is the paper's range-based
-   occupancy model restricted to what the simulator executes (docs/semantics.md): with
-   in-order queues a message can only use the window after the previous one.
+4. when a block finishes, its message (if the next unit is on another rank) is issued on
+   its directed link (src, dst): it starts at s_k = max(producer end, link_free[(src, dst)])
+   -- per-link FIFO, links independent of each other (docs/semantics.md, "The three queues
+   and time") --, occupies the link for its occupancy and arrives its latency later.
 
-Memory follows the simulator's list-order rule with receives posted in issue order
-(:mod:`.lowering`): consuming the k-th message a rank was sent posts every earlier one
-still unposted, and each posted buffer counts until its consumer ran. An F is admitted
-only if, after it, the rank keeps room for one incoming gradient and one incoming
-activation buffer (so a later D can always be posted).
+Lowering (:mod:`.lowering`) puts each SEND right after its producer and each RECV right
+after the last compute of the receiver that ends no later than s_k (before the first one
+ending after s_k): both are posted by s_k, so neither delays a transfer, and the simulator
+starts every transfer at the model's s_k (per link, s_k follows producer order, so the
+SEND, RECV and transfer orders of a link agree).
+
+Memory is the simulator's list-order running sum of that program, kept per rank: ``mem``
+= the sum after the last placed action; ``lo``/``hi`` = the levels right before / right
+after each compute (``hi`` with its sent output, which its SEND frees right after). A
+compute changes it by its stash change minus the buffer it consumes plus the output it
+keeps on the rank (:meth:`.model.CrossPipeProblem.buffers`). Issued messages whose RECV
+is not placed yet wait in ``pending`` (each with s_k >= end of the rank's last compute);
+scheduling a compute that ends at fin first places every pending buffer with s_k < fin.
+A message issued while the receiver's last compute ends after s_k belongs before it
+(retroactive): every level from there on grows by its buffer; if that would break the
+limit, the RECV goes right after that compute instead and s_k = its end.
+
+Admission keeps ``held`` = mem + pending buffers within the limit, so placing them later
+never breaks it:
+- an F keeps held + committed + free gradient slots <= limit: a micro-batch entering a
+  rank (F of its first unit) commits the stash of all the rank's units (later chunks
+  never wait for memory: no Wave/Loop deadlock), and every unit X whose D reads a
+  gradient from another rank has a slot, taken from such a gradient's arrival until the
+  local D chain it feeds (D X, D X-1, ... on this rank) has run; a free slot keeps room
+  for one gradient, so a D can always receive its input;
+- flow control: a buffer counts on its receiver from s_k on, so an F or D whose message
+  crosses ranks is admitted only if the receiver can take the buffer now and then run its
+  consumer (a gradient beyond its slot also needs room besides the free slots).
+The greedy raises ValueError when no rank can run anything (limit too small).
 
 Invariants of the result: every F, D and W of one unit runs in micro-batch order (the
-solver's same-type ordering constraint holds for the greedy solution); the running memory
-of every rank stays within the limit; the timeline equals ``pipert.sim.simulate`` of the
+solver's same-type ordering constraint holds for the greedy solution); every directed link
+carries its messages in producer order; the running memory of every rank stays within the
+limit; timeline, message starts and peak memory equal ``pipert.sim.simulate`` of the
 lowered schedule.
 """
 from __future__ import annotations
@@ -46,6 +68,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ...ir import Action, Op
+from .lowering import Key, RecvAt, place_receives
 from .model import CrossPipeProblem
 
 __all__ = ["GreedyConfig", "GreedyResult", "Timed", "greedy_schedule", "greedy_best", "PORTFOLIO"]
@@ -67,8 +90,8 @@ class GreedyConfig:
     micro-batch; "mb" = lower micro-batch first, then higher unit."""
     throttle: str = "fd"
     """Blocks whose message has link occupancy may be chosen only once the message could
-    leave as they finish (no backlog in the send queue, which would hold back the rank's
-    other messages), so other ready work goes first; a chosen block still starts as soon
+    leave as they finish (no backlog on its directed link, which would hold back the link's
+    later messages), so other ready work goes first; a chosen block still starts as soon
     as the rank and its input are ready (as the simulator runs it). "f" for F blocks,
     "fd" for F and D, "" never."""
 
@@ -84,7 +107,7 @@ class Timed:
 
 @dataclass
 class GreedyResult:
-    """Per-rank compute orders with their times, message orders, and the greedy's cost."""
+    """Per-rank compute orders with their times, message times, receive positions, cost."""
 
     timeline: list[list[Timed]]
     """``timeline[r]``: rank r's compute actions in order, with times."""
@@ -92,10 +115,10 @@ class GreedyResult:
     """Predicted makespan: max over ranks of the last compute end plus its optimizer steps."""
     runtime_s: float
     """Wall time the greedy took."""
-    messages: dict = field(default_factory=dict)
-    """("act"|"grad", unit, mb) -> (start, arrival) of every cross-rank message."""
-    recv_order: list[list[tuple]] = field(default_factory=list)
-    """Per rank, the keys of the messages it receives, in receive-queue order."""
+    messages: dict[Key, tuple[float, float]] = field(default_factory=dict)
+    """("act"|"grad", unit, mb) -> (start s_k, arrival) of every cross-rank message."""
+    recv_at: RecvAt = field(default_factory=list)
+    """Per rank, its RECVs in list order as (key, computes before it): :func:`.lowering.place_receives`."""
     peak_memory: list[float] = field(default_factory=list)
     """Per rank, peak running memory (simulator accounting)."""
 
@@ -117,45 +140,84 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
         raise ValueError(f"sub_blocks must be >= 1 (got {n_sub})")
     ranks = pr.unit_ranks
     lim = [pr.limit(r) * (1 + 1e-12) + _EPS for r in range(P)]      # limits with a rounding tolerance
-    # room an F must leave for posting one incoming gradient (so a D can always run)
-    reserve = [max((pr.grad_buf[u] for u in pr.units_of(r) if u < U - 1 and ranks[u + 1] != r), default=0.0)
-               for r in range(P)]
+    # gradient slots: every unit X whose D reads a gradient from another rank is a stream of its
+    # rank; a slot is taken from such a gradient's arrival until the local D chain it feeds
+    # (D X, D X-1, ... while the next one is on the same rank) has run. The rank keeps room for
+    # one gradient per free slot, so a D can always receive its gradient (no deadlock).
+    streams = [[u for u in pr.units_of(r) if u < U - 1 and ranks[u + 1] != r] for r in range(P)]
+    chain_end: dict[int, int] = {}                 # unit v -> stream X whose chain D v ends
+    for r in range(P):
+        for x in streams[r]:
+            v = x
+            while v > 0 and ranks[v - 1] == r:
+                v -= 1
+            chain_end[v] = x
+    slots: list[dict[int, int]] = [{x: 0 for x in streams[r]} for r in range(P)]   # X -> gradients taking it
     # a micro-batch entering a rank (F of the rank's first unit) commits the stash of all
     # the rank's units, so its later chunks never wait for memory (no Wave/Loop deadlock)
     first_unit = [min(pr.units_of(r)) for r in range(P)]
     entry = [sum(pr.stash[u] for u in pr.units_of(r)) for r in range(P)]
     committed = [0.0] * P
-    # ready lists hold (avail, unit, mb, inbox index or -1)
-    ready_f: list[list[tuple[float, int, int, int]]] = [[] for _ in range(P)]
-    ready_d: list[list[tuple[float, int, int, int]]] = [[] for _ in range(P)]
+    io = {(op, u): pr.buffers(op, u) for op in (Op.F, Op.D) for u in range(U)}   # (consumed, kept, sent)
+    ready_f: list[list[tuple[float, int, int]]] = [[] for _ in range(P)]       # (avail, unit, mb)
+    ready_d: list[list[tuple[float, int, int]]] = [[] for _ in range(P)]
     pend_w: list[deque] = [deque() for _ in range(P)]          # [unit, mb, next sub-block]
     end = [0.0] * P
-    mem = [0.0] * P
-    peak = [0.0] * P
     last_fd: list[Op | None] = [None] * P
     timeline: list[list[Timed]] = [[] for _ in range(P)]
-    send_free = [0.0] * P
-    recv_free = [0.0] * P
-    inbox: list[list[tuple]] = [[] for _ in range(P)]          # message keys in receive order
-    inbuf: list[list[float]] = [[0.0] for _ in range(P)]       # prefix sums of their buffer sizes
-    posted = [0] * P
-    messages: dict = {}
+    # list-order memory: mem = level after the rank's last placed action; lo[r][i] / hi[r][i]
+    # = level right before / right after compute i (hi counts its sent output)
+    mem = [0.0] * P
+    peak = [0.0] * P
+    lo: list[list[float]] = [[] for _ in range(P)]
+    hi: list[list[float]] = [[] for _ in range(P)]
+    pending: list[list[tuple[float, float]]] = [[] for _ in range(P)]   # (s_k, buffer), s_k >= end[r]
+    held = [0.0] * P        # mem + pending buffers: the level if every issued RECV stood now; <= limit
+    link_free: dict[tuple[int, int], float] = {}
+    messages: dict[Key, tuple[float, float]] = {}
+    peers = [sorted({ranks[v] for u in pr.units_of(r) for v in (u - 1, u + 1) if 0 <= v < U} - {r})
+             for r in range(P)]
     for m in range(M):
-        ready_f[ranks[0]].append((0.0, 0, m, -1))
+        ready_f[ranks[0]].append((0.0, 0, m))
 
-    def extra(r: int, k: int) -> float:
-        """Buffers that consuming inbox message k posts now (it and every earlier unposted one)."""
-        return inbuf[r][k + 1] - inbuf[r][posted[r]] if k >= posted[r] else 0.0
+    def free_slots(r: int) -> float:
+        return sum(pr.grad_buf[x] for x, n in slots[r].items() if n == 0)
 
-    def f_ok(r: int, u: int, k: int) -> bool:
-        lvl = mem[r] + (extra(r, k) if k >= 0 else 0.0)
-        own = pr.act_buf[u - 1] if k >= 0 else 0.0
-        if u != first_unit[r]:
-            return lvl <= lim[r] and lvl - own + pr.stash[u] <= lim[r]
-        return lvl <= lim[r] and lvl - own + entry[r] + committed[r] + reserve[r] <= lim[r]
+    # admission counts every issued buffer (held), so placing them later never breaks the limit;
+    # an F keeps held + committed + free_slots <= limit (room for the committed stashes and
+    # one gradient per free slot)
+    def f_mem(r: int, u: int, extra: float = 0.0) -> bool:
+        cons, kept, sent = io[(Op.F, u)]
+        h = held[r] + extra - cons + kept + pr.stash[u]    # level once the F and its SEND ran
+        if h + sent > lim[r]:
+            return False
+        c = committed[r] + (entry[r] - pr.stash[u] if u == first_unit[r] else -pr.stash[u])
+        return h + c + free_slots(r) <= lim[r]
 
-    def d_ok(r: int, k: int) -> bool:
-        return k < 0 or mem[r] + extra(r, k) <= lim[r]
+    def d_mem(r: int, u: int, extra: float = 0.0) -> bool:
+        cons, kept, sent = io[(Op.D, u)]
+        return held[r] + extra + pr.delta(Op.D, u) - cons + kept + sent <= lim[r]
+
+    # flow control: a block whose message crosses ranks runs only if the receiver can take the
+    # buffer now and then run its consumer
+    def f_ok(r: int, u: int) -> bool:
+        if not f_mem(r, u):
+            return False
+        if u == U - 1 or ranks[u + 1] == r:
+            return True
+        dst, b = ranks[u + 1], pr.act_buf[u]
+        return held[dst] + b <= lim[dst] and f_mem(dst, u + 1, b)
+
+    def d_ok(r: int, u: int) -> bool:
+        if not d_mem(r, u):
+            return False
+        if u == 0 or ranks[u - 1] == r:
+            return True
+        dst, b = ranks[u - 1], pr.grad_buf[u - 1]
+        if held[dst] + b > lim[dst] or not d_mem(dst, u - 1, b):
+            return False
+        # a free slot was kept for it; a gradient beyond its slot needs room besides the others
+        return slots[dst][u - 1] == 0 or held[dst] + b + committed[dst] + free_slots(dst) <= lim[dst]
 
     thr_f = [("f" in config.throttle and u < U - 1 and ranks[u + 1] != ranks[u] and pr.act_link[u][0] > 0)
              for u in range(U)]
@@ -163,38 +225,73 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
              for u in range(U)]
 
     def avail_f(r: int, a: float, u: int) -> float:
-        return max(a, send_free[r] - pr.tf[u]) if thr_f[u] else a
+        return max(a, link_free.get((r, ranks[u + 1]), 0.0) - pr.tf[u]) if thr_f[u] else a
 
     def avail_d(r: int, a: float, u: int) -> float:
-        return max(a, send_free[r] - pr.td[u]) if thr_d[u] else a
+        return max(a, link_free.get((r, ranks[u - 1]), 0.0) - pr.td[u]) if thr_d[u] else a
 
     def sched_time(r: int) -> float:
-        best = end[r] if pend_w[r] else math.inf
-        for a, u, _, k in ready_f[r]:
-            a = avail_f(r, a, u)
-            if a < best and f_ok(r, u, k):
-                best = a
-        for a, u, _, k in ready_d[r]:
-            a = avail_d(r, a, u)
-            if a < best and d_ok(r, k):
-                best = a
+        best = end[r] if pend_w[r] else math.inf   # a W only frees memory: always admissible
+        for a, u, _ in ready_f[r]:
+            t = avail_f(r, a, u)
+            if t < best and f_ok(r, u):
+                best = t
+        for a, u, _ in ready_d[r]:
+            t = avail_d(r, a, u)
+            if t < best and d_ok(r, u):
+                best = t
         return max(end[r], best)
 
-    def issue(src: int, dst: int, key: tuple, ready: float, link: tuple[float, float], buf: float) -> tuple:
+    def run(r: int, act: Action, start: float, fin: float, delta: float, sent: float) -> None:
+        """Append a compute to rank r: place the pending buffers it follows, then apply it."""
+        keep = []
+        for s, b in pending[r]:
+            if s < fin:
+                mem[r] += b
+            else:
+                keep.append((s, b))
+        pending[r] = keep
+        lo[r].append(mem[r])
+        mem[r] += delta
+        held[r] += delta
+        hi[r].append(mem[r] + sent)
+        peak[r] = max(peak[r], lo[r][-1], hi[r][-1])
+        timeline[r].append(Timed(act, start, fin))
+        end[r] = fin
+
+    def issue(src: int, dst: int, key: Key, ready: float, link: tuple[float, float], buf: float) -> None:
+        """Start message ``key`` on its link (the receiver has room: flow control admitted it)."""
         occ, lat = link
-        s = max(ready, send_free[src], recv_free[dst])
-        send_free[src] = recv_free[dst] = s + occ
+        s = max(ready, link_free.get((src, dst), 0.0))
+        held[dst] += buf
+        if end[dst] > s:
+            # the receiver's last compute(s) end after s: the RECV belongs before the first of them
+            tl = timeline[dst]
+            j = len(tl)
+            while j > 0 and tl[j - 1].end > s:
+                j -= 1
+            top = max(max(lo[dst][j:]), max(hi[dst][j:]), mem[dst]) + buf
+            if top <= lim[dst]:
+                for i in range(j, len(tl)):
+                    lo[dst][i] += buf
+                    hi[dst][i] += buf
+                mem[dst] += buf
+                peak[dst] = max(peak[dst], top)
+            else:                                   # no room back there: RECV after the last compute
+                s = end[dst]
+                pending[dst].append((s, buf))
+        else:
+            pending[dst].append((s, buf))
+        link_free[(src, dst)] = s + occ
         messages[key] = (s, s + occ + lat)
-        inbox[dst].append(key)
-        inbuf[dst].append(inbuf[dst][-1] + buf)
-        return s + occ + lat, len(inbox[dst]) - 1
+        kind, u, m = key
+        if kind == "grad":
+            slots[dst][u] += 1
+        (ready_f if kind == "act" else ready_d)[dst].append((s + occ + lat, u + 1 if kind == "act" else u, m))
+        dirty.update(peers[dst])                    # their flow control reads dst's memory
+        dirty.add(dst)
 
-    def post(r: int, k: int) -> None:
-        if k >= posted[r]:
-            mem[r] += extra(r, k)
-            posted[r] = k + 1
-            peak[r] = max(peak[r], mem[r])
-
+    dirty: set[int] = set()                         # ranks whose schedulable time may have changed
     key_of = (lambda x: (-x[1], x[2])) if config.chunk_order == "unit" else (lambda x: (x[2], -x[1]))
     cache = [sched_time(r) for r in range(P)]
     done, total = 0, M * U * (2 + n_sub)
@@ -205,9 +302,11 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
             stuck = [q for q in range(P) if ready_f[q] or ready_d[q]]
             raise ValueError(f"greedy: memory limit {pr.memory_limit} too small: ranks {stuck} cannot run any "
                              f"available op")
-        fs = [x for x in ready_f[r] if avail_f(r, x[0], x[1]) <= now and f_ok(r, x[1], x[3])]
-        ds = [x for x in ready_d[r] if avail_d(r, x[0], x[1]) <= now and d_ok(r, x[3])]
-        dirty = {r}
+        fs = [x for x in ready_f[r] if avail_f(r, x[0], x[1]) <= now and f_ok(r, x[1])]
+        ds = [x for x in ready_d[r] if avail_d(r, x[0], x[1]) <= now and d_ok(r, x[1])]
+        dirty.clear()
+        dirty.add(r)
+        dirty.update(peers[r])
         if fs or ds:
             if fs and ds:
                 op = Op.F if config.prefer == "f" else Op.D if config.prefer == "d" or last_fd[r] is Op.F else Op.F
@@ -215,51 +314,38 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
                 op = Op.F if fs else Op.D
             item = min(fs if op is Op.F else ds, key=key_of)
             (ready_f if op is Op.F else ready_d)[r].remove(item)
-            a, u, m, k = item
+            a, u, m = item
             # the throttle only steers the choice (other ops may go first); the block itself
             # starts as the simulator runs it: when the rank is free and its input is ready
             start = max(end[r], a)
             fin = start + pr.duration(op, u)
-            timeline[r].append(Timed(Action(op, u, m), start, fin))
-            end[r] = fin
+            cons, kept, sent = io[(op, u)]
+            run(r, Action(op, u, m), start, fin, pr.delta(op, u) - cons + kept, sent)
             last_fd[r] = op
             done += 1
-            if k >= 0:
-                post(r, k)
-            own = (pr.act_buf[u - 1] if op is Op.F else pr.grad_buf[u]) if k >= 0 else 0.0
-            mem[r] += pr.delta(op, u) - own
             if op is Op.F:
                 committed[r] += entry[r] - pr.stash[u] if u == first_unit[r] else -pr.stash[u]
-            peak[r] = max(peak[r], mem[r])
-            if op is Op.F:
                 if u == U - 1:
-                    ready_d[r].append((fin, u, m, -1))
+                    ready_d[r].append((fin, u, m))
                 elif ranks[u + 1] == r:
-                    ready_f[r].append((fin, u + 1, m, -1))
+                    ready_f[r].append((fin, u + 1, m))
                 else:
-                    dst = ranks[u + 1]
-                    avail, idx = issue(r, dst, ("act", u, m), fin, pr.act_link[u], pr.act_buf[u])
-                    ready_f[dst].append((avail, u + 1, m, idx))
-                    dirty.add(dst)
+                    issue(r, ranks[u + 1], ("act", u, m), fin, pr.act_link[u], pr.act_buf[u])
             else:
                 pend_w[r].append([u, m, 0])
+                if u in chain_end:
+                    slots[r][chain_end[u]] -= 1
                 if u > 0:
                     if ranks[u - 1] == r:
-                        ready_d[r].append((fin, u - 1, m, -1))
+                        ready_d[r].append((fin, u - 1, m))
                     else:
-                        dst = ranks[u - 1]
-                        avail, idx = issue(r, dst, ("grad", u - 1, m), fin, pr.grad_link[u - 1], pr.grad_buf[u - 1])
-                        ready_d[dst].append((avail, u - 1, m, idx))
-                        dirty.add(dst)
+                        issue(r, ranks[u - 1], ("grad", u - 1, m), fin, pr.grad_link[u - 1], pr.grad_buf[u - 1])
         else:
             w = pend_w[r][0]
             u, m, i = w
             sub = (i, n_sub) if n_sub > 1 else None
             start = end[r]
-            fin = start + pr.duration(Op.W, u, sub)
-            timeline[r].append(Timed(Action(Op.W, u, m, sub=sub), start, fin))
-            end[r] = fin
-            mem[r] += pr.delta(Op.W, u, sub)
+            run(r, Action(Op.W, u, m, sub=sub), start, start + pr.duration(Op.W, u, sub), pr.delta(Op.W, u, sub), 0.0)
             w[2] += 1
             done += 1
             if w[2] == n_sub:
@@ -269,7 +355,11 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
     timeline = [_merge_w(tl, n_sub) for tl in timeline]
     makespan = max((tl[-1].end + sum(pr.opt_time[u] for u in pr.units_of(r))
                     for r, tl in enumerate(timeline) if tl), default=0.0)
-    return GreedyResult(timeline, makespan, time.perf_counter() - t0, messages, inbox, peak)
+    # a RECV between two merged W pieces moves before the whole W: posted earlier (still by
+    # s_k), and the pieces before the last change no memory, so the peak stays the same
+    recv_at = place_receives(pr, [[t.action for t in tl] for tl in timeline], [[t.end for t in tl] for tl in timeline],
+                             {k: v[0] for k, v in messages.items()})
+    return GreedyResult(timeline, makespan, time.perf_counter() - t0, messages, recv_at, peak)
 
 
 PORTFOLIO = ("alternate", "d", "f")

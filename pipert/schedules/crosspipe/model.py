@@ -8,8 +8,9 @@ A :class:`CrossPipeProblem` is everything the greedy and the solver read (paper 
   the first and the last unit) and ``loop`` (interleaved chunks: unit u on rank u mod P);
 - per-unit times ``tf/td/tw`` of one micro-batch (F, D = input grad, W = weight grad);
 - memory: ``F u`` adds ``stash[u]``, ``D u`` frees ``stash[u] - stash_w[u]``, ``W u``
-  frees ``stash_w[u]`` (its last sub-block frees it); a received activation or gradient
-  buffer holds ``act_buf[u]``/``grad_buf[u]`` from its RECV until its consumer ran;
+  frees ``stash_w[u]`` (its last sub-block frees it); an activation or gradient buffer
+  (``act_buf[u]``/``grad_buf[u]``) counts from its RECV, or from the F/D that wrote it, until
+  its consumer ran or its SEND handed it over (:meth:`CrossPipeProblem.buffers`);
 - per-message ``(occupancy, latency)`` for the activation of unit u (rank(u) -> rank(u+1))
   and the gradient of unit u (rank(u+1) -> rank(u)); both are (0, 0) on one rank;
 - a per-rank memory limit (None = unlimited).
@@ -164,6 +165,22 @@ class CrossPipeProblem:
         if op in (Op.D, Op.B) and unit < self.units - 1 and self.unit_ranks[unit + 1] != r:
             return self.grad_buf[unit]
         return 0.0
+
+    def buffers(self, op: Op, unit: int) -> tuple[float, float, float]:
+        """(consumed, kept, sent) activation/gradient buffers of one F or D (simulator accounting):
+        ``consumed`` is the input it frees (received, or written by the rank's own previous
+        unit), ``kept`` its output when the consumer is on the same rank (held until that
+        consumer ran), ``sent`` its output when a SEND hands it over (held until the SEND)."""
+        r, last = self.unit_ranks[unit], self.units - 1
+        if op is Op.F:
+            cons = self.act_buf[unit - 1] if unit > 0 else 0.0
+            out, to = (self.act_buf[unit], unit + 1) if unit < last else (0.0, unit)
+        elif op is Op.D:
+            cons = self.grad_buf[unit] if unit < last else 0.0
+            out, to = (self.grad_buf[unit - 1], unit - 1) if unit > 0 else (0.0, unit)
+        else:
+            return 0.0, 0.0, 0.0
+        return (cons, out, 0.0) if self.unit_ranks[to] == r else (cons, 0.0, out)
 
     def duration(self, op: Op, unit: int, sub: tuple[int, int] | None = None) -> float:
         t = {Op.F: self.tf, Op.D: self.td, Op.W: self.tw}[op][unit] if op is not Op.B \

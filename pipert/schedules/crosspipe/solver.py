@@ -6,18 +6,27 @@ Mapping of the paper's model onto pipert's execution model (docs/semantics.md):
   pieces, as in the greedy) on its rank, one per cross-rank message (size = its link
   occupancy, possibly 0). Time is integer: ``ticks_per_tf`` ticks per largest forward
   time; every duration is rounded to ticks (exact when inputs are multiples of a tick).
-- **Dependencies** (paper constraint 1): message start >= producer end; consumer start
-  >= message start + occupancy + latency ("latency follows the bandwidth interval").
-- **No overlap** (constraint 2): NoOverlap per rank over its computes; per rank over the
-  messages it sends (the send queue) and over those it receives (the receive queue),
-  zero-size messages included (CP-SAT orders them too). A directed link is fed by one
-  send queue, so this implies the paper's per-link no-overlap. The emitted schedule lists
-  sends and receives in start order, so the simulator runs exactly these orders.
-- **Memory** (constraint 3), in the simulator's list-order accounting: a reservoir per
-  rank with F adding its stash, D freeing ``stash - stash_w``, the last W piece freeing
-  ``stash_w``, and each received buffer held from its post time ``e_k`` to its consumer.
-  ``e_k`` <= the consumer start of every message received after k (receives are posted in
-  receive order, each as late as possible); the limit holds at every event.
+- **Dependencies** (paper constraint 1): message start s_k >= producer end; consumer
+  start >= s_k + occupancy + latency ("latency follows the bandwidth interval").
+- **No overlap** (constraint 2): NoOverlap per rank over its computes; NoOverlap per
+  directed link over its messages (per-link FIFO; links are independent). The messages
+  of one link start in the order of their producers (one order literal per pair of
+  messages of different units on a link; same-unit messages are in micro-batch order), so
+  the lowered SENDs -- each right after its producer -- and the link's RECVs (in s_k
+  order) list the link's transfers in the solver's order.
+- **Receives** stand by the model's timing (:func:`.lowering.place_receives`): right
+  after the last compute of the receiver ending at or before s_k, so neither a SEND nor a
+  RECV is posted after s_k and the simulator starts every transfer when the model does.
+- **Memory** (constraint 3), in the simulator's list-order accounting of that program: a
+  reservoir per rank whose positive changes happen at an op's start and negative ones at
+  its end. A compute changes the level by ``stash change - consumed buffer + output kept
+  on the rank`` plus, for the moment before its SEND, its sent output: F adds the stash,
+  D frees ``stash - stash_w``, the last W piece frees ``stash_w``; the sum (with the sent
+  output) is one change at the start if >= 0, else at the end, and the sent output leaves
+  at the end. Each received buffer is added at s_k. A RECV stands before the first compute
+  ending after s_k, so at every time the reservoir level is at most a list-order level and
+  every list-order level is reached (one tick before the compute after it ends): the
+  maxima agree, and the limit holds in the lowered program exactly when in the model.
 - **Same-type order** (constraint 4): F, D, W (and messages) of one unit run in
   micro-batch order; the greedy satisfies it, so its solution is a valid hint.
 - **Objective**: ``"all"`` (default) minimises the makespan over all ranks -- what the
@@ -42,7 +51,7 @@ from ortools.sat.python import cp_model
 
 from ...ir import Action, Op, Schedule
 from .greedy import GreedyConfig, GreedyResult, greedy_best
-from .lowering import lower_crosspipe
+from .lowering import RecvAt, lower_crosspipe, place_receives
 from .model import CrossPipeProblem
 
 __all__ = ["SolverConfig", "SolverResult", "solve", "lower_bound"]
@@ -54,6 +63,10 @@ class SolverConfig:
 
     time_limit_s: float = 60.0
     """Wall-clock limit of the search."""
+    deterministic_limit: float | None = None
+    """CP-SAT's deterministic time limit (work units, about seconds on one core): with one
+    worker, a search stopped by it returns the same schedule on every run; a search stopped by
+    the wall clock need not."""
     workers: int = 2
     """CP-SAT search workers (threads)."""
     sub_blocks: int = 4
@@ -76,10 +89,8 @@ class SolverResult:
 
     orders: list[list[Action]]
     """Per-rank compute orders."""
-    send_order: list[list[tuple]]
-    """Per rank, messages it sends in send-queue order."""
-    recv_order: list[list[tuple]]
-    """Per rank, messages it receives in receive-queue order."""
+    recv_at: RecvAt
+    """Per rank, its RECVs in list order as (key, computes before it)."""
     makespan: float
     """Objective of the incumbent in time units (all-rank makespan for ``objective="all"``)."""
     bound: float
@@ -99,7 +110,7 @@ class SolverResult:
     def schedule(self, problem: CrossPipeProblem, name: str = "crosspipe-optimal", meta: dict | None = None) -> Schedule:
         info = {"predicted_makespan": self.makespan, "bound": self.bound, "gap": self.gap, "status": self.status,
                 "solver_s": round(self.runtime_s, 3), **(meta or {})}
-        return lower_crosspipe(problem, self.orders, self.recv_order, self.send_order, name=name, meta=info)
+        return lower_crosspipe(problem, self.orders, self.recv_at, name=name, meta=info)
 
 
 class _Model:
@@ -120,9 +131,9 @@ class _Model:
         self.dur: dict[tuple, int] = {}
         self.on: list[list[tuple]] = [[] for _ in range(pr.stages)]
         self.msg_start: dict[tuple, cp_model.IntVar] = {}
-        self.msg: dict[tuple, tuple[int, int, int, int, tuple]] = {}   # key -> (src, dst, occ, lat, consumer op)
-        self.post: dict[tuple, cp_model.IntVar] = {}
-        self.order_lits: dict[tuple, cp_model.IntVar] = {}
+        # key -> (src, dst, occ, lat, consumer op, producer op)
+        self.msg: dict[tuple, tuple[int, int, int, int, tuple, tuple]] = {}
+        self.order_lits: dict[tuple, cp_model.IntVar] = {}   # (ka, kb) -> ka's transfer and producer first
 
     def tk(self, t: float) -> int:
         return int(round(t * self.scale))
@@ -162,13 +173,29 @@ class _Model:
                         m.add(self.start[first] >= self.end(last))
         for r in range(pr.stages):
             m.add_no_overlap([self.interval(k) for k in self.on[r]])
-            for side in (0, 1):
-                ks = [k for k, v in self.msg.items() if v[side] == r]
-                if ks:
-                    m.add_no_overlap([self.msg_interval(k) for k in ks])
+        links: dict[tuple[int, int], list[tuple]] = {}
+        for k, v in self.msg.items():
+            links.setdefault((v[0], v[1]), []).append(k)
+        for ks in links.values():
+            self.link_order(ks)
         if pr.memory_limit is not None:
             for r in range(pr.stages):
                 self.memory(r)
+
+    def link_order(self, ks: list[tuple]) -> None:
+        """Per-link FIFO: no overlap, and transfers in the order of their producers."""
+        m = self.m
+        if len(ks) > 1 and any(self.msg[k][2] for k in ks):
+            m.add_no_overlap([self.msg_interval(k) for k in ks])
+        for i, ka in enumerate(ks):
+            for kb in ks[i + 1:]:
+                if ka[:2] == kb[:2]:     # one unit and direction: micro-batch order (in link())
+                    continue
+                lit = m.new_bool_var(f"o{ka}{kb}")
+                self.order_lits[(ka, kb)] = lit
+                for x, y, l in ((ka, kb, lit), (kb, ka, ~lit)):
+                    m.add(self.start[self.msg[y][5]] >= self.end(self.msg[x][5])).only_enforce_if(l)
+                    m.add(self.msg_start[y] >= self.msg_start[x] + self.msg[x][2]).only_enforce_if(l)
 
     def interval(self, key: tuple):
         return self.m.new_fixed_size_interval_var(self.start[key], self.dur[key], f"i{key}")
@@ -184,7 +211,7 @@ class _Model:
         occ, lat = self.tk(spec[0]), self.tk(spec[1])
         s = m.new_int_var(0, self.H, f"m{key}")
         self.msg_start[key] = s
-        self.msg[key] = (src, dst, occ, lat, cons)
+        self.msg[key] = (src, dst, occ, lat, cons, prod)
         m.add(s >= self.end(prod))
         m.add(self.start[cons] >= s + occ + lat)
         if key[2]:       # messages of one unit and direction in micro-batch order
@@ -197,41 +224,23 @@ class _Model:
         q = _memory_scale(pr)
         mem = lambda x: int(round(x * q))
         times, deltas = [], []
-        incoming = [k for k, v in self.msg.items() if v[1] == r]
-        for k in incoming:
-            e = m.new_int_var(0, self.H, f"e{k}")
-            self.post[k] = e
-            m.add(e <= self.start[self.msg[k][4]])
-        for a in range(len(incoming)):
-            for b in range(a + 1, len(incoming)):
-                ka, kb = incoming[a], incoming[b]
-                if ka[0] == kb[0] and ka[1] == kb[1]:
-                    first, second = (ka, kb) if ka[2] < kb[2] else (kb, ka)
-                    m.add(self.post[first] <= self.start[self.msg[second][4]])
-                    continue
-                lit = m.new_bool_var(f"o{ka}{kb}")
-                self.order_lits[(ka, kb)] = lit
-                sa, sb = self.msg_start[ka], self.msg_start[kb]
-                m.add(sa + self.msg[ka][2] <= sb).only_enforce_if(lit)
-                m.add(sb + self.msg[kb][2] <= sa).only_enforce_if(~lit)
-                m.add(self.post[ka] <= self.start[self.msg[kb][4]]).only_enforce_if(lit)
-                m.add(self.post[kb] <= self.start[self.msg[ka][4]]).only_enforce_if(~lit)
-        consumed = {v[4]: k for k, v in self.msg.items() if v[1] == r}
+        for k, v in self.msg.items():
+            if v[1] == r:
+                times.append(self.msg_start[k])
+                deltas.append(mem(pr.act_buf[k[1]] if k[0] == "act" else pr.grad_buf[k[1]]))
         for key in self.on[r]:
             t, u = key[0], key[1]
-            s = self.start[key]
-            k = consumed.get(key)
-            buf = 0.0
-            if k is not None:
-                buf = pr.act_buf[k[1]] if k[0] == "act" else pr.grad_buf[k[1]]
-                times.append(self.post[k]); deltas.append(mem(buf))
-            if t == "F":
-                d = pr.stash[u] - buf
-                times.append(s if pr.stash[u] >= buf else s + 1); deltas.append(mem(d))
-            elif t == "D":
-                times.append(s + 1 if buf else s); deltas.append(mem(-(pr.stash[u] - pr.stash_w[u]) - buf))
-            elif key[3] == self.n_sub - 1:
-                times.append(s); deltas.append(mem(-pr.stash_w[u]))
+            s, e = self.start[key], self.end(key)
+            if t == "W":
+                if key[3] == self.n_sub - 1:
+                    times.append(e); deltas.append(mem(-pr.stash_w[u]))
+                continue
+            op = Op.F if t == "F" else Op.D
+            cons, kept, sent = pr.buffers(op, u)
+            d = mem(pr.delta(op, u) - cons + kept + sent)     # level right after it, before its SEND
+            times.append(s if d >= 0 else e); deltas.append(d)
+            if sent:
+                times.append(e); deltas.append(-mem(sent))
         m.add_reservoir_constraint(times, deltas, -(1 << 60), int(math.floor(pr.limit(r) * q + 1e-6)))
 
     def hint(self, g: GreedyResult) -> None:
@@ -253,17 +262,8 @@ class _Model:
             m.add_hint(var, self.tk(starts[key]))
         for key, var in self.msg_start.items():
             m.add_hint(var, self.tk(g.messages[key][0]))
-        pos = {}
-        for r, keys in enumerate(g.recv_order):
-            later = math.inf
-            for i in range(len(keys) - 1, -1, -1):
-                k = keys[i]
-                pos[k] = i
-                later = min(later, starts[self.msg[k][4]])
-                if k in self.post:
-                    m.add_hint(self.post[k], self.tk(later))
-        for (ka, kb), lit in self.order_lits.items():
-            m.add_hint(lit, pos[ka] < pos[kb])
+        for (ka, kb), lit in self.order_lits.items():      # producers (F or D) are never W pieces
+            m.add_hint(lit, starts[self.msg[ka][5]] < starts[self.msg[kb][5]])
 
     def objective(self, upper: float | None) -> None:
         pr, m = self.pr, self.m
@@ -328,6 +328,8 @@ def solve(problem: CrossPipeProblem, config: SolverConfig = SolverConfig(), hint
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.max_time_in_seconds = config.time_limit_s
+    if config.deterministic_limit is not None:
+        prm.max_deterministic_time = config.deterministic_limit
     prm.num_workers = config.workers
     prm.relative_gap_limit = config.relative_gap
     prm.random_seed = config.seed
@@ -344,8 +346,8 @@ def solve(problem: CrossPipeProblem, config: SolverConfig = SolverConfig(), hint
         ok = status != cp_model.INFEASIBLE and math.isfinite(solver.best_objective_bound)
         bound = solver.best_objective_bound / mod.scale if ok else 0.0
         bound = max(bound, lower_bound(problem)) if config.objective == "all" else bound
-        return SolverResult(hint.orders, _send_orders(problem, hint), hint.recv_order, hint.makespan,
-                            min(bound, hint.makespan), "HINT", runtime, hint)
+        return SolverResult(hint.orders, hint.recv_at, hint.makespan, min(bound, hint.makespan), "HINT", runtime,
+                            hint)
     res = _extract(mod, solver, solver.status_name(status), runtime, hint)
     if config.objective == "all":
         res.bound = min(res.makespan, max(res.bound, lower_bound(problem)))
@@ -367,23 +369,15 @@ def lower_bound(pr: CrossPipeProblem) -> float:
     return best
 
 
-def _send_orders(pr: CrossPipeProblem, g: GreedyResult) -> list[list[tuple]]:
-    """Send-queue order of the greedy: messages by start time per sender."""
-    out: list[list[tuple]] = [[] for _ in range(pr.stages)]
-    for k in sorted(g.messages, key=lambda k: g.messages[k]):
-        src = pr.unit_ranks[k[1]] if k[0] == "act" else pr.unit_ranks[k[1] + 1]
-        out[src].append(k)
-    return out
-
-
 def _extract(mod: _Model, solver: cp_model.CpSolver, status: str, runtime: float,
              hint: GreedyResult | None) -> SolverResult:
     pr, n = mod.pr, mod.n_sub
     val = {k: solver.value(v) for k, v in mod.start.items()}
-    orders = []
+    orders: list[list[Action]] = []
+    ends: list[list[int]] = []        # end tick of each emitted compute (a merged W: its last piece)
     for r in range(pr.stages):
         keys = sorted(mod.on[r], key=val.__getitem__)
-        acts = []
+        acts, es = [], []
         i = 0
         while i < len(keys):
             k = keys[i]
@@ -392,18 +386,19 @@ def _extract(mod: _Model, solver: cp_model.CpSolver, status: str, runtime: float
                         keys[i + j][:3] == k[:3] and val[keys[i + j]] == val[keys[i + j - 1]] + mod.dur[keys[i + j - 1]]
                         for j in range(1, n)):
                     acts.append(Action(Op.W, k[1], k[2]))
+                    es.append(val[keys[i + n - 1]] + mod.dur[keys[i + n - 1]])
                     i += n
                     continue
                 acts.append(Action(Op.W, k[1], k[2], sub=(k[3], n) if n > 1 else None))
             else:
                 acts.append(Action(Op(k[0]), k[1], k[2]))
+            es.append(val[k] + mod.dur[k])
             i += 1
         orders.append(acts)
+        ends.append(es)
     ms = {k: solver.value(v) for k, v in mod.msg_start.items()}
-    send_order: list[list[tuple]] = [[] for _ in range(pr.stages)]
-    recv_order: list[list[tuple]] = [[] for _ in range(pr.stages)]
-    for k in sorted(ms, key=lambda k: (ms[k], ms[k] + mod.msg[k][2], val[mod.msg[k][4]])):
-        send_order[mod.msg[k][0]].append(k)
-        recv_order[mod.msg[k][1]].append(k)
-    return SolverResult(orders, send_order, recv_order, solver.objective_value / mod.scale,
-                        solver.best_objective_bound / mod.scale, status, runtime, hint)
+    # a RECV whose s_k falls inside a merged W stands before the whole W: posted earlier (still
+    # by s_k), and the pieces before the last change no memory, so the peak is the reservoir's
+    recv_at = place_receives(pr, orders, ends, ms)
+    return SolverResult(orders, recv_at, solver.objective_value / mod.scale, solver.best_objective_bound / mod.scale,
+                        status, runtime, hint)

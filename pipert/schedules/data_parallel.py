@@ -1,0 +1,101 @@
+"""Data parallelism over any pipeline schedule: D replicas of a P-rank program.
+
+``replicate(schedule, dp, zero)`` turns a schedule of P ranks and M/D micro-batches into one of
+P*D ranks and M micro-batches: replica d is ranks ``d*P .. d*P+P-1`` and runs micro-batches
+``d, d+D, d+2D, ...`` (its j-th is the base schedule's micro-batch j). Each unit's weights are
+held by its owner in every replica (``Placement.replicas``); the replicas combine their weight
+gradients right before each ``OPT u`` over the unit's replica group:
+
+- ZeRO 0: ``ALLREDUCE wgrad u``;
+- ZeRO 1/2: ``REDUCESCATTER wgrad u``, ``OPT u`` on the shard, ``ALLGATHER weight u``;
+- ZeRO 3: also ``ALLGATHER weight u`` before the unit's first compute of the step and
+  ``FREE weight u`` after its last, so only the shard is kept between steps.
+
+The process layout (replica-major: rank = d*P + stage) is the one
+``torch.distributed.device_mesh.init_device_mesh(..., (D, P), mesh_dim_names=("dp", "pp"))``
+gives; ``pipert.runtime.mesh`` builds that mesh for a torch.distributed job.
+"""
+from __future__ import annotations
+
+from ..ir import Action, Op, Payload, Placement, Schedule
+
+__all__ = ["replicate", "replica_groups"]
+
+
+def replica_groups(base: Schedule, dp: int) -> list[tuple[int, ...]]:
+    """Per unit, the ranks of the P*D layout that hold its weights."""
+    P = base.num_ranks
+    return [tuple(base.placement.weight_owner[u] + d * P for d in range(dp)) for u in range(base.num_units)]
+
+
+def replicate(base: Schedule, dp: int, zero: int | list[int] = 0) -> Schedule:
+    """The data-parallel schedule of ``base`` (see the module doc). ``zero``: one ZeRO stage for
+    every unit, or one per unit."""
+    if dp < 1:
+        raise ValueError(f"dp must be >= 1, got {dp}")
+    if base.placement.replicas is not None:
+        raise ValueError(f"schedule {base.name!r} is already data-parallel")
+    P, U, M = base.num_ranks, base.num_units, base.num_microbatches
+    zeros = [zero] * U if isinstance(zero, int) else list(zero)
+    if len(zeros) != U or any(z not in (0, 1, 2, 3) for z in zeros):
+        raise ValueError(f"zero must be 0..3, once or per unit ({U} units); got {zero!r}")
+    if base.meta.get("update_every"):
+        raise ValueError(f"schedule {base.name!r} steps the optimizer several times per batch; data "
+                         f"parallelism over it is not supported")
+    if any(a.op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.BROADCAST, Op.REDUCE) for _, _, a in base):
+        raise ValueError(f"schedule {base.name!r} already has collectives; replicate a pipeline schedule")
+    groups = replica_groups(base, dp)
+    first_use: dict[tuple[int, int], int] = {}
+    last_use: dict[tuple[int, int], int] = {}
+    for r, i, a in base:
+        if a.unit is not None and a.op in (Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE):
+            first_use.setdefault((r, a.unit), i)
+            last_use[(r, a.unit)] = i
+    actions = []
+    for d in range(dp):
+        for r in range(P):
+            prog = []
+            for i, a in enumerate(base.actions[r]):
+                a = _relabel(a, d, dp, P)
+                u = a.unit
+                if a.op is Op.OPT:
+                    for uu in ([u] if u is not None else base.units_owned(r)):
+                        prog += _reduce_then_step(uu, groups[uu], zeros[uu])
+                    continue
+                if u is not None and zeros[u] == 3 and first_use.get((r, u)) == i and \
+                        base.placement.weight_owner[u] == r:
+                    prog.append(Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u]))
+                prog.append(a)
+                if u is not None and zeros[u] == 3 and last_use.get((r, u)) == i and \
+                        base.placement.weight_owner[u] == r:
+                    prog.append(Action(Op.FREE, unit=u, payload=Payload.WEIGHT))
+            actions.append(prog)
+    ranks = tuple(tuple(base.placement.rank(u, m // dp) + (m % dp) * P for m in range(M * dp)) for u in range(U))
+    placement = Placement("table", ranks, base.placement.weight_owner, tuple(groups), tuple(zeros))
+    meta = dict(base.meta, dp=dp, zero=zeros, pp_stages=P)
+    return Schedule(f"{base.name}-dp{dp}" + (f"-zero{zero}" if isinstance(zero, int) and zero else ""),
+                    P * dp, U, M * dp, placement, actions, meta)
+
+
+def _relabel(a: Action, d: int, dp: int, P: int) -> Action:
+    """Replica d's copy of a base action: its micro-batches and peers."""
+    import dataclasses
+    kw = {}
+    if a.mb:
+        kw["mb"] = tuple(j * dp + d for j in a.mb)
+    if a.peer is not None:
+        kw["peer"] = a.peer + d * P
+    if a.group:
+        kw["group"] = tuple(g + d * P for g in a.group)
+    if a.root is not None:
+        kw["root"] = a.root + d * P
+    return dataclasses.replace(a, **kw) if kw else a
+
+
+def _reduce_then_step(u: int, group: tuple[int, ...], zero: int) -> list[Action]:
+    if zero == 0:
+        return [Action(Op.ALLREDUCE, unit=u, payload=Payload.WGRAD, group=group), Action(Op.OPT, unit=u)]
+    out = [Action(Op.REDUCESCATTER, unit=u, payload=Payload.WGRAD, group=group), Action(Op.OPT, unit=u)]
+    if zero <= 2:
+        out.append(Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=group))
+    return out
