@@ -75,7 +75,7 @@ def test_float64_takes_the_exact_path(device, recompute):
 
 def test_drop_in_for_builtin_model(device):
     """The built-in model with the chunked MLP gives the same loss and grads as with its own."""
-    llama = pytest.importorskip("pipert.models.llama")
+    from pipert.models import llama
     cfg = llama.LlamaConfig(hidden=32, layers=2, heads=4, kv_heads=2, ffn=48, max_seq=32)
     ref = llama.LlamaModel(cfg, seed=3).to(device)
     ours = llama.LlamaModel(cfg, seed=3, mlp_factory=ChunkedSwiGLUMLP.factory(chunk_size=7)).to(device)

@@ -29,8 +29,7 @@ def test_train_json_check_and_loss_goes_down():
 @pytest.mark.parametrize("args, message", [
     (("--stages", "8"), "needs 8 units but model 'tiny' has only 4 layers"),
     (("--batch-size", "10"), "not divisible into 8 micro-batches"),
-    (("--schedule", "interleaved-1f1b", "--microbatches", "9", "--batch-size", "18", "--model", "small"),
-     "interleaved-1f1b"),
+    (("--schedule", "zb-v", "--chunks", "3"), "zb-v needs chunks == 2"),
     (("--schedule", "nope"), "unknown schedule 'nope'"),
 ])
 def test_train_rejects_bad_configs_before_starting_processes(args, message):
