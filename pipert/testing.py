@@ -58,6 +58,29 @@ class CaseResult:
         return d
 
 
+# Cases that exercise every op of the IR (tests/multiproc/test_gloo_ir_ops.py on gloo, and
+# tests/unit/test_runtime_local.py on the local transport): 2 ranks, 4 ranks (dp pairs), 3 ranks.
+IR_OP_CASES = [
+    Case("1f1b", 2, 8, fold=2, steps=2),                              # two micro-batches per op
+    Case("1f1b", 2, 8, fold=2, passes=("expand_folds",)),             # ... expanded, one message each
+    Case("1f1b", 2, 4, passes=("recompute",), steps=2),               # RECOMPUTE on every unit
+    Case("zb-h1", 2, 4, passes=("recompute",)),
+    Case("1f1b", 2, 4, passes=("offload_stashes",), steps=2),         # OFFLOAD/PREFETCH of every stash
+    Case("zb-v", 2, 4, passes=("offload_stashes",)),
+    Case("zb-v", 2, 4, passes=("offload_weights",), steps=2),        # OFFLOAD/PREFETCH of units' weights
+    Case("crosspipe-greedy", 2, 4),                                   # W pieces
+]
+IR_OP_DP_CASES = [
+    Case("1f1b", 2, 8, dp=2, steps=2),                                # ALLREDUCE of weight gradients
+    Case("1f1b", 2, 8, dp=2, zero=1, steps=2),                        # REDUCESCATTER + ALLGATHER
+    Case("zb-h1", 2, 8, dp=2, zero=3, steps=2),                       # ZeRO-3: gather before use, free after
+]
+IR_OP_TORCH_CASES = [
+    Case("torch:ScheduleInterleavedZeroBubble", 3, 4, chunks=2, steps=2),
+    Case("torch:ScheduleInterleavedZeroBubble", 3, 4, chunks=2, options=(("comms", True),), steps=2),
+]
+
+
 def sgd(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     """The tests' optimizer: plain SGD with momentum (updates depend on gradients linearly)."""
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)

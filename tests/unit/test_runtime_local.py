@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from pipert.schedules import build_schedule
-from pipert.testing import Case, rel_err, run_case
+from pipert.testing import IR_OP_CASES, IR_OP_DP_CASES, IR_OP_TORCH_CASES, Case, rel_err, run_case
 
 CLASSIC = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"]
 CASES = [Case(n, P, M, "float64", steps=2) for n in CLASSIC for P in (2, 3, 4) for M in (P, 2 * P, 2 * P + 1)]
@@ -35,3 +35,11 @@ def test_rel_err_detects_a_one_ulp_change():
     assert rel_err(a, b) > 0
     with pytest.raises(AssertionError, match="names differ"):
         rel_err(a, {"v": a["w"]})
+
+
+@pytest.mark.parametrize("case", IR_OP_CASES + IR_OP_DP_CASES + IR_OP_TORCH_CASES, ids=str)
+def test_every_ir_op_trains_exactly_on_the_local_transport(case):
+    """Folds, RECOMPUTE, OFFLOAD/PREFETCH, dp pairs (ALLREDUCE, REDUCESCATTER + ALLGATHER),
+    W pieces and torch's IZB programs: the same cases as on gloo (test_gloo_ir_ops.py)."""
+    r = run_case(case)
+    assert r.loss_err <= 1e-12 and r.grad_err <= 1e-10 and r.param_err <= 1e-10, r
