@@ -148,6 +148,7 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
     For backend "dist" every rank calls this; rank 0 returns the result, the others None.
     """
     from .runtime.pipeline import Pipeline
+    from .runtime.reference import grouped_reference_step
     schedule = _schedule(case)
     units = tiny_units(schedule.num_units, case.dtype, fine=case.fine)
     ref_units = copy.deepcopy(units)
@@ -166,8 +167,8 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
                 sent[k] = sent.get(k, 0) + v
         if backend == "dist" and dist.get_rank() != 0:
             continue
-        ref, ref_loss = _reference(ref_units, x, y, case.microbatches, ref_opt,
-                                   schedule.meta.get("update_every") or case.microbatches)
+        ref, ref_loss = grouped_reference_step(ref_units, x, y, case.microbatches,
+                                               schedule.meta.get("update_every") or case.microbatches, ref_opt)
         worst[0] = max(worst[0], abs(loss - ref_loss) / max(abs(ref_loss), 1e-300))
         worst[1] = max(worst[1], rel_err(grads, ref.grads))
         worst[2] = max(worst[2], rel_err(params, ref.params_after))
@@ -181,19 +182,6 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
             for k, v in part.items():
                 sent[k] = sent.get(k, 0) + v
     return CaseResult(case, worst[0], worst[1], worst[2], sent)
-
-
-def _reference(units, x, y, microbatches: int, optimizer, update_every: int):
-    """The reference for a schedule that updates every ``update_every`` micro-batches: one
-    reference step per group, in order; returns the last group's result and the mean loss."""
-    from .runtime.reference import reference_step
-    groups = microbatches // update_every
-    xs, ys = x.chunk(groups), y.chunk(groups)
-    losses = []
-    for g in range(groups):
-        ref = reference_step(units, xs[g], ys[g], update_every, optimizer=optimizer)
-        losses.append(float(ref.loss))
-    return ref, sum(losses) / groups
 
 
 def run_cases_dist(rank: int, world: int, cases: Sequence[Case], out_path: str, timeout: float = 60.0) -> None:

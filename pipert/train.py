@@ -138,7 +138,7 @@ def _report(cfg: TrainConfig, step: int, loss: float, tokens_per_s: float, extra
 
 def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, schedule) -> list[float]:
     from .runtime.pipeline import Pipeline
-    from .runtime.reference import reference_step
+    from .runtime.reference import grouped_reference_step
     from .testing import rel_err
     schedule, units, corpus = _build(cfg, device, schedule)
     opt = lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=0.0)  # noqa: E731
@@ -168,10 +168,11 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
             after = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()})
             if rank == 0:
                 _copy_into(ref_units, before)
-                ref = reference_step(ref_units, x, y, cfg.microbatches, optimizer=ref_opt, copy_units=False)
+                every = schedule.meta.get("update_every") or cfg.microbatches
+                ref, ref_loss = grouped_reference_step(ref_units, x, y, cfg.microbatches, every, ref_opt)
                 extra = {"max_grad_rel_err": rel_err(grads, ref.grads),
                          "max_param_rel_err": rel_err(after, ref.params_after),
-                         "ref_loss": float(ref.loss)}
+                         "ref_loss": ref_loss}
         losses.append(loss)
         if rank == 0:
             _report(cfg, step, loss, cfg.batch_size * cfg.seq / dt, extra, bar)

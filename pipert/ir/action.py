@@ -110,6 +110,12 @@ class Action:
     def __hash__(self) -> int:
         return self._h
 
+    def __reduce__(self) -> tuple:
+        # rebuilt through __init__: the cached hash depends on the process's string-hash seed,
+        # so an unpickled copy (e.g. a program sent to spawned ranks) must compute its own
+        return (Action, (self.op, self.unit, self.mb, self.payload, self.peer, self.group, self.root, self.tag,
+                         self.sub, self.waits))
+
     def _check(self) -> None:
         op = self.op
         where = f"action {op.value}"

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = [
+__all__ = ["grouped_reference_step", 
     "ReferenceResult", "reference_step", "unit_param_names", "named_unit_parameters",
     "split_microbatches", "default_optimizer", "OptimizerFactory",
 ]
@@ -127,3 +127,20 @@ def reference_step(model_or_units: nn.Module | Sequence[nn.Module], batch_tokens
         opt.step()
     params_after = {k: p.detach().clone() for k, p in named.items()}
     return ReferenceResult(sum(losses) / len(losses), losses, grads, params_after)
+
+
+def grouped_reference_step(units: Sequence[nn.Module], batch_tokens: Tensor, targets: Tensor, num_microbatches: int,
+                           update_every: int, optimizer: torch.optim.Optimizer) -> tuple[ReferenceResult, float]:
+    """The reference of a step that updates every ``update_every`` micro-batches (e.g. WeiPipe-zb2):
+    one in-place reference step per group of micro-batches, in order, with ``optimizer``.
+    Returns the last group's result (its gradients and the parameters after the step's last
+    update) and the mean loss over all groups."""
+    if update_every < 1 or num_microbatches % update_every:
+        raise ValueError(f"update_every={update_every} must divide the {num_microbatches} micro-batches")
+    groups = num_microbatches // update_every
+    xs, ys = batch_tokens.chunk(groups), targets.chunk(groups)
+    losses = []
+    for g in range(groups):
+        ref = reference_step(units, xs[g], ys[g], update_every, optimizer=optimizer)
+        losses.append(float(ref.loss))
+    return ref, sum(losses) / groups

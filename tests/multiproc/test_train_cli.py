@@ -26,6 +26,19 @@ def test_train_json_check_and_loss_goes_down():
     assert last < first - 0.5, (first, last)
 
 
+def test_check_follows_a_schedule_that_updates_several_times_per_step():
+    """weipipe-zb2 updates every P micro-batches (two updates per step at M = 2P): --check
+    compares against one reference update per group, and the program reaches the spawned
+    ranks intact (WAITs find their SENDs after pickling)."""
+    out = _train("--schedule", "weipipe-zb2", "--steps", "2", "--json", "--check")
+    assert out.returncode == 0, out.stderr[-2000:]
+    steps = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(steps) == 2
+    for s in steps:
+        assert s["max_grad_rel_err"] <= 1e-5 and s["max_param_rel_err"] <= 1e-5, s
+        assert abs(s["loss"] - s["ref_loss"]) <= 1e-5 * abs(s["ref_loss"]), s
+
+
 @pytest.mark.parametrize("args, message", [
     (("--stages", "8"), "needs 8 units but model 'tiny' has only 4 layers"),
     (("--batch-size", "10"), "not divisible into 8 micro-batches"),

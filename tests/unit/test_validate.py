@@ -258,3 +258,27 @@ def test_mutations_validate_or_raise_schedule_error(data: st.DataObject) -> None
         assert e.reason in REASONS and 0 <= e.rank < 3
     errors = validate(s, all_errors=True)
     assert all(isinstance(e, ScheduleError) for e in errors)
+
+
+def test_a_program_sent_to_another_process_keeps_working_lookups(tmp_path):
+    """Actions cache their hash, which depends on the process's string-hash seed: a program
+    pickled into a process with another seed (spawned ranks) must hash its actions anew, or
+    lookups of equal actions miss (a WAIT would not find its SEND)."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    from pipert.schedules import build_schedule
+    s = build_schedule("weipipe-naive", stages=4, microbatches=8)
+    assert any(a.op.value == "WAIT" for _, _, a in s)
+    path = tmp_path / "program.pkl"
+    path.write_bytes(pickle.dumps(s))
+    code = ("import pickle, sys; from pipert.sim import validate; from pipert.ir import Action; "
+            "s = pickle.load(open(sys.argv[1], 'rb')); validate(s); "
+            "a = s.actions[0][0]; b = Action(a.op, a.unit, a.mb, a.payload, a.peer, a.group, a.root, a.tag, a.sub, "
+            "a.waits); assert hash(a) == hash(b) and {a: 1}[b] == 1")
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONHASHSEED": seed})
+        assert out.returncode == 0, out.stderr[-2000:]
