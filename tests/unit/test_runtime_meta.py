@@ -102,3 +102,27 @@ def test_boundaries_fall_back_to_a_real_pass_only_when_every_unit_is_real():
     units[2] = units[2].to("meta")
     with pytest.raises(RuntimeError, match="unit 0 cannot run on the meta device"):
         infer_boundaries(units, x, CPU)
+
+
+@pytest.fixture
+def one_rank_gloo(tmp_path):
+    """A torch.distributed job of one gloo rank in this process."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_dist_step_reduces_the_loss_on_the_device_the_backend_names(one_rank_gloo, monkeypatch):
+    import pipert.runtime.pipeline as pipeline
+    seen = []
+    real = pipeline.reduction_device
+    monkeypatch.setattr(pipeline, "reduction_device", lambda b, d: seen.append((b, d)) or real(b, d))
+    x, y = torch.randint(0, 256, (4, 8)), torch.randint(0, 256, (4, 8))
+    pipe = Pipeline(build_units("tiny", 1), "1f1b", stages=1, microbatches=2, backend="dist")
+    assert pipe.step(x, y) > 0
+    assert seen == [("gloo", CPU)]
+    # under NCCL the scalar must be on this rank's GPU: a rank on the CPU is told so
+    monkeypatch.setattr(pipeline.dist, "get_backend", lambda *a: "nccl")
+    with pytest.raises(RuntimeError, match="'nccl' reduces tensors on cuda only, but this rank computes on cpu"):
+        pipe.step(x, y)
