@@ -3,6 +3,13 @@
 Default (no flags): the "tiny" model, 4 ranks, 1F1B, 8 micro-batches, byte-level text of
 the Python standard library. Backend "auto": several GPUs -> NCCL processes; one GPU ->
 the local transport on that GPU; CPU -> gloo processes spawned by pipert.
+
+Each process of a gloo/NCCL run builds the model on the meta device and materialises only
+the units its rank computes or holds (``pipert.runtime.pipeline.units_needed``), with the
+values a full build in one process gives (``pipert.models.build_units``); a model larger than
+one process's memory starts as long as each rank's units fit. With ``--json`` the first
+step's record also gives ``rank_param_bytes`` (parameter bytes each process materialised) and
+``model_param_bytes`` (the whole model).
 """
 from __future__ import annotations
 
@@ -118,14 +125,30 @@ def resolve_backend(name: str) -> str:
     return "nccl" if n > 1 else ("local" if n == 1 else "gloo")
 
 
-def _build(cfg: TrainConfig, device: torch.device, schedule):
-    """Model units and data, identical in every process for the same config."""
-    from .models import build_model, partition
+def _rank_units(cfg: TrainConfig, schedule, device: torch.device, keep=None) -> list:
+    """The model's units for one process: those in ``keep`` (default: all) materialised on
+    ``device`` in ``cfg.dtype``, the others on the meta device. Values are those of the whole
+    model built in one process, whatever ``keep`` is."""
+    from .models import build_units
+    return build_units(cfg.model, schedule.num_units, seed=cfg.seed, keep=keep, device=device, max_seq=cfg.seq,
+                       dtype=cfg.dtype)
+
+
+def _build(cfg: TrainConfig, device: torch.device, schedule, rank: int | None):
+    """Model units and data for ``rank`` (None: every rank, in this process); the data is
+    identical in every process for the same config."""
     from .data import ByteCorpus
-    model = build_model(cfg.model, seed=cfg.seed, max_seq=cfg.seq).to(device=device, dtype=_DTYPES[cfg.dtype])
-    units = partition(model, schedule.num_units)
+    from .runtime.pipeline import units_needed
+    keep = None if rank is None else units_needed(schedule, rank)
+    units = _rank_units(cfg, schedule, device, keep)
     corpus = ByteCorpus(cfg.seq, seed=cfg.seed)
     return schedule, units, corpus
+
+
+def _param_bytes(units, materialized_only: bool = True) -> int:
+    """Bytes of the parameters of ``units`` (only those not on the meta device, by default)."""
+    return sum(p.numel() * p.element_size() for u in units for p in u.parameters()
+               if not (materialized_only and p.is_meta))
 
 
 def _report(cfg: TrainConfig, step: int, loss: float, tokens_per_s: float, extra: dict, bar) -> None:
@@ -140,12 +163,14 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     from .runtime.pipeline import Pipeline
     from .runtime.reference import grouped_reference_step
     from .testing import rel_err
-    schedule, units, corpus = _build(cfg, device, schedule)
+    schedule, units, corpus = _build(cfg, device, schedule, None if backend == "local" else rank)
     opt = lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=0.0)  # noqa: E731
-    # The reference keeps its own copy of the model and a persistent optimizer (AdamW state
-    # evolves across steps); each step it starts from the pipeline's current weights.
-    ref_units = _load(units, {}) if cfg.check and rank == 0 else None
+    # The reference keeps its own whole model, built in one process, and a persistent optimizer
+    # (AdamW state evolves across steps); each step it starts from the pipeline's current weights.
+    ref_units = _rank_units(cfg, schedule, device) if cfg.check and rank == 0 else None
     ref_opt = opt([p for u in ref_units for p in u.parameters()]) if ref_units else None
+    sizes = _per_rank(backend, rank, _param_bytes(units))
+    start = {"rank_param_bytes": sizes, "model_param_bytes": _param_bytes(units, materialized_only=False)}
     pipe = Pipeline(units, schedule, optimizer=opt, backend="local" if backend == "local" else "dist",
                     timeout=cfg.timeout)
     bar = None
@@ -162,17 +187,19 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         t0 = time.perf_counter()
         loss = pipe.step(x, y)
         dt = time.perf_counter() - t0
-        extra = {}
+        extra = dict(start) if step == 0 and cfg.json else {}
         if cfg.check:
             grads = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_grads().items()})
             after = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()})
             if rank == 0:
+                if step == 0:  # the ranks' own materialised units against the whole model built here
+                    extra["max_init_rel_err"] = rel_err(before, _named(ref_units))
                 _copy_into(ref_units, before)
                 every = schedule.meta.get("update_every") or cfg.microbatches
                 ref, ref_loss = grouped_reference_step(ref_units, x, y, cfg.microbatches, every, ref_opt)
-                extra = {"max_grad_rel_err": rel_err(grads, ref.grads),
-                         "max_param_rel_err": rel_err(after, ref.params_after),
-                         "ref_loss": ref_loss}
+                extra.update({"max_grad_rel_err": rel_err(grads, ref.grads),
+                              "max_param_rel_err": rel_err(after, ref.params_after),
+                              "ref_loss": ref_loss})
         losses.append(loss)
         if rank == 0:
             _report(cfg, step, loss, cfg.batch_size * cfg.seq / dt, extra, bar)
@@ -190,12 +217,18 @@ def _gather(pipe, fn) -> dict:
     return gather_to_zero({k: v.cpu() for k, v in local.items()})
 
 
-def _load(units, named: dict) -> list:
-    """Copies of ``units`` with parameters ``unit{u}.{name}`` taken from ``named`` (if given)."""
-    import copy
-    out = [copy.deepcopy(u) for u in units]
-    _copy_into(out, named)
+def _per_rank(backend: str, rank: int, value: int) -> list[int]:
+    """``value`` of every process, in rank order (every rank of a dist job must call this)."""
+    if backend == "local":
+        return [value]
+    import torch.distributed as dist
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
     return out
+
+
+def _named(units) -> dict:
+    return {f"unit{i}.{n}": p.detach() for i, u in enumerate(units) for n, p in u.named_parameters()}
 
 
 def _copy_into(units, named: dict) -> None:

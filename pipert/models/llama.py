@@ -16,9 +16,10 @@ when untied, ``head.weight``.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,7 @@ from torch import Tensor, nn
 __all__ = [
     "LlamaConfig", "PRESETS", "RMSNorm", "Rotary", "Attention", "SwiGLU", "DecoderLayer",
     "LlamaModel", "MLPFactory", "attention_core", "project_qkv", "lm_loss", "apply_rope",
-    "model_config", "build_model",
+    "model_config", "build_model", "init_parameters", "param_seed",
 ]
 
 try:  # optional fast path; used only for CUDA fp16/bf16 inputs
@@ -140,14 +141,18 @@ class Rotary(nn.Module):
     def __init__(self, head_dim: int, max_seq: int, theta: float, dtype: torch.dtype) -> None:
         super().__init__()
         self.head_dim, self.max_seq, self.theta = head_dim, max_seq, theta
-        cos, sin = self._tables(torch.device("cpu"), dtype)
+        # on the default device: under ``torch.device("meta")`` the tables take no memory and
+        # are computed when the module is materialised (``to_empty`` goes through ``_apply``)
+        cos, sin = self._tables(torch.get_default_device(), dtype)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     def _tables(self, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        inv = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
-        ang = torch.outer(torch.arange(self.max_seq, dtype=torch.float64), inv)
+        # computed on the CPU whatever the default device, then placed on ``device``
+        cpu = torch.device("cpu")
+        inv = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=cpu) / self.head_dim)
+        ang = torch.outer(torch.arange(self.max_seq, dtype=torch.float64, device=cpu), inv)
         return ang.cos().to(device, table_dtype), ang.sin().to(device, table_dtype)
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[override]
@@ -258,7 +263,12 @@ class LlamaModel(nn.Module):
 
     Initialisation is a pure function of ``seed`` (independent of dtype up to rounding and
     of the global RNG): weights ~ N(0, 0.02), output projections (``wo``, ``w2``) scaled by
-    ``1/sqrt(2 * layers)``, norm weights 1.
+    ``1/sqrt(2 * layers)``, norm weights 1. Each parameter is drawn from its own generator,
+    seeded by ``(seed, name)`` (:func:`param_seed`), so any subset of the parameters - one
+    pipeline unit - can be initialised alone with the values the whole model gets.
+
+    Built under ``torch.device("meta")`` the model holds no memory and is not initialised;
+    ``pipert.models.materialize`` allocates and initialises the units a process needs.
     """
 
     def __init__(self, cfg: LlamaConfig, *, seed: int = 0, mlp_factory: MLPFactory | None = None) -> None:
@@ -273,15 +283,9 @@ class LlamaModel(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, seed: int) -> None:
-        """Deterministic init (see class docstring), drawn in float32 on the CPU."""
-        gen = torch.Generator().manual_seed(seed)
-        out_std = 0.02 / math.sqrt(2 * self.cfg.layers)
-        for name, p in self.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-                continue
-            std = out_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+        """Deterministic init (see class docstring and :func:`init_parameters`); parameters on
+        the meta device are left for materialisation (``pipert.models.materialize``)."""
+        init_parameters(self.named_parameters(), seed=seed, layers=self.cfg.layers)
 
     def head_weight(self) -> Tensor:
         return self.embed.weight if self.head is None else self.head.weight
@@ -302,6 +306,33 @@ class LlamaModel(nn.Module):
             x = layer(x)
         logits = F.linear(self.norm(x), self.head_weight())
         return logits if targets is None else lm_loss(logits, targets)
+
+
+def param_seed(seed: int, name: str) -> int:
+    """The generator seed of parameter ``name`` (its name in the whole model) for model seed ``seed``."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@torch.no_grad()
+def init_parameters(named: Iterable[tuple[str, Tensor]], *, seed: int, layers: int) -> None:
+    """Initialise parameters given by their names in the whole model (see ``LlamaModel``).
+
+    Invariant: the value of a parameter depends only on ``seed``, its name, shape and dtype,
+    and ``layers`` - not on which other parameters are initialised with it or in what order.
+    Values are drawn in float32 on the CPU and copied (rounded) into the parameter; meta
+    tensors are skipped.
+    """
+    out_std = 0.02 / math.sqrt(2 * layers)
+    for name, p in named:
+        if p.is_meta:
+            continue
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+            continue
+        std = out_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
+        gen = torch.Generator().manual_seed(param_seed(seed, name))
+        p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32, device="cpu") * std)
 
 
 def model_config(name: str, **overrides) -> LlamaConfig:

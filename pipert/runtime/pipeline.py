@@ -3,7 +3,9 @@
 Backends:
 - ``"local"``: every rank in this process, one thread each (CPU) — tests and emulation;
 - ``"dist"``: this process is one rank of an initialised torch.distributed job (torchrun or
-  ``pipert.runtime.launch``); every process builds the same model and keeps its units.
+  ``pipert.runtime.launch``); every process passes the same list of units and keeps the ones
+  it computes or holds (``units_needed``). The others may stay on the meta device
+  (``pipert.models.build_units``): a rank materialises only its own units.
 """
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..ir import Op, Schedule
+from ..ir import COMPUTE_OPS, Op, Payload, Schedule
 from ..ir.passes import merge_sub_blocks
 from ..sim import validate
 from ..schedules import build_schedule
+from .boundaries import infer_boundaries
 from .buffers import BoundarySpec
+from .devices import device_of, meta_tensors, reduction_device
 from .executor import Fault, PipelineError, PipelineTimeout, RankExecutor, StepResult
 from .state import UnitState
 from .transport import DelayedTransport, DistTransport, LocalHub
@@ -28,7 +32,7 @@ from .optim import MasterWeightOptimizer, needs_master_weights
 from .unit import UnitRunner
 
 __all__ = ["Pipeline", "default_optimizer", "split_microbatches", "program_for", "check_same_program",
-           "program_digest"]
+           "program_digest", "units_needed"]
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -44,9 +48,16 @@ def split_microbatches(t: torch.Tensor, num: int) -> tuple[torch.Tensor, ...]:
     return tuple(t.chunk(num, dim=0))
 
 
-def _compute_units(schedule: Schedule, rank: int) -> set[int]:
-    """Units whose module must exist on ``rank``: named by one of its actions, or held there."""
-    units = {a.unit for a in schedule.actions[rank] if a.unit is not None}
+_MODULE_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD, Payload.STASH})  # moved from/into a unit's module
+
+
+def units_needed(schedule: Schedule, rank: int) -> set[int]:
+    """Units whose module must exist (be materialised) on ``rank``: the units it holds, computes,
+    or moves weights, weight gradients or stashes of. Moving only a unit's activations or their
+    gradients (``SEND act``, ``RECV grad``, ...) needs its boundary shape, not its module: every
+    other unit may stay on the meta device in that process."""
+    units = {a.unit for a in schedule.actions[rank] if a.unit is not None and
+             (a.op in COMPUTE_OPS or a.payload in _MODULE_PAYLOADS)}
     return units | set(schedule.units_owned(rank))
 
 
@@ -73,14 +84,18 @@ def program_digest(program: Schedule) -> str:
 
 
 def _device_of(units: Iterable[nn.Module]) -> torch.device:
-    for u in units:
-        for p in u.parameters():
-            return p.device
-    return torch.device("cpu")
+    return device_of(units) or torch.device("cpu")
 
 
-def _device_type(units: Iterable[nn.Module]) -> str:
-    return _device_of(units).type
+def _check_materialized(units: Sequence[nn.Module], needed: Iterable[int], rank: int) -> None:
+    """Every unit ``rank`` computes or holds has real tensors (none on the meta device)."""
+    for u in needed:
+        on_meta = meta_tensors(units[u])
+        if on_meta:
+            more = ", ..." if len(on_meta) > 3 else ""
+            raise ValueError(f"unit {u} is needed on rank {rank} (it computes or holds it) but is on the meta device "
+                             f"({', '.join(on_meta[:3])}{more}); materialise it first "
+                             f"(pipert.models.materialize, or build_units(keep=units_needed(program, {rank})))")
 
 
 def check_same_program(program: Schedule) -> None:
@@ -131,6 +146,13 @@ class Pipeline:
     ``units`` is the list of unit modules (see ``pipert.models.partition``); the last one
     returns the loss given (x, targets). Parameters of unit u live on
     ``schedule.placement.weight_owner[u]``, which also runs its optimizer.
+
+    With ``backend="dist"`` a process uses only the units it computes or holds
+    (``units_needed(program, rank)``); every other entry of ``units`` may be a skeleton on the
+    meta device (``pipert.models.build_units(..., keep=units_needed(...))``), read only for its
+    boundary shapes, which are found by running micro-batch 0 on the meta device. A unit this
+    rank needs that still has tensors on meta is an error naming the unit and the rank. The
+    local backend runs every rank, so it needs every unit materialised.
 
     ``dp=D`` trains D data-parallel replicas of the pipeline (``stages * D`` ranks, laid out as a
     ``(dp, pp)`` DeviceMesh under torch.distributed); ``zero`` is the ZeRO stage (0-3) of every
@@ -205,10 +227,12 @@ class Pipeline:
         self.optimizers: dict[int, dict[int, torch.optim.Optimizer]] = {}
         pl = schedule.placement
         for r in self.ranks:
+            needed = sorted(units_needed(schedule, r))
+            _check_materialized(units, needed, r)
             owned = set(schedule.units_owned(r))
             # the owner keeps the given module; every other rank that names the unit gets a copy
             self.modules[r] = {u: (units[u] if pl.weight_owner[u] == r or backend == "dist" else
-                                   copy.deepcopy(units[u])) for u in sorted(_compute_units(schedule, r))}
+                                   copy.deepcopy(units[u])) for u in needed}
             self.optimizers[r] = {u: _owner_optimizer(list(self.modules[r][u].parameters()), optimizer)
                                   for u in sorted(owned)
                                   if list(self.modules[r][u].parameters()) and pl.zero_stage(u) == 0}
@@ -220,8 +244,9 @@ class Pipeline:
             stages_ = schedule.meta.get("pp_stages")
             if schedule.placement.replicas is not None and stages_:
                 from .mesh import pipeline_mesh, replica_process_groups
+                local = self.modules[self.ranks[0]].values()
                 made = replica_process_groups(pipeline_mesh(stages_, schedule.num_ranks // stages_,
-                                                            _device_type(units)))
+                                                            _device_of(local).type))
             dist_transport = DistTransport(groups, process_groups=made)
         # Built once: runners and the executor's per-program tables do not depend on the step.
         # The local backend gives each step a fresh hub (set as the executor's transport).
@@ -279,17 +304,20 @@ class Pipeline:
         return whole[:st.numel(u)]
 
     # ------------------------------------------------------------------ step
+    def _compute_device(self, inputs: torch.Tensor) -> torch.device:
+        """The device this process computes on: its units' device (the inputs' for a process
+        whose units have no tensors)."""
+        return device_of(m for r in self.ranks for m in self.modules[r].values()) or inputs.device
+
     def _infer_boundaries(self, inputs: Sequence[torch.Tensor]) -> None:
-        """Shapes of every unit's output per micro-batch, from one no-grad pass of micro-batch 0."""
+        """Shapes of every unit's output per micro-batch, from micro-batch 0 run on the meta
+        device (``pipert.runtime.boundaries``): no unit is computed for real."""
         if self._boundary:
             return
-        with torch.no_grad():
-            x = inputs[0]
-            for u, unit in enumerate(self._all_units[:-1]):
-                x = unit(x)
-                spec = BoundarySpec.of(x)
-                for m in range(self.schedule.num_microbatches):
-                    self._boundary[(u, m)] = spec
+        specs = infer_boundaries(self._all_units, inputs[0], self._compute_device(inputs[0]))
+        for u, spec in enumerate(specs):
+            for m in range(self.schedule.num_microbatches):
+                self._boundary[(u, m)] = spec
         self._all_units = []  # keep only the units this process needs
 
     def _executor(self, rank: int, transport) -> RankExecutor:
@@ -322,7 +350,9 @@ class Pipeline:
         total = sum(sum(r.losses.values()) for r in results.values())
         count = sum(len(r.losses) for r in results.values())
         if self.backend == "dist":
-            t = torch.tensor([total, float(count)], dtype=torch.float64)
+            # on a device the process group's backend reduces: the CPU for gloo, the GPU for NCCL
+            device = reduction_device(dist.get_backend(), self._compute_device(inputs))
+            t = torch.tensor([total, float(count)], dtype=torch.float64, device=device)
             dist.all_reduce(t)
             total, count = float(t[0]), int(t[1])
         if count != M:

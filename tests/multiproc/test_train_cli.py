@@ -39,6 +39,27 @@ def test_check_follows_a_schedule_that_updates_several_times_per_step():
         assert abs(s["loss"] - s["ref_loss"]) <= 1e-5 * abs(s["ref_loss"]), s
 
 
+def test_each_rank_materialises_only_the_units_it_computes_or_holds():
+    """The model is built on the meta device in every process; a rank allocates only its units,
+    with the values of a full build (the reference on rank 0 is one: max_init_rel_err is 0)."""
+    from pipert.models import build_units
+    from pipert.runtime.pipeline import units_needed
+    from pipert.train import TrainConfig, build_program
+    out = _train("--model", "small", "--stages", "4", "--steps", "1", "--json", "--check")
+    assert out.returncode == 0, out.stderr[-2000:]
+    first = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")][0]
+    schedule = build_program(TrainConfig(model="small", stages=4))
+    meta = build_units("small", schedule.num_units, keep=[])  # sizes only: nothing is allocated
+    unit_bytes = [sum(p.numel() * p.element_size() for p in u.parameters()) for u in meta]
+    expected = [sum(unit_bytes[u] for u in units_needed(schedule, r)) for r in range(4)]
+    assert [len(units_needed(schedule, r)) for r in range(4)] == [1, 1, 1, 1]
+    assert first["rank_param_bytes"] == expected
+    assert first["model_param_bytes"] == sum(unit_bytes)
+    assert max(expected) < 0.3 * sum(unit_bytes)
+    assert first["max_init_rel_err"] == 0.0
+    assert first["max_grad_rel_err"] <= 1e-5 and first["max_param_rel_err"] <= 1e-5, first
+
+
 @pytest.mark.parametrize("args, message", [
     (("--stages", "8"), "needs 8 units but model 'tiny' has only 4 layers"),
     (("--batch-size", "10"), "not divisible into 8 micro-batches"),
