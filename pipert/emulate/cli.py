@@ -27,13 +27,16 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         gantt_png(res, args.plot, title=f"{sched.name} (emulated): makespan {res.makespan:.4g}")
     if args.json:
         print(json.dumps({"schedule": sched.name, "measured_makespan": res.makespan,
-                          "predicted_makespan": res.predicted, "relative_error": res.error,
+                          "predicted_makespan": res.predicted, "ideal_makespan": res.ideal_makespan,
+                          "relative_error": res.error,
                           "measured_bubble_ratio": res.bubble_ratio, "time_unit_s": unit}))
         return 0
     print(f"schedule            {sched.name}  (P={sched.num_ranks}, M={sched.num_microbatches})")
     print(f"time unit           {unit:g} s")
     print(f"measured makespan   {res.makespan:.6g}   ({res.makespan * unit * 1e3:.3f} ms)")
     print(f"simulated makespan  {res.predicted:.6g}")
+    if res.ideal_makespan is not None:
+        print(f"ideal-clock makespan {res.ideal_makespan:.6g}   (the issued delays without wake-up overhead)")
     print(f"difference          {res.error:+.2%}")
     for what, path in (("trace", args.trace), ("plot", args.plot)):
         if path:
