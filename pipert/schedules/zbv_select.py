@@ -5,6 +5,9 @@ Candidates, all on the V placement (:func:`.zero_bubble.zb_v_units`):
 - the handcrafted order (:func:`.zero_bubble.zb_v_handcrafted`);
 - the zero-bubble authors' greedy (:mod:`.zbv_greedy`), each of its four fill variants,
   at the authors' memory cap (2P stashes);
+- pipert's memory-aware greedy on the same placement (``crosspipe`` wave model, whole W
+  blocks), which also meets limits below the authors' cap; it costs about ten times the
+  others to build, so "best" tries it only when neither of them fits the limit;
 - optionally, CP-SAT over the same problem (``crosspipe`` wave model without W pieces),
   hinted with the best of the above and kept only when it is faster.
 
@@ -25,8 +28,9 @@ from .zbv_greedy import zbv_greedy_variants
 
 __all__ = ["ORDERS", "select_zb_v"]
 
-ORDERS = ("best", "handcrafted", "greedy")
-"""``order`` values of zb-v: best candidate, handcrafted only, authors' greedy only."""
+ORDERS = ("best", "handcrafted", "greedy", "wave-greedy")
+"""``order`` values of zb-v: the best candidate, or only the handcrafted order, the authors'
+greedy, or pipert's memory-aware greedy."""
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -98,10 +102,12 @@ def select_zb_v(config: PipelineConfig, handcrafted: list[list[Action]], units: 
 
     hand = build(handcrafted, "handcrafted")
     limit = hand.peak if memory_limit is None else float(memory_limit)
-    fits = [hand] if hand.peak <= limit + 1e-9 and order != "greedy" else []
-    if order != "handcrafted":
+    fits = [hand] if hand.peak <= limit + 1e-9 and order in ("best", "handcrafted") else []
+    if order in ("best", "greedy"):
         beat = hand.makespan if fits and _greedy_times_exact(p, cost, links) else math.inf
         fits += _greedy_fitting(p, m, cost, links, limit, build, beat)
+    if order == "wave-greedy" or (order == "best" and not fits):
+        fits += _wave_greedy(config, cost, links, limit, [hand.peak])
     if not fits:
         raise ValueError(f"zb-v memory_limit={memory_limit!r} is below the peak of every {order!r} zb-v order "
                          f"at P={p}, M={m} (the handcrafted order needs {hand.peak:g}); allowed: a limit that "
@@ -126,6 +132,28 @@ def _greedy_fitting(p: int, m: int, cost: Any, links: Any, limit: float, build: 
         if t.peak <= limit + 1e-9:
             return [t]
     return []
+
+
+def _wave_greedy(config: PipelineConfig, cost: Any, links: Any, limit: float, tries: Sequence[float]) -> list[_Timed]:
+    """pipert's memory-aware greedy on the V placement (``crosspipe`` wave, whole W blocks),
+    lowered with its own receive positions, which its memory accounting assumes. It is not
+    monotone in its limit, so it runs at ``limit`` and at each of ``tries`` above it; the
+    orders that fit ``limit`` in the simulator are returned."""
+    from .crosspipe.build import make_problem
+    from .crosspipe.greedy import GreedyConfig, greedy_best
+    from .crosspipe.lowering import lower_crosspipe
+    out = []
+    for lim in sorted({limit, *(t for t in tries if t > limit)}):
+        pr = make_problem(config, "wave", cost, links, lim)
+        try:
+            g = greedy_best(pr, GreedyConfig(sub_blocks=1))
+        except ValueError:          # stuck on the memory limit under every rule
+            continue
+        t = _Timed(lower_crosspipe(pr, g.orders, g.recv_at, name="zb-v", meta={"order": "wave-greedy"}),
+                   cost, links, "wave-greedy")
+        if t.peak <= limit + 1e-9:
+            out.append(t)
+    return out
 
 
 def _improve_by_solver(config: PipelineConfig, best: _Timed, cost: Any, links: Any, limit: float,

@@ -45,8 +45,23 @@ def test_zb_v_below_2p_minus_1_beats_the_handcrafted_order(p, m):
     assert best.makespan == zbv_greedy(p, m, mem_f=1, mem_b=-0.5, mem_w=-0.5).makespan
 
 
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 8)])
+def test_zb_v_meets_a_limit_below_the_authors_peak(p, m):
+    """One stash under the authors' peak: pipert's memory-aware greedy fits it, and at
+    F = D = W = 1 loses no time against the authors' schedule."""
+    cost = UniformCost(tf=1, td=1, tw=1)
+    _, theirs = _authors(p, m, cost)
+    ref = simulate(theirs, cost)
+    limit = max(ref.peak_memory) - cost.stash
+    s = build_schedule("zb-v", stages=p, microbatches=m, cost=cost, memory_limit=limit)
+    got = simulate(s, cost)
+    assert s.meta["order"] == "wave-greedy"
+    assert max(got.peak_memory) <= limit
+    assert got.makespan <= ref.makespan
+
+
 @pytest.mark.parametrize("kw,words", [
-    (dict(order="fastest"), ["order", "best, handcrafted, greedy", "'fastest'"]),
+    (dict(order="fastest"), ["order", "best, handcrafted, greedy, wave-greedy", "'fastest'"]),
     (dict(memory_limit=-1), ["memory_limit", "positive", "-1"]),
     (dict(solver_time_limit=0), ["solver_time_limit", "positive", "0"]),
     (dict(memory_limit=1.0), ["memory_limit=1.0", "P=4, M=8", "handcrafted order needs"]),
@@ -72,10 +87,11 @@ def test_zb_v_solver_finds_a_faster_order_where_the_greedy_is_not_optimal():
 
 @pytest.mark.parametrize("kw,source", [
     (dict(stages=2, microbatches=2), "greedy"),
+    (dict(stages=2, microbatches=3, order="wave-greedy"), "wave-greedy"),
     (dict(stages=3, microbatches=3, cost=UniformCost(tf=1, td=1, tw=2), solver_time_limit=5), "cp-sat"),
 ])
 def test_zb_v_orders_train_exactly(kw, source):
-    """The greedy's and the solver's orders run on the executor and equal the reference step."""
+    """The greedies' and the solver's orders run on the executor and equal the reference step."""
     from test_conformance import check_conforms
     s = build_schedule("zb-v", **kw)
     assert s.meta["order"] == source
