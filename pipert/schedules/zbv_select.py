@@ -14,6 +14,9 @@ Candidates, all on the V placement (:func:`.zero_bubble.zb_v_units`):
 Every candidate is timed and sized by the simulator under the caller's cost model and
 links, so "faster" and "fits" mean what ``pipert simulate`` reports. The pick is the
 smallest (makespan, peak memory); ties keep the earlier candidate (handcrafted first).
+Without a memory limit, solver or links, the handcrafted order is returned unsimulated when
+it reaches the lower bound (a rank's start-up plus its work; at F = D = W from M = 2P-1 on),
+since no candidate can then be faster.
 The memory limit is per rank in the cost model's memory unit, counted the simulator's
 way; its default is the handcrafted order's peak (1F1B's activation memory).
 """
@@ -59,10 +62,8 @@ def _greedy_inputs(p: int, cost: Any, links: Any) -> dict[str, float]:
 def _greedy_times_exact(p: int, cost: Any, links: Any) -> bool:
     """True when the greedy's own makespan is the simulator's: free links, equal times on
     every unit (the greedy prices every F, D, W alike)."""
-    if links is not None:
-        return False
-    return all(len({float(cost.compute_time(Action(op, u, 0), u if u < p else 2 * p - 1 - u))
-                    for u in range(2 * p)}) == 1 for op in (Op.F, Op.D, Op.W))
+    return links is None and all(len({_duration(cost, op, u, p) for u in range(2 * p)}) == 1
+                                 for op in (Op.F, Op.D, Op.W))
 
 
 def _check_options(order: str, memory_limit: Any, solver_time_limit: Any) -> None:
@@ -100,6 +101,11 @@ def select_zb_v(config: PipelineConfig, handcrafted: list[list[Action]], units: 
         s = assemble("zb-v", config, units, orders, split_backward=True, order=source)
         return _Timed(s, cost, links, source)
 
+    if order in ("best", "handcrafted") and memory_limit is None and solver_time_limit is None and links is None:
+        span = _asap_makespan(handcrafted, cost, p)
+        if order == "handcrafted" or span <= _lower_bound(p, m, cost) + 1e-9:   # nothing can be faster
+            return assemble("zb-v", config, units, handcrafted, split_backward=True, order="handcrafted",
+                            predicted_makespan=span)
     hand = build(handcrafted, "handcrafted")
     limit = hand.peak if memory_limit is None else float(memory_limit)
     fits = [hand] if hand.peak <= limit + 1e-9 and order in ("best", "handcrafted") else []
@@ -117,6 +123,53 @@ def select_zb_v(config: PipelineConfig, handcrafted: list[list[Action]], units: 
         best = _improve_by_solver(config, best, cost, links, limit, solver_time_limit, build)
     best.schedule.meta.update(memory_limit=limit, predicted_makespan=best.makespan)
     return best.schedule
+
+
+def _duration(cost: Any, op: Op, u: int, p: int) -> float:
+    return float(cost.compute_time(Action(op, u, 0), u if u < p else 2 * p - 1 - u))
+
+
+def _asap_makespan(orders: list[list[Action]], cost: Any, p: int) -> float:
+    """Makespan of per-rank compute orders on the V placement with free transfers: each
+    op starts when its rank is free and its input is ready (what the simulator computes
+    for such a schedule, without building it)."""
+    n_units = 2 * p
+    end: dict[tuple[Op, int, int], float] = {}
+    pos, now = [0] * p, [0.0] * p
+    left = sum(len(o) for o in orders)
+    while left:
+        moved = False
+        for r in range(p):
+            while pos[r] < len(orders[r]):
+                a = orders[r][pos[r]]
+                u, mb = a.unit, a.mb[0]
+                if a.op is Op.F:
+                    deps = [(Op.F, u - 1, mb)] if u > 0 else []
+                elif a.op is Op.D:
+                    deps = [(Op.F, u, mb)] + ([(Op.D, u + 1, mb)] if u < n_units - 1 else [])
+                else:
+                    deps = [(Op.D, u, mb)]
+                if any(d not in end for d in deps):
+                    break
+                start = max([now[r]] + [end[d] for d in deps])
+                now[r] = end[(a.op, u, mb)] = start + _duration(cost, a.op, u, p)
+                pos[r] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise AssertionError("the handcrafted ZB-V order deadlocks")
+    return max(now)
+
+
+def _lower_bound(p: int, m: int, cost: Any) -> float:
+    """No order is faster: a rank starts after the forwards of micro-batch 0 before its
+    first unit, then runs all its F, D and W (free transfers)."""
+    best, start = 0.0, 0.0
+    for r in range(p):
+        work = sum(_duration(cost, op, u, p) for u in (r, 2 * p - 1 - r) for op in (Op.F, Op.D, Op.W))
+        best = max(best, start + m * work)
+        start += _duration(cost, Op.F, r, p)
+    return best
 
 
 def _greedy_fitting(p: int, m: int, cost: Any, links: Any, limit: float, build: Any,

@@ -96,3 +96,14 @@ def test_zb_v_orders_train_exactly(kw, source):
     s = build_schedule("zb-v", **kw)
     assert s.meta["order"] == source
     check_conforms(s)
+
+
+@pytest.mark.parametrize("ratio", RATIOS)
+@pytest.mark.parametrize("p,m", [(2, 3), (3, 5), (4, 9), (4, 3)])
+def test_zb_v_predicted_makespan_is_the_simulators(p, m, ratio):
+    """Whichever path built it (the unsimulated handcrafted order at the lower bound, or
+    the search), the recorded makespan is what the simulator reports."""
+    f, d, w = ratio
+    cost = UniformCost(tf=f, td=d, tw=w)
+    s = build_schedule("zb-v", stages=p, microbatches=m, cost=cost)
+    assert s.meta["predicted_makespan"] == pytest.approx(simulate(s, cost).makespan)
