@@ -130,6 +130,26 @@ def _built_once(name: str, options: dict) -> Schedule:
     return Schedule.from_json(box[0])
 
 
+def _link_emulator(links: Any, num_ranks: int) -> Any:
+    """``links`` as a LinkEmulator of ``num_ranks`` ranks: a LinkEmulator, a ``pipert.cost.Links``
+    (the simulator's numbers) or a ``pipert.linkflags.LinkOptions``; None stays None."""
+    if links is None:
+        return None
+    from ..cost.topology import Links
+    from ..linkflags import LinkOptions
+    from .links import LinkEmulator
+    if isinstance(links, LinkOptions):
+        links = links.links(num_ranks)
+    if isinstance(links, Links):
+        links = LinkEmulator.from_links(links)
+    if not isinstance(links, LinkEmulator):
+        raise TypeError(f"links must be a LinkEmulator, pipert.cost.Links or pipert.linkflags.LinkOptions, got "
+                        f"{type(links).__name__}")
+    if links.num_ranks != num_ranks:
+        raise ValueError(f"links cover {links.num_ranks} ranks but the schedule has {num_ranks}")
+    return links
+
+
 def _root_cause(errors: dict[int, BaseException]) -> int:
     """The failed rank to report: one that waited on a peer which did not fail itself (that
     peer is the stalled one); ranks waiting on other waiting ranks are echoes."""
@@ -202,10 +222,8 @@ class Pipeline:
             raise ValueError(f"queues {queues!r} unknown; allowed: 'streams', 'host'")
         # a snapshot after every action needs the actions to run one at a time
         self.queues = "host" if (measure_memory or record) else queues
-        self.links = links  # a LinkEmulator delaying the local transport's messages (emulation)
-        if links is not None and backend != "local":
-            raise ValueError("links (delay injection) applies to the local backend; for torch.distributed "
-                             "runs put LinkEmulator.dist_isend in front of the sends")
+        self.links = _link_emulator(links, schedule.num_ranks)
+        """The LinkEmulator every point-to-point message crosses (None: messages are not delayed)."""
         self._all_units = list(units)
         self._boundary: dict[tuple[int, int], BoundarySpec] = {}
         self.last_results: dict[int, StepResult] = {}
@@ -248,12 +266,18 @@ class Pipeline:
                 made = replica_process_groups(pipeline_mesh(stages_, schedule.num_ranks // stages_,
                                                             _device_of(local).type))
             dist_transport = DistTransport(groups, process_groups=made)
+            if self.links is not None:
+                dist_transport = DelayedTransport(dist_transport, self.links)
         # Built once: runners and the executor's per-program tables do not depend on the step.
         # The local backend gives each step a fresh hub (set as the executor's transport).
         self._closers: list = []
         self._executors = {r: self._executor(r, dist_transport) for r in self.ranks}
 
     # ------------------------------------------------------------------ queries
+    def links_delayed(self) -> int:
+        """Messages this process's ranks sent over a delaying emulated link, since the start."""
+        return 0 if self.links is None else sum(self.links.delivered(r) for r in self.ranks)
+
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Parameters of the units this process holds, named ``unit{u}.{name}``. ZeRO-3 units
         are assembled from their shards (in a torch.distributed job every rank must call this:
