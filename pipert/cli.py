@@ -151,9 +151,10 @@ _TRAIN_HELP = {
 
 
 def _extra_commands() -> list:
+    from .bench import register as reg_bench
     from .emulate.cli import register as reg_emulate
     from .plan import register as reg_plan
-    return [reg_emulate, reg_plan]
+    return [reg_emulate, reg_plan, reg_bench]
 
 
 def main(argv: list[str] | None = None) -> int:
