@@ -252,9 +252,11 @@ def _predicted(pipe, backend: str, rank: int, links, measured: float) -> dict:
         dist.gather_object(mine, parts, dst=0)
     if rank != 0:
         return {}
-    predicted = predict_step(pipe.program, profile_from_measurements(parts, pipe.schedule.num_units), links)
+    prof = profile_from_measurements(parts, pipe.schedule.num_units)
+    predicted = predict_step(pipe.program, prof, links)
     return {"measured_step_s": measured, "predicted_step_s": predicted,
-            "predicted_rel_err": (predicted - measured) / measured}
+            "predicted_rel_err": (predicted - measured) / measured, "max_forward_s": prof.max_forward,
+            "compute_s_all_ranks": prof.busy}
 
 
 def _gather(pipe, fn) -> dict:

@@ -29,6 +29,13 @@ class StepProfile:
     """Per unit: median seconds of each op that ran, message sizes of its boundary and weights."""
     t_opt: float
     """Median seconds of one rank's optimizer step."""
+    busy: float = 0.0
+    """Seconds of every compute of every rank in the step, added up."""
+
+    @property
+    def max_forward(self) -> float:
+        """The longest unit forward (median seconds): CrossPipe's T_F, the yardstick of link delays."""
+        return max((p.times.get("F", 0.0) for p in self.profiles), default=0.0)
 
 
 def local_measurements(pipe: Any) -> dict:
@@ -59,7 +66,8 @@ def profile_from_measurements(parts: Iterable[dict], num_units: int) -> StepProf
         sizes.update({k: 0 for k in _MEMORY_KINDS})
         profiles.append(UnitProfile(times, sizes))
     opt = [s for (op, _), v in samples.items() if op == "OPT" for s in v]
-    return StepProfile(profiles, statistics.median(opt) if opt else 0.0)
+    busy = sum(s for v in samples.values() for s in v)
+    return StepProfile(profiles, statistics.median(opt) if opt else 0.0, busy)
 
 
 def predict_step(program: Any, profile: StepProfile, links: Any = None) -> float:
