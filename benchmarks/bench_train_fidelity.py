@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps <= args.warmup:
         raise SystemExit(f"--steps {args.steps} must exceed --warmup {args.warmup}")
     t0 = time.time()
+    ctx = context({"processes": P})  # the commit and load the runs start from
     schedules = SCHEDULES[:1] if args.quick else SCHEDULES
     rows = []
     for name in schedules:
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                 flags += ["--dc-bandwidth", f"{bw:.0f}B/s"]
             rows.append(row(name, label, train(name, args.steps, flags), args.warmup, lat, bw))
         print(json.dumps(rows[-1]), flush=True)
-    ctx = context({"processes": P, "run time": f"{time.time() - t0:.0f} s"})
+    ctx["run time"] = f"{time.time() - t0:.0f} s"
+    ctx["load average at the end (1, 5, 15 min)"] = context()["load average (1, 5, 15 min)"]
     RESULTS.mkdir(exist_ok=True)
     write_csv(RESULTS / "train_fidelity.csv", rows, FIELDS)
     (RESULTS / "train_fidelity.md").write_text(report(rows, ctx, args))
