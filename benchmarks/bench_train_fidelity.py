@@ -62,7 +62,7 @@ def actions_per_rank(schedule: str) -> float:
     from pipert.runtime.pipeline import program_for
     from pipert.schedules import build_schedule
     prog = program_for(build_schedule(schedule, stages=P, microbatches=M))
-    return sum(len(a) for a in prog.actions.values()) / prog.num_ranks
+    return sum(len(a) for a in prog.actions) / prog.num_ranks
 
 
 def main(argv: list[str] | None = None) -> int:
