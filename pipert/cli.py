@@ -140,13 +140,21 @@ _TRAIN_HELP = {
     "check": "also run the single-process reference step; report relative errors",
     "json": "one JSON object per step instead of a progress bar",
     "timeout": "seconds any communication may wait before the run fails",
+    "dcs": "datacenters: ranks split into equal consecutive blocks, messages between them delayed",
+    "dc_latency": "latency between datacenters, with a unit (20ms, 150us)",
+    "dc_bandwidth": "bandwidth between datacenters (10Gbps, 400MB/s; default unlimited)",
+    "node_latency": "latency between nodes of a datacenter (with --ranks-per-node)",
+    "node_bandwidth": "bandwidth between nodes of a datacenter (with --ranks-per-node)",
+    "profile": "measure each unit's compute times on the running job; print the simulator's step time beside "
+               "the measured one",
 }
 
 
 def _extra_commands() -> list:
+    from .bench import register as reg_bench
     from .emulate.cli import register as reg_emulate
     from .plan import register as reg_plan
-    return [reg_emulate, reg_plan]
+    return [reg_emulate, reg_plan, reg_bench]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,9 @@ class Case:
     """Data-parallel replicas (``pipert.schedules.data_parallel.replicate``); ranks = stages * dp."""
     zero: int = 0
     """ZeRO stage of every unit over its replicas (with dp > 1)."""
+    links: tuple = ()
+    """Emulated links as (name, value) pairs of ``pipert.linkflags.LinkOptions.parse``
+    (e.g. ``(("dcs", 2), ("dc_latency", "2ms"))``); empty: messages are not delayed."""
 
 
 @dataclass
@@ -51,6 +54,8 @@ class CaseResult:
     grad_err: float
     param_err: float
     sent_bytes: dict
+    delayed: dict = field(default_factory=dict)
+    """With ``case.links``: the link emulator's backend and the messages it delayed (all ranks)."""
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -153,7 +158,11 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
     units = tiny_units(schedule.num_units, case.dtype, fine=case.fine)
     ref_units = copy.deepcopy(units)
     ref_opt = optimizer([p for u in ref_units for p in u.parameters()])
-    pipe = Pipeline(units, schedule, optimizer=optimizer, backend=backend, timeout=timeout)
+    links = None
+    if case.links:
+        from .linkflags import LinkOptions
+        links = LinkOptions.parse(**dict(case.links))
+    pipe = Pipeline(units, schedule, optimizer=optimizer, backend=backend, timeout=timeout, links=links)
     gather = gather or (lambda d: d)
     worst = [0.0, 0.0, 0.0]
     sent: dict = {}
@@ -172,6 +181,7 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
         worst[0] = max(worst[0], abs(loss - ref_loss) / max(abs(ref_loss), 1e-300))
         worst[1] = max(worst[1], rel_err(grads, ref.grads))
         worst[2] = max(worst[2], rel_err(params, ref.params_after))
+    delayed = _delayed(pipe, backend)
     if backend == "dist":
         parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(sent, parts, dst=0)
@@ -181,7 +191,19 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
         for part in parts:
             for k, v in part.items():
                 sent[k] = sent.get(k, 0) + v
-    return CaseResult(case, worst[0], worst[1], worst[2], sent)
+    return CaseResult(case, worst[0], worst[1], worst[2], sent, delayed)
+
+
+def _delayed(pipe: Any, backend: str) -> dict:
+    """The link emulator's backend and the messages it delayed, summed over every rank."""
+    if pipe.links is None:
+        return {}
+    n = pipe.links_delayed()
+    if backend == "dist":
+        t = torch.tensor([n])
+        dist.all_reduce(t)
+        n = int(t)
+    return {"backend": pipe.links.backend, "messages": n}
 
 
 def run_cases_dist(rank: int, world: int, cases: Sequence[Case], out_path: str, timeout: float = 60.0) -> None:

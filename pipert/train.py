@@ -67,6 +67,19 @@ class TrainConfig:
     """Print one JSON object per step instead of a progress bar."""
     timeout: float = 120.0
     """Seconds any communication may wait before the run fails."""
+    dcs: int = 1
+    """Datacenters the ranks split into (equal consecutive blocks); messages between them are delayed."""
+    dc_latency: str = ""
+    """Latency of a link between datacenters, with a unit: 20ms, 150us (pipert.linkflags)."""
+    dc_bandwidth: str = ""
+    """Bandwidth of a link between datacenters: 10Gbps, 400MB/s (empty: unlimited)."""
+    node_latency: str = ""
+    """Latency of a link between nodes of one datacenter (with --ranks-per-node)."""
+    node_bandwidth: str = ""
+    """Bandwidth of a link between nodes of one datacenter (with --ranks-per-node)."""
+    profile: bool = False
+    """Measure every unit's compute times on the running job and print the simulator's step time beside the
+    measured one."""
 
     def validate(self) -> None:
         if self.dtype not in _DTYPES:
@@ -94,6 +107,17 @@ class TrainConfig:
             raise ValueError(f"--passes: unknown pass(es) {', '.join(unknown)}; allowed: {', '.join(PASSES)}")
         if self.backend not in ("auto", "gloo", "nccl", "local"):
             raise ValueError(f"--backend {self.backend!r} unknown; allowed: auto, gloo, nccl, local")
+        links = self.link_options()
+        if links.active and self.dp > 1:
+            raise ValueError(f"--dcs/--node-* emulate the links of one pipeline; with --dp {self.dp} they are not "
+                             f"supported (use --dp 1)")
+        links.links(self.world)
+
+    def link_options(self):
+        """The emulated links (``pipert.linkflags.LinkOptions``) of the link flags."""
+        from .linkflags import LinkOptions
+        return LinkOptions.parse(self.dcs, self.dc_latency, self.dc_bandwidth, self.ranks_per_node,
+                                 self.node_latency, self.node_bandwidth)
 
 
     def pass_names(self) -> list[str]:
@@ -171,11 +195,17 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     ref_opt = opt([p for u in ref_units for p in u.parameters()]) if ref_units else None
     sizes = _per_rank(backend, rank, _param_bytes(units))
     start = {"rank_param_bytes": sizes, "model_param_bytes": _param_bytes(units, materialized_only=False)}
+    link_opts = cfg.link_options()
+    links = link_opts.links(cfg.world) if link_opts.active else None
+    if links is not None:
+        start["links"] = link_opts.as_dict()
     pipe = Pipeline(units, schedule, optimizer=opt, backend="local" if backend == "local" else "dist",
-                    timeout=cfg.timeout)
+                    timeout=cfg.timeout, links=links, trace=cfg.profile)
     bar = None
     if rank == 0 and not cfg.json:
         from tqdm import tqdm
+        if links is not None:
+            print(f"pipert train: emulated links: {link_opts.describe()}", file=sys.stderr)
         dp = f" D={cfg.dp}" + (f" ZeRO-{cfg.zero}" if cfg.zero else "") if cfg.dp > 1 else ""
         bar = tqdm(total=cfg.steps, desc=f"pipert train {cfg.schedule} P={cfg.stages}{dp} M={cfg.microbatches}",
                    file=sys.stderr)
@@ -188,6 +218,8 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         loss = pipe.step(x, y)
         dt = time.perf_counter() - t0
         extra = dict(start) if step == 0 and cfg.json else {}
+        if cfg.profile:
+            extra.update(_predicted(pipe, backend, rank, links, dt))
         if cfg.check:
             grads = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_grads().items()})
             after = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()})
@@ -206,6 +238,25 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     if bar is not None:
         bar.close()
     return losses
+
+
+def _predicted(pipe, backend: str, rank: int, links, measured: float) -> dict:
+    """The simulator's step time from this step's measured compute times, beside the measured one
+    (every rank of a dist job must call this; rank 0 gets the numbers)."""
+    from .runtime.fidelity import local_measurements, predict_step, profile_from_measurements
+    mine = local_measurements(pipe)
+    parts = [mine]
+    if backend != "local":
+        import torch.distributed as dist
+        parts = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+    if rank != 0:
+        return {}
+    prof = profile_from_measurements(parts, pipe.schedule.num_units)
+    predicted = predict_step(pipe.program, prof, links)
+    return {"measured_step_s": measured, "predicted_step_s": predicted,
+            "predicted_rel_err": (predicted - measured) / measured, "max_forward_s": prof.max_forward,
+            "compute_s_all_ranks": prof.busy}
 
 
 def _gather(pipe, fn) -> dict:
