@@ -17,12 +17,14 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["TrainConfig", "run_train", "resolve_backend"]
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+_DTYPES = ("float32", "float64", "bfloat16")
 
 
 @dataclass
@@ -121,6 +123,7 @@ def build_program(cfg: TrainConfig):
 def resolve_backend(name: str) -> str:
     if name != "auto":
         return name
+    import torch
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return "nccl" if n > 1 else ("local" if n == 1 else "gloo")
 
@@ -163,6 +166,7 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     from .runtime.pipeline import Pipeline
     from .runtime.reference import grouped_reference_step
     from .testing import rel_err
+    import torch
     schedule, units, corpus = _build(cfg, device, schedule, None if backend == "local" else rank)
     opt = lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=0.0)  # noqa: E731
     # The reference keeps its own whole model, built in one process, and a persistent optimizer
@@ -232,6 +236,7 @@ def _named(units) -> dict:
 
 
 def _copy_into(units, named: dict) -> None:
+    import torch
     with torch.no_grad():
         for i, u in enumerate(units):
             for n, p in u.named_parameters():
@@ -240,6 +245,7 @@ def _copy_into(units, named: dict) -> None:
 
 
 def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, schedule) -> None:
+    import torch
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     torch.set_num_threads(1)
     _loop(cfg, rank, backend, device, schedule)
@@ -256,6 +262,7 @@ def run_train(cfg: TrainConfig) -> list[float] | None:
         raise ValueError(f"schedule {cfg.schedule} needs {schedule.num_units} units but model {cfg.model!r} has "
                          f"only {layers} layers; use fewer stages/chunks or a larger model")
     if backend == "local":
+        import torch
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         return _loop(cfg, 0, backend, device, schedule)
     from .runtime.launch import launch
