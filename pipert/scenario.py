@@ -13,7 +13,8 @@ from .cost.uniform import UniformCost
 from .ir import Schedule
 from .schedules import build_schedule, family
 
-__all__ = ["Scenario", "add_scenario_args", "scenario_from_args"]
+__all__ = ["Scenario", "add_scenario_args", "scenario_from_args", "file_shape", "shape_flags", "load_or_build",
+           "DEFAULT_STAGES", "DEFAULT_MICROBATCHES"]
 
 
 @dataclass
@@ -74,11 +75,20 @@ class Scenario:
         return opts if accepted is None else {k: v for k, v in opts.items() if k in accepted}
 
 
-def add_scenario_args(p: argparse.ArgumentParser, *, stages: int = 4, microbatches: int = 8) -> None:
+DEFAULT_STAGES = 4
+DEFAULT_MICROBATCHES = 8
+
+
+def add_scenario_args(p: argparse.ArgumentParser) -> None:
+    """The scenario flags. The shape flags default to None: a schedule file's own shape, else
+    DEFAULT_STAGES and DEFAULT_MICROBATCHES (see :func:`scenario_from_args`)."""
     g = p.add_argument_group("pipeline")
-    g.add_argument("--stages", "-P", type=int, default=stages, help="pipeline stages (ranks)")
-    g.add_argument("--microbatches", "-M", type=int, default=microbatches, help="micro-batches per step")
-    g.add_argument("--chunks", "-V", type=int, default=None, help="units per rank for interleaved schedules")
+    g.add_argument("--stages", "-P", type=int, default=None,
+                   help=f"pipeline stages (ranks); default {DEFAULT_STAGES}, or a schedule file's")
+    g.add_argument("--microbatches", "-M", type=int, default=None,
+                   help=f"micro-batches per step; default {DEFAULT_MICROBATCHES}, or a schedule file's")
+    g.add_argument("--chunks", "-V", type=int, default=None,
+                   help="units per rank for interleaved schedules (a schedule file's: its units / ranks)")
     u = p.add_argument_group("uniform costs (time of one unit for one micro-batch)")
     u.add_argument("--tf", type=float, default=None, help="forward time (default 1.0)")
     u.add_argument("--tb", type=float, default=None, help="full backward time (default 2.0)")
@@ -97,8 +107,38 @@ def add_scenario_args(p: argparse.ArgumentParser, *, stages: int = 4, microbatch
     p.add_argument("--memory-limit", type=float, default=None, help="per-rank memory limit (cost-model units)")
 
 
-def scenario_from_args(args: argparse.Namespace) -> Scenario:
-    topo = Topology(args.stages, ranks_per_node=args.ranks_per_node, num_dcs=args.dcs)
+def file_shape(schedule: Schedule, given: dict[str, int | None]) -> tuple[int, int, int | None]:
+    """(stages, micro-batches, chunks) of a schedule file; a flag in ``given`` (flag -> value,
+    None: not given) that contradicts the file raises ValueError naming both values.
+    Chunks are units per rank when every rank holds the same number, else None."""
+    U, P = schedule.num_units, schedule.num_ranks
+    chunks = U // P if schedule.placement.kind == "unit" and U % P == 0 else None
+    shape = {"--stages": P, "--microbatches": schedule.num_microbatches, "--chunks": chunks}
+    for flag, value in given.items():
+        if value is not None and value != shape[flag]:
+            raise ValueError(f"{flag} {value} contradicts schedule file {schedule.name!r}, which has "
+                             f"{flag[2:]} = {shape[flag]}; leave {flag} out (a file keeps its shape)")
+    return P, schedule.num_microbatches, chunks
+
+
+def shape_flags(args: argparse.Namespace) -> dict[str, int | None]:
+    """The shape flags as given on the command line (None: not given)."""
+    return {"--stages": args.stages, "--microbatches": args.microbatches, "--chunks": args.chunks}
+
+
+def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = None) -> Scenario:
+    """The scenario of the flags; with ``schedule`` (a loaded file) its rank count, micro-batches
+    and chunks, flags that contradict them rejected (:func:`file_shape`)."""
+    for flag, v in shape_flags(args).items():
+        if v is not None and v < 1:
+            raise ValueError(f"{flag} must be >= 1, got {v}")
+    if schedule is not None:
+        stages, microbatches, chunks = file_shape(schedule, shape_flags(args))
+    else:
+        stages = args.stages if args.stages is not None else DEFAULT_STAGES
+        microbatches = args.microbatches if args.microbatches is not None else DEFAULT_MICROBATCHES
+        chunks = args.chunks
+    topo = Topology(stages, ranks_per_node=args.ranks_per_node, num_dcs=args.dcs)
     options: dict = {}
     if args.ranks_per_node:
         options["ranks_per_node"] = args.ranks_per_node
@@ -128,5 +168,16 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         def cost(num_units: int) -> UniformCost:
             return uniform
         links = Links.uniform_dc(topo, args.dc_latency, args.dc_transfer) if (args.dc_latency or args.dc_transfer) else None
-    return Scenario(args.stages, args.microbatches, args.chunks, cost, topo, links, args.memory_limit, options)
+    return Scenario(stages, microbatches, chunks, cost, topo, links, args.memory_limit, options)
 
+
+
+def load_or_build(args: argparse.Namespace, name: str) -> tuple[Scenario, Schedule]:
+    """The scenario and the schedule ``name``: a schedule file (its shape; see
+    :mod:`pipert.ir.files`) or a registered name built on the flags' scenario."""
+    from .ir.files import is_schedule_file, load_schedule
+    if is_schedule_file(name):
+        sched = load_schedule(name)
+        return scenario_from_args(args, sched), sched
+    sc = scenario_from_args(args)
+    return sc, sc.build(name, strict=True)

@@ -8,11 +8,9 @@ __all__ = ["register", "cmd_emulate"]
 
 
 def cmd_emulate(args: argparse.Namespace) -> int:
-    from ..scenario import scenario_from_args
-    from ..ir import Schedule
+    from ..scenario import load_or_build
     from .emulator import emulate
-    sc = scenario_from_args(args)
-    sched = Schedule.load(args.schedule) if args.schedule.endswith(".json") else sc.build(args.schedule, strict=True)
+    sc, sched = load_or_build(args, args.schedule)
     if args.real:
         return _real(args, sc, sched)
     unit = args.time_unit if args.time_unit is not None else (1.0 if args.model else 2e-3)
