@@ -90,10 +90,25 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+_FILE_SHAPED = ("stages", "microbatches", "chunks")
+"""Train flags a schedule file sets (the parser leaves them None unless given)."""
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    from .ir.files import is_schedule_file, load_schedule
     from .train import TrainConfig, run_train
-    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
-    run_train(cfg)
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
+    defaults = TrainConfig()
+    if is_schedule_file(args.schedule):
+        from .scenario import file_shape
+        given = {"--stages": args.stages, "--microbatches": None if args.microbatches is None else
+                 args.microbatches // max(args.dp, 1), "--chunks": args.chunks}
+        P, M, V = file_shape(load_schedule(args.schedule), given)
+        values.update(stages=P, microbatches=M * max(args.dp, 1), chunks=V)
+    for name in _FILE_SHAPED:
+        if values[name] is None:
+            values[name] = getattr(defaults, name)
+    run_train(TrainConfig(**values))
     return 0
 
 
@@ -152,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
             t.add_argument(flag, action="store_true", help=doc)
         else:
             kind = type(default) if default is not None else int
-            t.add_argument(flag, type=kind, default=default, help=doc)
+            t.add_argument(flag, type=kind, default=None if f.name in _FILE_SHAPED else default,
+                           help=doc + (" or a schedule file's" if f.name in _FILE_SHAPED else ""))
     t.set_defaults(fn=cmd_train)
 
     for register in _extra_commands():
@@ -161,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _TRAIN_HELP = {
-    "schedule": "registered schedule name", "stages": "pipeline ranks P", "microbatches": "micro-batches per step M",
+    "schedule": "registered schedule name or a schedule file (.json, torch's .csv)", "stages": "pipeline ranks P", "microbatches": "micro-batches per step M",
     "chunks": "units per rank for interleaved schedules", "ranks_per_node": "ranks per node (tawpipe)",
     "dp": "data-parallel replicas D of the pipeline (stages x dp processes)",
     "zero": "ZeRO stage 0-3 of every unit over its replicas (needs --dp > 1)",

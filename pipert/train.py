@@ -32,7 +32,8 @@ class TrainConfig:
     """Settings of one training run."""
 
     schedule: str = "1f1b"
-    """Registered schedule name (see `pipert simulate --help` for the list)."""
+    """Registered schedule name (see `pipert simulate --help` for the list), or a schedule file
+    (pipert's .json, torch.pipelining's .csv or orders .json) whose shape the other fields match."""
     stages: int = 4
     """Pipeline ranks P."""
     microbatches: int = 8
@@ -71,11 +72,20 @@ class TrainConfig:
     """Seconds any communication may wait before the run fails."""
 
     def validate(self) -> None:
+        """Every setting, checked before any work (no schedule built, no model materialised):
+        ValueError naming the flag, its value and what is allowed."""
         if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} unknown; allowed: {', '.join(_DTYPES)}")
+            raise ValueError(f"--dtype {self.dtype!r} unknown; allowed: {', '.join(_DTYPES)}")
         for name in ("stages", "microbatches", "steps", "batch_size", "seq", "dp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("chunks", "ranks_per_node"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        self._validate_model()
+        self._validate_schedule()
         if not self.lr > 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if not self.timeout > 0:
@@ -98,6 +108,44 @@ class TrainConfig:
             raise ValueError(f"--backend {self.backend!r} unknown; allowed: auto, gloo, nccl, local")
 
 
+    def _validate_model(self) -> None:
+        """The model preset, and the sequence length against its positions."""
+        from .models import PRESETS
+        if self.model not in PRESETS:
+            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(PRESETS)}")
+        positions = PRESETS[self.model].max_seq
+        if self.seq > positions:
+            raise ValueError(f"--seq {self.seq} exceeds the {positions} positions of model {self.model!r}; "
+                             f"allowed: 1..{positions}")
+
+    def _validate_schedule(self) -> None:
+        """The schedule name (or file) and its shape against the flags and the model's layers,
+        from the family's constraints alone (building a schedule can take long)."""
+        from .ir.files import is_schedule_file, load_schedule
+        from .models import PRESETS
+        layers = PRESETS[self.model].layers
+        if is_schedule_file(self.schedule):
+            from .scenario import file_shape
+            sched = load_schedule(self.schedule)
+            file_shape(sched, {"--stages": self.stages, "--microbatches": self.microbatches // self.dp,
+                               "--chunks": self.chunks})
+            units = sched.num_units
+            what = f"schedule file {self.schedule!r} has {units} units"
+        else:
+            from .schedules import PipelineConfig, family
+            fam = family(self.schedule)
+            chunks = self.chunks if self.chunks is not None else fam.default_chunks
+            try:
+                fam.validate(PipelineConfig(self.stages, self.microbatches // self.dp, chunks))
+            except ValueError as e:
+                raise ValueError(f"--schedule {self.schedule} --stages {self.stages} --microbatches "
+                                 f"{self.microbatches // self.dp} (per replica) --chunks {chunks}: {e}") from None
+            units = self.stages * chunks
+            what = f"--stages {self.stages} x {chunks} chunks of {self.schedule} = {units} units"
+        if units > layers:
+            raise ValueError(f"{what}, but model {self.model!r} has {layers} layers (one unit needs at least one); "
+                             f"allowed: --stages x chunks <= {layers}")
+
     def pass_names(self) -> list[str]:
         return [p for p in self.passes.split(",") if p]
 
@@ -113,9 +161,13 @@ def build_program(cfg: TrainConfig):
     from .ir.passes import apply_passes
     from .schedules import build_schedule
     from .schedules.data_parallel import replicate
+    from .ir.files import is_schedule_file, load_schedule
     opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
-    s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp, chunks=cfg.chunks,
-                       **opts)
+    if is_schedule_file(cfg.schedule):
+        s = load_schedule(cfg.schedule)
+    else:
+        s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp,
+                           chunks=cfg.chunks, **opts)
     s = apply_passes(s, cfg.pass_names())
     return replicate(s, cfg.dp, cfg.zero) if cfg.dp > 1 else s
 

@@ -181,3 +181,15 @@ def test_flags_that_contradict_a_file_are_refused_naming_both_values(tmp_path, c
     path.write_text(dump_schedule(build_schedule("1f1b", stages=2, microbatches=4), "torch-csv"))
     assert main([command, str(path), *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_train_runs_a_torch_file_exactly_and_keeps_its_shape(tmp_path, capsys):
+    path = tmp_path / "zbv.csv"
+    _dump_csv(torch_orders("ScheduleZBVZeroBubble", 2, 4, 2, comms=True), path)
+    assert main(["train", "--schedule", str(path), "--backend", "local", "--steps", "1", "--batch-size", "4",
+                 "--dtype", "float64", "--json", "--check"]) == 0
+    step = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert step["max_grad_rel_err"] <= 1e-10 and step["max_param_rel_err"] <= 1e-10
+    assert abs(step["loss"] - step["ref_loss"]) <= 1e-10
+    assert main(["train", "--schedule", str(path), "--chunks", "1"]) == 2
+    assert "--chunks 1 contradicts schedule file 'zbv', which has chunks = 2" in capsys.readouterr().err
