@@ -17,12 +17,14 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["TrainConfig", "run_train", "resolve_backend"]
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+_DTYPES = ("float32", "float64", "bfloat16")
 
 
 @dataclass
@@ -30,7 +32,8 @@ class TrainConfig:
     """Settings of one training run."""
 
     schedule: str = "1f1b"
-    """Registered schedule name (see `pipert simulate --help` for the list)."""
+    """Registered schedule name (see `pipert simulate --help` for the list), or a schedule file
+    (pipert's .json, torch.pipelining's .csv or orders .json) whose shape the other fields match."""
     stages: int = 4
     """Pipeline ranks P."""
     microbatches: int = 8
@@ -82,11 +85,20 @@ class TrainConfig:
     measured one."""
 
     def validate(self) -> None:
+        """Every setting, checked before any work (no schedule built, no model materialised):
+        ValueError naming the flag, its value and what is allowed."""
         if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} unknown; allowed: {', '.join(_DTYPES)}")
+            raise ValueError(f"--dtype {self.dtype!r} unknown; allowed: {', '.join(_DTYPES)}")
         for name in ("stages", "microbatches", "steps", "batch_size", "seq", "dp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("chunks", "ranks_per_node"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        self._validate_model()
+        self._validate_schedule()
         if not self.lr > 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if not self.timeout > 0:
@@ -120,6 +132,44 @@ class TrainConfig:
                                  self.node_latency, self.node_bandwidth)
 
 
+    def _validate_model(self) -> None:
+        """The model preset, and the sequence length against its positions."""
+        from .models import PRESETS
+        if self.model not in PRESETS:
+            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(PRESETS)}")
+        positions = PRESETS[self.model].max_seq
+        if self.seq > positions:
+            raise ValueError(f"--seq {self.seq} exceeds the {positions} positions of model {self.model!r}; "
+                             f"allowed: 1..{positions}")
+
+    def _validate_schedule(self) -> None:
+        """The schedule name (or file) and its shape against the flags and the model's layers,
+        from the family's constraints alone (building a schedule can take long)."""
+        from .ir.files import is_schedule_file, load_schedule
+        from .models import PRESETS
+        layers = PRESETS[self.model].layers
+        if is_schedule_file(self.schedule):
+            from .scenario import file_shape
+            sched = load_schedule(self.schedule)
+            file_shape(sched, {"--stages": self.stages, "--microbatches": self.microbatches // self.dp,
+                               "--chunks": self.chunks})
+            units = sched.num_units
+            what = f"schedule file {self.schedule!r} has {units} units"
+        else:
+            from .schedules import PipelineConfig, family
+            fam = family(self.schedule)
+            chunks = self.chunks if self.chunks is not None else fam.default_chunks
+            try:
+                fam.validate(PipelineConfig(self.stages, self.microbatches // self.dp, chunks))
+            except ValueError as e:
+                raise ValueError(f"--schedule {self.schedule} --stages {self.stages} --microbatches "
+                                 f"{self.microbatches // self.dp} (per replica) --chunks {chunks}: {e}") from None
+            units = self.stages * chunks
+            what = f"--stages {self.stages} x {chunks} chunks of {self.schedule} = {units} units"
+        if units > layers:
+            raise ValueError(f"{what}, but model {self.model!r} has {layers} layers (one unit needs at least one); "
+                             f"allowed: --stages x chunks <= {layers}")
+
     def pass_names(self) -> list[str]:
         return [p for p in self.passes.split(",") if p]
 
@@ -135,9 +185,13 @@ def build_program(cfg: TrainConfig):
     from .ir.passes import apply_passes
     from .schedules import build_schedule
     from .schedules.data_parallel import replicate
+    from .ir.files import is_schedule_file, load_schedule
     opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
-    s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp, chunks=cfg.chunks,
-                       **opts)
+    if is_schedule_file(cfg.schedule):
+        s = load_schedule(cfg.schedule)
+    else:
+        s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp,
+                           chunks=cfg.chunks, **opts)
     s = apply_passes(s, cfg.pass_names())
     return replicate(s, cfg.dp, cfg.zero) if cfg.dp > 1 else s
 
@@ -145,6 +199,7 @@ def build_program(cfg: TrainConfig):
 def resolve_backend(name: str) -> str:
     if name != "auto":
         return name
+    import torch
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return "nccl" if n > 1 else ("local" if n == 1 else "gloo")
 
@@ -187,6 +242,7 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     from .runtime.pipeline import Pipeline
     from .runtime.reference import grouped_reference_step
     from .testing import rel_err
+    import torch
     schedule, units, corpus = _build(cfg, device, schedule, None if backend == "local" else rank)
     opt = lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=0.0)  # noqa: E731
     # The reference keeps its own whole model, built in one process, and a persistent optimizer
@@ -283,6 +339,7 @@ def _named(units) -> dict:
 
 
 def _copy_into(units, named: dict) -> None:
+    import torch
     with torch.no_grad():
         for i, u in enumerate(units):
             for n, p in u.named_parameters():
@@ -291,6 +348,7 @@ def _copy_into(units, named: dict) -> None:
 
 
 def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, schedule) -> None:
+    import torch
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     torch.set_num_threads(1)
     _loop(cfg, rank, backend, device, schedule)
@@ -307,6 +365,7 @@ def run_train(cfg: TrainConfig) -> list[float] | None:
         raise ValueError(f"schedule {cfg.schedule} needs {schedule.num_units} units but model {cfg.model!r} has "
                          f"only {layers} layers; use fewer stages/chunks or a larger model")
     if backend == "local":
+        import torch
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         return _loop(cfg, 0, backend, device, schedule)
     from .runtime.launch import launch

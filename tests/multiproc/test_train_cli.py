@@ -61,7 +61,7 @@ def test_each_rank_materialises_only_the_units_it_computes_or_holds():
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--stages", "8"), "needs 8 units but model 'tiny' has only 4 layers"),
+    (("--stages", "8"), "--stages 8 x 1 chunks of 1f1b = 8 units, but model 'tiny' has 4 layers"),
     (("--batch-size", "10"), "not divisible into 8 micro-batches"),
     (("--schedule", "zb-v", "--chunks", "3"), "zb-v needs chunks == 2"),
     (("--schedule", "nope"), "unknown schedule 'nope'"),
