@@ -140,6 +140,9 @@ _TRAIN_HELP = {
     "check": "also run the single-process reference step; report relative errors",
     "json": "one JSON object per step instead of a progress bar",
     "timeout": "seconds any communication may wait before the run fails",
+    "save": "folder of checkpoints (DCP, one step-N folder each); one is written after the last step",
+    "save_every": "also write a checkpoint every N steps (with --save)",
+    "resume": "resume from a checkpoint folder (or a --save folder: its newest); --steps is the total",
 }
 
 

@@ -67,6 +67,13 @@ class TrainConfig:
     """Print one JSON object per step instead of a progress bar."""
     timeout: float = 120.0
     """Seconds any communication may wait before the run fails."""
+    save: str = ""
+    """Folder of checkpoints (``DIR/step-N``, pipert.checkpoint); one after the last step."""
+    save_every: int | None = None
+    """Also write a checkpoint after every N steps (with --save)."""
+    resume: str = ""
+    """Checkpoint folder to resume from (a step-N folder, or a --save folder: its newest); --steps
+    counts the steps already run."""
 
     def validate(self) -> None:
         if self.dtype not in _DTYPES:
@@ -94,6 +101,10 @@ class TrainConfig:
             raise ValueError(f"--passes: unknown pass(es) {', '.join(unknown)}; allowed: {', '.join(PASSES)}")
         if self.backend not in ("auto", "gloo", "nccl", "local"):
             raise ValueError(f"--backend {self.backend!r} unknown; allowed: auto, gloo, nccl, local")
+        if self.save_every is not None and (self.save_every < 1 or not self.save):
+            raise ValueError(f"--save-every {self.save_every}: give a step count >= 1 and a --save folder")
+        if self.zero and (self.save or self.resume):
+            raise ValueError(f"--save/--resume with --zero {self.zero}: checkpoints hold whole units; allowed: --zero 0")
 
 
     def pass_names(self) -> list[str]:
@@ -179,8 +190,11 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         dp = f" D={cfg.dp}" + (f" ZeRO-{cfg.zero}" if cfg.zero else "") if cfg.dp > 1 else ""
         bar = tqdm(total=cfg.steps, desc=f"pipert train {cfg.schedule} P={cfg.stages}{dp} M={cfg.microbatches}",
                    file=sys.stderr)
+    first = _resume(cfg, pipe, ref_units, ref_opt)
+    if bar is not None:
+        bar.update(first)
     losses = []
-    for step, (x, y) in enumerate(corpus.batches(cfg.batch_size, cfg.steps)):
+    for step, (x, y) in enumerate(corpus.batches(cfg.batch_size, cfg.steps - first, start=first), first):
         x, y = x.to(device), y.to(device)
         before = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()}) \
             if cfg.check else None
@@ -203,9 +217,23 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         losses.append(loss)
         if rank == 0:
             _report(cfg, step, loss, cfg.batch_size * cfg.seq / dt, extra, bar)
+        if cfg.save and (step + 1 == cfg.steps or cfg.save_every and (step + 1) % cfg.save_every == 0):
+            from . import checkpoint
+            checkpoint.save(pipe, checkpoint.step_dir(cfg.save, step + 1), checkpoint.train_meta(cfg, step + 1))
     if bar is not None:
         bar.close()
     return losses
+
+
+def _resume(cfg: TrainConfig, pipe, ref_units, ref_opt) -> int:
+    """The first step to run: 0, or the checkpoint's step after loading it (and, with --check,
+    the reference's weights and optimizer)."""
+    if not cfg.resume:
+        return 0
+    from . import checkpoint
+    if ref_units is not None:
+        checkpoint.load_units(ref_units, ref_opt, cfg.resume)
+    return checkpoint.load(pipe, cfg.resume)["step"]
 
 
 def _gather(pipe, fn) -> dict:
@@ -255,6 +283,9 @@ def run_train(cfg: TrainConfig) -> list[float] | None:
     if schedule.num_units > layers:
         raise ValueError(f"schedule {cfg.schedule} needs {schedule.num_units} units but model {cfg.model!r} has "
                          f"only {layers} layers; use fewer stages/chunks or a larger model")
+    if cfg.resume:  # a checkpoint that does not fit is refused before any process starts
+        from .checkpoint import check_resume
+        cfg.resume = str(check_resume(cfg, _rank_units(cfg, schedule, torch.device("meta"), keep=[])))
     if backend == "local":
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         return _loop(cfg, 0, backend, device, schedule)
