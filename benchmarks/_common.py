@@ -45,7 +45,7 @@ def current_commit() -> str:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here,
                                 check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--", ".", ":!results"], capture_output=True,
+        status = subprocess.run(["git", "status", "--porcelain", "--", ".", ":!benchmarks/results"], capture_output=True,
                                 text=True, cwd=here.parent).stdout
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
