@@ -195,6 +195,9 @@ _TRAIN_HELP = {
     "node_bandwidth": "bandwidth between nodes of a datacenter (with --ranks-per-node)",
     "profile": "measure each unit's compute times on the running job; print the simulator's step time beside "
                "the measured one",
+    "save": "folder of checkpoints (DCP, one step-N folder each); one is written after the last step",
+    "save_every": "also write a checkpoint every N steps (with --save)",
+    "resume": "resume from a checkpoint folder (or a --save folder: its newest); --steps is the total",
 }
 
 

@@ -83,6 +83,13 @@ class TrainConfig:
     profile: bool = False
     """Measure every unit's compute times on the running job and print the simulator's step time beside the
     measured one."""
+    save: str = ""
+    """Folder of checkpoints (``DIR/step-N``, pipert.checkpoint); one after the last step."""
+    save_every: int | None = None
+    """Also write a checkpoint after every N steps (with --save)."""
+    resume: str = ""
+    """Checkpoint folder to resume from (a step-N folder, or a --save folder: its newest); --steps
+    counts the steps already run."""
 
     def validate(self) -> None:
         """Every setting, checked before any work (no schedule built, no model materialised):
@@ -124,13 +131,16 @@ class TrainConfig:
             raise ValueError(f"--dcs/--node-* emulate the links of one pipeline; with --dp {self.dp} they are not "
                              f"supported (use --dp 1)")
         links.links(self.world)
+        if self.save_every is not None and (self.save_every < 1 or not self.save):
+            raise ValueError(f"--save-every {self.save_every}: give a step count >= 1 and a --save folder")
+        if self.zero and (self.save or self.resume):
+            raise ValueError(f"--save/--resume with --zero {self.zero}: checkpoints hold whole units; allowed: --zero 0")
 
     def link_options(self):
         """The emulated links (``pipert.linkflags.LinkOptions``) of the link flags."""
         from .linkflags import LinkOptions
         return LinkOptions.parse(self.dcs, self.dc_latency, self.dc_bandwidth, self.ranks_per_node,
                                  self.node_latency, self.node_bandwidth)
-
 
     def _validate_model(self) -> None:
         """The model preset, and the sequence length against its positions."""
@@ -265,8 +275,11 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         dp = f" D={cfg.dp}" + (f" ZeRO-{cfg.zero}" if cfg.zero else "") if cfg.dp > 1 else ""
         bar = tqdm(total=cfg.steps, desc=f"pipert train {cfg.schedule} P={cfg.stages}{dp} M={cfg.microbatches}",
                    file=sys.stderr)
+    first = _resume(cfg, pipe, ref_units, ref_opt)
+    if bar is not None:
+        bar.update(first)
     losses = []
-    for step, (x, y) in enumerate(corpus.batches(cfg.batch_size, cfg.steps)):
+    for step, (x, y) in enumerate(corpus.batches(cfg.batch_size, cfg.steps - first, start=first), first):
         x, y = x.to(device), y.to(device)
         before = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()}) \
             if cfg.check else None
@@ -291,6 +304,9 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         losses.append(loss)
         if rank == 0:
             _report(cfg, step, loss, cfg.batch_size * cfg.seq / dt, extra, bar)
+        if cfg.save and (step + 1 == cfg.steps or cfg.save_every and (step + 1) % cfg.save_every == 0):
+            from . import checkpoint
+            checkpoint.save(pipe, checkpoint.step_dir(cfg.save, step + 1), checkpoint.train_meta(cfg, step + 1))
     if bar is not None:
         bar.close()
     return losses
@@ -313,6 +329,15 @@ def _predicted(pipe, backend: str, rank: int, links, measured: float) -> dict:
     return {"measured_step_s": measured, "predicted_step_s": predicted,
             "predicted_rel_err": (predicted - measured) / measured, "max_forward_s": prof.max_forward,
             "compute_s_all_ranks": prof.busy}
+def _resume(cfg: TrainConfig, pipe, ref_units, ref_opt) -> int:
+    """The first step to run: 0, or the checkpoint's step after loading it (and, with --check,
+    the reference's weights and optimizer)."""
+    if not cfg.resume:
+        return 0
+    from . import checkpoint
+    if ref_units is not None:
+        checkpoint.load_units(ref_units, ref_opt, cfg.resume)
+    return checkpoint.load(pipe, cfg.resume)["step"]
 
 
 def _gather(pipe, fn) -> dict:
@@ -364,6 +389,9 @@ def run_train(cfg: TrainConfig) -> list[float] | None:
     if schedule.num_units > layers:
         raise ValueError(f"schedule {cfg.schedule} needs {schedule.num_units} units but model {cfg.model!r} has "
                          f"only {layers} layers; use fewer stages/chunks or a larger model")
+    if cfg.resume:  # a checkpoint that does not fit is refused before any process starts
+        from .checkpoint import check_resume
+        cfg.resume = str(check_resume(cfg, _rank_units(cfg, schedule, torch.device("meta"), keep=[])))
     if backend == "local":
         import torch
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
