@@ -49,6 +49,8 @@ CONFIGS = {
     "crosspipe-greedy": dict(stages=2, microbatches=4, num_dcs=2, dc_latency=2.0, dc_transfer=1.0),
     "crosspipe-wave": dict(stages=2, microbatches=4, num_dcs=2, dc_latency=2.0, dc_transfer=1.0),
     "crosspipe-optimal": dict(stages=2, microbatches=3),
+    "helixpipe": dict(stages=2, microbatches=4),            # units: layers standing in for C(l), A(l)
+    "helixpipe-2fold": dict(stages=2, microbatches=4),
 }
 
 
