@@ -128,7 +128,7 @@ def helixpipe_schedule(stages: int, microbatches: int, chunks: int = 1, folds: i
         compute.append(fwd + [Action(Op.B, a.unit, a.mb) for a in reversed(fwd)])
     placement = helix_placement(p, L, microbatches, F)
     meta = {"family": name, "stages": p, "chunks": chunks, "split_backward": False, "folds": F, "layers": L,
-            "partition": "helix"}
+            "cut": "helix"}
     s = lower(name, p, 2 * L + 1, microbatches, placement, add_optimizer_steps(compute, placement), meta,
               weights=True)
     return post_receives_early(_free_received_weights(s), p, payloads=(Payload.WEIGHT,))

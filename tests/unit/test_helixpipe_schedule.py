@@ -57,7 +57,7 @@ def test_two_folds_pair_consecutive_microbatches():
 def test_placement_transfers_validate(name, P, M, V, F):
     s = build_schedule(name, stages=P, microbatches=M, chunks=V, folds=F)
     L = P * V
-    assert s.num_units == 2 * L + 1 and s.meta["partition"] == "helix" and s.meta["folds"] == F
+    assert s.num_units == 2 * L + 1 and s.meta["cut"] == "helix" and s.meta["folds"] == F
     validate(s)
     simulate(s, HelixPartsCost(L, 1.0, 3.0, 2.0))
     for r, i, a in s:
