@@ -15,7 +15,10 @@ from .ir import Schedule
 from .schedules import build_schedule, family
 
 __all__ = ["Scenario", "add_scenario_args", "scenario_from_args", "file_shape", "shape_flags", "load_or_build",
-           "DEFAULT_STAGES", "DEFAULT_MICROBATCHES", "check_scenario_flags"]
+           "DEFAULT_STAGES", "DEFAULT_MICROBATCHES", "check_scenario_flags", "LAYER_PER_CHUNK"]
+
+LAYER_PER_CHUNK = ("helixpipe", "helixpipe-2fold")
+"""Families whose ``chunks`` is the number of layers per stage (their units are pieces of layers)."""
 
 
 @dataclass
@@ -41,6 +44,9 @@ class Scenario:
     """Uniform times describe one stage (one rank's share of the model) rather than one
     unit: a schedule with P·V units gets times / V, so every schedule trains the same
     model. ``compare`` sets this."""
+    layers: int | None = None
+    """Layers of the analytic cost model's transformer (None in uniform mode): schedules whose
+    units are pieces of layers (HelixPipe: ``chunks`` = layers per stage) get V = layers / P."""
 
     def cost_for(self, schedule: Schedule) -> Any:
         """The cost model for ``schedule``'s units."""
@@ -64,6 +70,11 @@ class Scenario:
         chunks = self.chunks
         if not strict and chunks is not None and not (fam.min_chunks <= chunks <= (fam.max_chunks or chunks)):
             chunks = None
+        if chunks is None and self.layers and name in LAYER_PER_CHUNK:
+            if self.layers % self.stages:
+                raise ValueError(f"{name} puts layers/P layers on each stage: the model's {self.layers} layers "
+                                 f"do not split over P={self.stages} stages; allowed P: divisors of {self.layers}")
+            chunks = self.layers // self.stages
         return build_schedule(name, stages=self.stages, microbatches=self.microbatches, chunks=chunks,
                               **self.options_for(name, chunks or fam.default_chunks))
 
@@ -188,14 +199,23 @@ def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = Non
         options["ranks_per_node"] = args.ranks_per_node
     if args.model:
         from .cost.devices import DeviceSpec
-        from .cost.transformer import ModelSpec, TransformerCost, partition_layers
+        from .cost.transformer import ModelSpec, TransformerCost, partition_helix, partition_layers
+        for flag, v in (("--seq", args.seq), ("--micro-batch-size", args.micro_batch_size)):
+            if v is not None and v < 1:
+                raise ValueError(f"{flag} must be >= 1, got {v}")
         overrides = {k: v for k, v in (("seq", args.seq), ("micro_batch", args.micro_batch_size)) if v is not None}
         spec = ModelSpec.preset(args.model, **overrides)
         device = DeviceSpec.preset(args.device)
 
         def cost(num_units: int) -> TransformerCost:
+            if num_units == 2 * spec.layers + 1:
+                return TransformerCost(spec, device, partition_helix(spec))
+            if num_units > spec.layers:
+                raise ValueError(f"{num_units} units: the {spec.layers}-layer model has at most {spec.layers} "
+                                 f"units of whole layers, or {2 * spec.layers + 1} HelixPipe units")
             return TransformerCost(spec, device, partition_layers(spec, num_units))
         links = Links.preset(topo)
+        layers = spec.layers
     else:
         tf = args.tf if args.tf is not None else 1.0
         tb = args.tb
@@ -206,7 +226,9 @@ def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = Non
         def cost(num_units: int) -> UniformCost:
             return uniform
         links = Links.uniform_dc(topo, args.dc_latency, args.dc_transfer) if (args.dc_latency or args.dc_transfer) else None
-    return Scenario(stages, microbatches, chunks, cost, topo, links, args.memory_limit, options)
+        layers = None
+    return Scenario(stages, microbatches, chunks, cost, topo, links, args.memory_limit, options,
+                    layers=layers)
 
 
 def load_or_build(args: argparse.Namespace, name: str) -> tuple[Scenario, Schedule]:
