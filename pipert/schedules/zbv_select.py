@@ -6,8 +6,10 @@ Candidates, all on the V placement (:func:`.zero_bubble.zb_v_units`):
 - the zero-bubble authors' greedy (:mod:`.zbv_greedy`), each of its four fill variants,
   at the authors' memory cap (2P stashes);
 - pipert's memory-aware greedy on the same placement (``crosspipe`` wave model, whole W
-  blocks), which also meets limits below the authors' cap; it costs about ten times the
-  others to build, so "best" tries it only when neither of them fits the limit;
+  blocks), which also meets limits below the authors' cap and prices link delays; it
+  costs several times the others to build, so "best" tries it up to P*M =
+  ``WAVE_GREEDY_MAX_PM``, and beyond that only when neither of them fits the limit or
+  when links are given;
 - optionally, CP-SAT over the same problem (``crosspipe`` wave model without W pieces),
   hinted with the best of the above and kept only when it is faster.
 
@@ -29,11 +31,16 @@ from ..ir import Action, Op, Schedule
 from .registry import PipelineConfig, assemble
 from .zbv_greedy import zbv_greedy_variants
 
-__all__ = ["ORDERS", "select_zb_v"]
+__all__ = ["ORDERS", "WAVE_GREEDY_MAX_PM", "select_zb_v"]
 
 ORDERS = ("best", "handcrafted", "greedy", "wave-greedy")
 """``order`` values of zb-v: the best candidate, or only the handcrafted order, the authors'
 greedy, or pipert's memory-aware greedy."""
+
+WAVE_GREEDY_MAX_PM = 256
+"""Largest P*M at which "best" always runs the memory-aware greedy (P = 8, M = 32: about
+2 s on the shared 2-core development machine; its time grows faster than the other
+candidates')."""
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -112,7 +119,8 @@ def select_zb_v(config: PipelineConfig, handcrafted: list[list[Action]], units: 
     if order in ("best", "greedy"):
         beat = hand.makespan if fits and _greedy_times_exact(p, cost, links) else math.inf
         fits += _greedy_fitting(p, m, cost, links, limit, build, beat)
-    if order == "wave-greedy" or (order == "best" and not fits):
+    if order == "wave-greedy" or \
+            (order == "best" and (not fits or links is not None or p * m <= WAVE_GREEDY_MAX_PM)):
         fits += _wave_greedy(config, cost, links, limit, [hand.peak])
     if not fits:
         raise ValueError(f"zb-v memory_limit={memory_limit!r} is below the peak of every {order!r} zb-v order "

@@ -14,8 +14,8 @@ for u >= P (rank 0 holds the first and the last unit). The handcrafted ZB-V orde
 ``torch.distributed.pipelining.ScheduleZBVZeroBubble``) is built for max(M, 2P-1)
 micro-batches and restricted to the first M, which keeps it deadlock-free because every
 dependency stays inside one micro-batch; below 2P-1 micro-batches that leaves bubbles, so
-``zb_v`` picks the fastest of it and the zero-bubble authors' greedy within a memory
-limit (:mod:`.zbv_select`).
+``zb_v`` picks the fastest of it, the zero-bubble authors' greedy and pipert's
+memory-aware V greedy within a memory limit (:mod:`.zbv_select`).
 """
 from __future__ import annotations
 
@@ -110,14 +110,15 @@ def zb_v_handcrafted(config: PipelineConfig) -> list[list[Action]]:
 
 def zb_v(config: PipelineConfig, *, cost: Any = None, links: Any = None, memory_limit: float | None = None,
          solver_time_limit: float | None = None, order: str = "best") -> Schedule:
-    """ZB-V (V shape, 2 chunks per rank, D/W split): the fastest of the handcrafted order
-    and the zero-bubble authors' greedy within ``memory_limit`` (see :mod:`.zbv_select`).
+    """ZB-V (V shape, 2 chunks per rank, D/W split): the fastest of the handcrafted order,
+    the zero-bubble authors' greedy and pipert's memory-aware V greedy within
+    ``memory_limit`` (see :mod:`.zbv_select`).
 
     ``cost`` (default: uniform, F = D = W = 1) and ``links`` (default: free) time the
     candidates; ``memory_limit`` is per rank in the cost model's memory unit (default: the
     handcrafted order's peak, 1F1B's activation memory); ``solver_time_limit`` (CP-SAT
     deterministic seconds, one worker) also tries CP-SAT and keeps a faster order it finds;
-    ``order``: "best", or only "handcrafted" or only "greedy".
+    ``order``: "best", or only "handcrafted", "greedy" (the authors') or "wave-greedy".
     """
     from .zbv_select import select_zb_v
     return select_zb_v(config, zb_v_handcrafted(config), zb_v_units(config.stages), cost=cost, links=links,
