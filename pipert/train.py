@@ -402,6 +402,7 @@ def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, schedule) -> No
 def run_train(cfg: TrainConfig) -> list[float] | None:
     """Run training; returns the losses when run in this process (local backend)."""
     cfg.validate()
+    import torch
     backend = resolve_backend(cfg.backend)
     from .models import model_config
     layers = model_config(cfg.model).layers
@@ -413,7 +414,6 @@ def run_train(cfg: TrainConfig) -> list[float] | None:
         from .checkpoint import check_resume
         cfg.resume = str(check_resume(cfg, _rank_units(cfg, schedule, torch.device("meta"), keep=[])))
     if backend == "local":
-        import torch
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         return _loop(cfg, 0, backend, device, schedule)
     from .runtime.launch import launch
