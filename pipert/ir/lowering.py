@@ -16,6 +16,8 @@ posted as soon as the queue reaches it, independent of the compute queue.
 """
 from __future__ import annotations
 
+import functools
+
 from .action import Action, Op, Payload
 from .schedule import Placement, Schedule
 from .semantics import TABLE, Value, reads, writes
@@ -24,6 +26,8 @@ __all__ = ["lower", "add_optimizer_steps", "order_recvs_by_send"]
 
 
 def _rank_of(placement: Placement, unit: int, mbs: tuple[int, ...]) -> int:
+    if len(mbs) == 1:
+        return placement.rank(unit, mbs[0])
     ranks = {placement.rank(unit, m) for m in mbs}
     if len(ranks) != 1:
         raise ValueError(f"unit {unit} of folded micro-batches {mbs} is placed on several ranks {sorted(ranks)}")
@@ -42,11 +46,16 @@ def _cross_rank_unit(kind: Value, unit: int, reading: bool) -> int:
     """The unit whose compute writes (``reading``: the reader needs it from) or reads value
     ``kind`` of ``unit``, from the op table: ACT u is written by F u and read by F u+1; GRAD u is
     written by the backward of u+1 and read by the backward of u."""
+    return unit - _cross_du(kind, reading)
+
+
+@functools.cache
+def _cross_du(kind: Value, reading: bool) -> int:
     for op in (Op.F, Op.D):
         refs = TABLE[op].writes if reading else TABLE[op].reads
         for ref in refs:
             if ref.value is kind:
-                return unit - ref.du
+                return ref.du
     raise ValueError(f"no compute op {'writes' if reading else 'reads'} {kind.name}")
 
 
@@ -152,6 +161,9 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
             for k, i in reversed(recvs):         # position = min over this and later-sent RECVs
                 earliest = min(earliest, i)
                 slot[i] = (earliest, k)
+        if all(pos == i for i, (pos, _) in slot.items()):   # every key (i, .) is distinct: the order stays
+            out.append(acts)
+            continue
         out.append([acts[i] for i in sorted(range(len(acts)), key=lambda i: slot.get(i, (i, 0)))])
     if out == schedule.actions:
         return schedule
