@@ -83,7 +83,7 @@ class Builder(CommState):
 
     # --- the walk ---------------------------------------------------------------------------
     def run(self) -> None:
-        s, U = self.s, self.U
+        s, U, M = self.s, self.U, self.M
         q_of, ctime = self.q_of, self.cost.compute_time
         for r in range(self.P):
             acts = s.actions[r]
@@ -107,7 +107,8 @@ class Builder(CommState):
                 op = a.op
                 q = q_of[op]
                 qnames.append(QUEUES[q])
-                if self._bad_index(r, i, a):
+                u, mb = a.unit, a.mb
+                if ((u is not None and u >= U) or (mb and max(mb) >= M)) and self._bad_index(r, i, a):
                     trace.append(self.mem)
                     continue
                 if q == 0:
@@ -200,11 +201,14 @@ class Builder(CommState):
     def _role_ok(self, role: int, a: Action, r: int) -> bool:
         return role == 0 or (role == 1) == (r == a.root) and role != 3
 
-    def _keys(self, a: Action, kind: int, uu: int, bits: int) -> list[int]:
+    def _keys(self, a: Action, kind: int, uu: int, bits: int) -> tuple[int, ...]:
         base = kind | bits
         if kind == _WEIGHT or kind == _WGRAD:
-            return [(uu << 32) << SHIFT | base]
-        return [((uu << 32 | m) << SHIFT) | base for m in a.mb]
+            return ((uu << 32) << SHIFT | base,)
+        mb = a.mb
+        if len(mb) == 1:
+            return (((uu << 32 | mb[0]) << SHIFT) | base,)
+        return tuple(((uu << 32 | m) << SHIFT) | base for m in mb)
 
     def _resolved(self, a: Action, r: int, refs: tuple) -> tuple:
         """(kind, unit offset, release, bits) of each ref of ``refs`` that applies to ``a`` on rank
