@@ -72,6 +72,7 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
     are posted ``post_ahead`` computes early (:func:`pipert.ir.passes.post_receives_early`).
     """
     out: list[list[Action]] = [[] for _ in range(num_ranks)]
+    cross: dict[tuple, tuple] = {}
     if weights:
         first_use, last_bwd = _weight_uses(compute, placement)
         for (r, u) in sorted(first_use):
@@ -89,13 +90,13 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
             first_piece = a.sub is None or a.sub[0] == 0
             last_piece = a.sub is None or a.sub[0] == a.sub[1] - 1
             if first_piece and a.unit is not None:
-                for kind, v in _crossing(reads(a, num_units)):
+                for kind, v in _crossing_of(a, num_units, True, cross):
                     src = _rank_of(placement, _cross_rank_unit(kind, v, True), mbs)
                     if src != r:
                         prog.append(Action(Op.RECV, unit=v, mb=mbs, payload=_PAYLOAD[kind], peer=src))
             prog.append(a)
             if last_piece and a.unit is not None:
-                for kind, v in _crossing(writes(a, num_units)):
+                for kind, v in _crossing_of(a, num_units, False, cross):
                     dst = _rank_of(placement, _cross_rank_unit(kind, v, False), mbs)
                     if dst != r:
                         prog.append(Action(Op.SEND, unit=v, mb=mbs, payload=_PAYLOAD[kind], peer=dst))
@@ -109,6 +110,20 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
 
 
 _PAYLOAD = {Value.ACT: Payload.ACT, Value.GRAD: Payload.GRAD}
+
+
+def _crossing_of(a: Action, num_units: int, reading: bool, cache: dict) -> list[tuple[Value, int]]:
+    """``_crossing`` of the values ``a`` reads (``reading``) or writes. Which they are depends
+    only on the op, the payload and whether the unit is the first or the last (the op table's
+    edges) and whether it names micro-batches, so each such shape is expanded once; more
+    micro-batches only repeat the keys."""
+    u = a.unit
+    key = (a.op, a.payload, u == 0, u == num_units - 1, not a.mb, reading)
+    got = cache.get(key)
+    if got is None:
+        refs = reads(a, num_units) if reading else writes(a, num_units)
+        got = cache[key] = tuple((kind, v - u) for kind, v in _crossing(refs))
+    return [(kind, u + du) for kind, du in got]
 
 
 def _crossing(refs: list) -> list[tuple[Value, int]]:
