@@ -6,10 +6,7 @@ timed by ``pipert.sim``, and executed by ``pipert.runtime`` (``Pipeline``).
 Invariant: importing this package loads neither torch nor OR-Tools nor matplotlib nor
 Triton; the exports below load their module on first access (PEP 562).
 """
-from __future__ import annotations
-
-import importlib
-from typing import Any
+import importlib as _importlib
 
 __version__ = "0.1.0"
 
@@ -22,11 +19,11 @@ _EXPORTS = {
 __all__ = [*_EXPORTS, "__version__"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'pipert' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(_importlib.import_module(module), name)
     globals()[name] = value
     return value
 

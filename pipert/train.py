@@ -14,6 +14,7 @@ step's record also gives ``rank_param_bytes`` (parameter bytes each process mate
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -113,10 +114,10 @@ class TrainConfig:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
         self._validate_model()
         self._validate_schedule()
-        if not self.lr > 0:
-            raise ValueError(f"--lr must be > 0, got {self.lr}")
-        if not self.timeout > 0:
-            raise ValueError(f"--timeout must be > 0 seconds, got {self.timeout}")
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"--lr must be a finite number > 0, got {self.lr}")
+        if not 0 < self.timeout < math.inf:
+            raise ValueError(f"--timeout must be a finite number of seconds > 0, got {self.timeout}")
         if self.batch_size % self.microbatches:
             raise ValueError(f"--batch-size {self.batch_size} is not divisible into {self.microbatches} "
                              f"micro-batches; use a multiple of {self.microbatches}")

@@ -65,6 +65,7 @@ COLLECTIVE_OPS = frozenset({Op.ALLGATHER, Op.REDUCESCATTER, Op.ALLREDUCE, Op.BRO
 MEMORY_OPS = frozenset({Op.FREE, Op.OFFLOAD, Op.PREFETCH})
 _ROOTED = frozenset({Op.BROADCAST, Op.REDUCE})
 _PER_MB = frozenset({Payload.ACT, Payload.GRAD, Payload.STASH})
+_PLAIN_COMPUTE = frozenset({Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,28 @@ class Action:
     _h: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if not (type(self.op) is Op and type(self.mb) is tuple and type(self.group) is tuple and self.sub is None
+                and self.waits is None and (self.payload is None or type(self.payload) is Payload)):
+            self._normalise()
+        if not self._plain():
+            self._check()
+        object.__setattr__(self, "_h", hash((self.op, self.unit, self.mb, self.payload, self.peer,
+                                              self.group, self.root, self.tag, self.sub, self.waits)))
+
+    def _plain(self) -> bool:
+        """The common valid shapes, accepted without the full check: a compute of a unit's
+        micro-batches, or a SEND/RECV of an activation or gradient (fields as _check requires)."""
+        op = self.op
+        if self.sub is not None or self.waits is not None or self.group or self.root is not None:
+            return False
+        unit, mb = self.unit, self.mb
+        if unit is None or unit < 0 or not mb or min(mb) < 0:
+            return False
+        if op in _PLAIN_COMPUTE:
+            return self.payload is None and self.peer is None
+        return op in P2P_OPS and self.peer is not None and (self.payload is Payload.ACT or self.payload is Payload.GRAD)
+
+    def _normalise(self) -> None:
         if not isinstance(self.op, Op):
             object.__setattr__(self, "op", Op(self.op))
         if self.payload is not None and not isinstance(self.payload, Payload):
@@ -103,9 +126,6 @@ class Action:
             object.__setattr__(self, "waits", Op(self.waits))
         if self.sub is not None:
             object.__setattr__(self, "sub", tuple(self.sub))
-        self._check()
-        object.__setattr__(self, "_h", hash((self.op, self.unit, self.mb, self.payload, self.peer,
-                                              self.group, self.root, self.tag, self.sub, self.waits)))
 
     def __hash__(self) -> int:
         return self._h

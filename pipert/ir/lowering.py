@@ -16,6 +16,8 @@ posted as soon as the queue reaches it, independent of the compute queue.
 """
 from __future__ import annotations
 
+import functools
+
 from .action import Action, Op, Payload
 from .schedule import Placement, Schedule
 from .semantics import TABLE, Value, reads, writes
@@ -24,6 +26,8 @@ __all__ = ["lower", "add_optimizer_steps", "order_recvs_by_send"]
 
 
 def _rank_of(placement: Placement, unit: int, mbs: tuple[int, ...]) -> int:
+    if len(mbs) == 1:
+        return placement.rank(unit, mbs[0])
     ranks = {placement.rank(unit, m) for m in mbs}
     if len(ranks) != 1:
         raise ValueError(f"unit {unit} of folded micro-batches {mbs} is placed on several ranks {sorted(ranks)}")
@@ -42,11 +46,16 @@ def _cross_rank_unit(kind: Value, unit: int, reading: bool) -> int:
     """The unit whose compute writes (``reading``: the reader needs it from) or reads value
     ``kind`` of ``unit``, from the op table: ACT u is written by F u and read by F u+1; GRAD u is
     written by the backward of u+1 and read by the backward of u."""
+    return unit - _cross_du(kind, reading)
+
+
+@functools.cache
+def _cross_du(kind: Value, reading: bool) -> int:
     for op in (Op.F, Op.D):
         refs = TABLE[op].writes if reading else TABLE[op].reads
         for ref in refs:
             if ref.value is kind:
-                return unit - ref.du
+                return ref.du
     raise ValueError(f"no compute op {'writes' if reading else 'reads'} {kind.name}")
 
 
@@ -63,6 +72,7 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
     are posted ``post_ahead`` computes early (:func:`pipert.ir.passes.post_receives_early`).
     """
     out: list[list[Action]] = [[] for _ in range(num_ranks)]
+    cross: dict[tuple, tuple] = {}
     if weights:
         first_use, last_bwd = _weight_uses(compute, placement)
         for (r, u) in sorted(first_use):
@@ -80,13 +90,13 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
             first_piece = a.sub is None or a.sub[0] == 0
             last_piece = a.sub is None or a.sub[0] == a.sub[1] - 1
             if first_piece and a.unit is not None:
-                for kind, v in _crossing(reads(a, num_units)):
+                for kind, v in _crossing_of(a, num_units, True, cross):
                     src = _rank_of(placement, _cross_rank_unit(kind, v, True), mbs)
                     if src != r:
                         prog.append(Action(Op.RECV, unit=v, mb=mbs, payload=_PAYLOAD[kind], peer=src))
             prog.append(a)
             if last_piece and a.unit is not None:
-                for kind, v in _crossing(writes(a, num_units)):
+                for kind, v in _crossing_of(a, num_units, False, cross):
                     dst = _rank_of(placement, _cross_rank_unit(kind, v, False), mbs)
                     if dst != r:
                         prog.append(Action(Op.SEND, unit=v, mb=mbs, payload=_PAYLOAD[kind], peer=dst))
@@ -100,6 +110,20 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
 
 
 _PAYLOAD = {Value.ACT: Payload.ACT, Value.GRAD: Payload.GRAD}
+
+
+def _crossing_of(a: Action, num_units: int, reading: bool, cache: dict) -> list[tuple[Value, int]]:
+    """``_crossing`` of the values ``a`` reads (``reading``) or writes. Which they are depends
+    only on the op, the payload and whether the unit is the first or the last (the op table's
+    edges) and whether it names micro-batches, so each such shape is expanded once; more
+    micro-batches only repeat the keys."""
+    u = a.unit
+    key = (a.op, a.payload, u == 0, u == num_units - 1, not a.mb, reading)
+    got = cache.get(key)
+    if got is None:
+        refs = reads(a, num_units) if reading else writes(a, num_units)
+        got = cache[key] = tuple((kind, v - u) for kind, v in _crossing(refs))
+    return [(kind, u + du) for kind, du in got]
 
 
 def _crossing(refs: list) -> list[tuple[Value, int]]:
@@ -152,6 +176,9 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
             for k, i in reversed(recvs):         # position = min over this and later-sent RECVs
                 earliest = min(earliest, i)
                 slot[i] = (earliest, k)
+        if all(pos == i for i, (pos, _) in slot.items()):   # every key (i, .) is distinct: the order stays
+            out.append(acts)
+            continue
         out.append([acts[i] for i in sorted(range(len(acts)), key=lambda i: slot.get(i, (i, 0)))])
     if out == schedule.actions:
         return schedule

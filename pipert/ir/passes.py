@@ -32,10 +32,6 @@ __all__ = ["post_receives_early", "send_early", "merge_sub_blocks", "expand_fold
 _PER_MB = (Payload.ACT, Payload.GRAD, Payload.STASH)
 
 
-def _is_compute_queue(a: Action, cq: str) -> bool:
-    return op_queue(a.op, cq) is Queue.COMPUTE
-
-
 def post_receives_early(schedule: Schedule, computes: int = 1,
                         payloads: Iterable[Payload] = (Payload.ACT, Payload.GRAD)) -> Schedule:
     """Move each RECV of ``payloads`` up to ``computes`` compute-queue actions earlier (to just
@@ -46,8 +42,9 @@ def post_receives_early(schedule: Schedule, computes: int = 1,
     kinds = frozenset(payloads)
     cq = schedule.meta.get("collective_queue", "group")
     out = []
+    on_compute = {op: op_queue(op, cq) is Queue.COMPUTE for op in Op}
     for acts in schedule.actions:
-        compute_pos = [i for i, a in enumerate(acts) if _is_compute_queue(a, cq)]
+        compute_pos = [i for i, a in enumerate(acts) if on_compute[a.op]]
         slot: dict[int, float] = {}   # index -> new sort position (a fractional slot before a compute)
         last_of_link: dict[int, float] = {}
         ci = 0

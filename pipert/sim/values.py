@@ -60,6 +60,7 @@ class Builder(CommState):
             raise ValueError(f"meta['collective_queue'] must be 'compute' or 'group', got {cq!r}")
         self.cq = "compute" if cq == "compute" else "group"
         self.q_of = {op: QUEUES.index(op_queue(op, self.cq).value) for op in Op}
+        self._resolve_cache: dict[tuple, tuple] = {}
         self.fwd: dict[int, int] = {}   # u << 32 | m -> r << 32 | i of its F
         self.bwd: dict[int, int] = {}   # -> (r << 32 | i) << 1 | is_D
         self.wdone: dict[int, int] = {}
@@ -82,7 +83,7 @@ class Builder(CommState):
 
     # --- the walk ---------------------------------------------------------------------------
     def run(self) -> None:
-        s, U = self.s, self.U
+        s, U, M = self.s, self.U, self.M
         q_of, ctime = self.q_of, self.cost.compute_time
         for r in range(self.P):
             acts = s.actions[r]
@@ -106,7 +107,8 @@ class Builder(CommState):
                 op = a.op
                 q = q_of[op]
                 qnames.append(QUEUES[q])
-                if self._bad_index(r, i, a):
+                u, mb = a.unit, a.mb
+                if ((u is not None and u >= U) or (mb and max(mb) >= M)) and self._bad_index(r, i, a):
                     trace.append(self.mem)
                     continue
                 if q == 0:
@@ -199,18 +201,27 @@ class Builder(CommState):
     def _role_ok(self, role: int, a: Action, r: int) -> bool:
         return role == 0 or (role == 1) == (r == a.root) and role != 3
 
-    def _keys(self, a: Action, kind: int, uu: int, bits: int) -> list[int]:
+    def _keys(self, a: Action, kind: int, uu: int, bits: int) -> tuple[int, ...]:
         base = kind | bits
         if kind == _WEIGHT or kind == _WGRAD:
-            return [(uu << 32) << SHIFT | base]
-        return [((uu << 32 | m) << SHIFT) | base for m in a.mb]
+            return ((uu << 32) << SHIFT | base,)
+        mb = a.mb
+        if len(mb) == 1:
+            return (((uu << 32 | mb[0]) << SHIFT) | base,)
+        return tuple(((uu << 32 | m) << SHIFT) | base for m in mb)
 
-    def _resolved(self, a: Action, r: int, refs: tuple):
-        """(kind, unit, release, bits) of each ref of ``refs`` that applies to ``a`` on rank r:
-        edges and roles applied, the payload's kind filled in (a SEND keeps a unit's weights)."""
-        u, last = a.unit, self.U - 1
+    def _resolved(self, a: Action, r: int, refs: tuple) -> tuple:
+        """(kind, unit offset, release, bits) of each ref of ``refs`` that applies to ``a`` on rank
+        r: edges and roles applied, the payload's kind filled in (a SEND keeps a unit's weights).
+        That depends only on the cache key's fields, so each key is resolved once."""
+        u = a.unit
+        key = (id(refs), a.op, a.payload, u == 0, u == self.U - 1, r == a.root)
+        got = self._resolve_cache.get(key)
+        if got is not None:
+            return got
+        out = []
         for kind, du, edge, release, role, bits in refs:
-            if edge == 1 and u == 0 or edge == 2 and u == last:
+            if edge == 1 and u == 0 or edge == 2 and u == self.U - 1:
                 continue
             if role and not self._role_ok(role, a, r):
                 continue
@@ -218,11 +229,14 @@ class Builder(CommState):
                 kind = _payload_kind(a)
                 if a.op is Op.SEND and kind == _WEIGHT:
                     release = False
-            yield kind, u + du, release, bits
+            out.append((kind, du, release, bits))
+        got = self._resolve_cache[key] = tuple(out)
+        return got
 
     def apply_reads(self, a: Action, r: int, i: int, n: int, refs: tuple, compute: bool, use: bool = True,
                     free: bool = True) -> None:
-        for kind, uu, release, bits in self._resolved(a, r, refs):
+        for kind, du, release, bits in self._resolved(a, r, refs):
+            uu = a.unit + du
             if kind == _WGRAD:
                 if use:
                     self.take_wgrad(a, r, i, n, uu, bool(bits & SHARD))
@@ -234,7 +248,8 @@ class Builder(CommState):
                     self.mem -= self.live.pop(k, 0.0)
 
     def apply_writes(self, a: Action, r: int, n: int, refs: tuple) -> None:
-        for kind, uu, _, bits in self._resolved(a, r, refs):
+        for kind, du, _, bits in self._resolved(a, r, refs):
+            uu = a.unit + du
             if kind == _WGRAD:
                 self.add_wgrad(a, r, n, uu, bool(bits & SHARD))
                 continue

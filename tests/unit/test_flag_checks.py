@@ -25,6 +25,7 @@ CASES = [
     (["train", "--schedule", "zb-v", "--chunks", "3"], "--schedule zb-v --stages 4 --microbatches 8 (per replica) "
                                                        "--chunks 3: zb-v needs chunks == 2 (got V=3)"),
     (["simulate", "zb-v", "-V", "3"], "zb-v --stages 4 --microbatches 8 --chunks 3: zb-v needs chunks == 2"),
+    (["train", "--lr", "inf"], "--lr must be a finite number > 0, got inf"),
     (["train", "--dtype", "int8"], "--dtype 'int8' unknown; allowed: float32, float64, bfloat16"),
     (["train", "--schedule", "nope"], "unknown schedule 'nope'; available: gpipe, 1f1b"),
     (["simulate", "1f1b", "--tf", "-1"], "--tf must be a finite number > 0, got -1.0"),

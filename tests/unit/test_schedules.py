@@ -401,3 +401,14 @@ def test_every_generator_builds_the_same_program_twice(name):
     for _ in range(2):
         again = build_schedule(name, **kw)
         assert again.actions == first.actions and again.placement == first.placement
+
+
+def test_interleaved_builds_every_microbatch_count_exhaustively_where_torch_does():
+    """Every (P, M) of a small grid, including those Megatron's M % P == 0 rule refuses and
+    torch builds (e.g. P=4, M=10): built, validated, every compute once."""
+    for p in (2, 3, 4):
+        for v in (2, 3):
+            for m in range(1, 3 * p + 2):
+                s = build_schedule("interleaved-1f1b", stages=p, microbatches=m, chunks=v)
+                validate(s)
+                assert (s.count(Op.F), s.count(Op.B)) == (p * v * m, p * v * m), (p, v, m)
