@@ -135,3 +135,15 @@ def test_train_resume_refuses_other_data_settings_and_finished_runs(tmp_path):
     with pytest.raises(CheckpointError, match="--steps 2: the checkpoint .* is already at step 2"):
         run_train(TrainConfig(**base, steps=2))
     assert json.loads(json.dumps(meta)) == meta
+
+
+def test_data_parallel_replicas_save_one_copy_and_resume_without_replicas(tmp_path):
+    units = build_units("tiny", 2, dtype="float64", max_seq=SEQ)
+    pipe = Pipeline(units, "1f1b", microbatches=M, optimizer=_opt, dp=2)
+    losses = [pipe.step(x, y) for x, y in _batches(range(3))]
+    checkpoint.save(pipe, tmp_path)
+    single = _pipe("zb-h1", seed=9)
+    checkpoint.load(single, tmp_path)
+    x, y = _batches([3])[0]
+    after = pipe.step(x, y)
+    assert single.step(x, y) == pytest.approx(after, rel=1e-10, abs=0) and after < losses[0]
