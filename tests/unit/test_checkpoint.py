@@ -18,9 +18,9 @@ def _opt(ps):
     return torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.0)
 
 
-def _pipe(schedule: str, dtype: str = "float64", seed: int = 0, **kw) -> Pipeline:
-    units = build_units("tiny", 2, seed=seed, dtype=dtype, max_seq=SEQ)
-    return Pipeline(units, schedule, microbatches=M, optimizer=_opt, **kw)
+def _pipe(schedule: str, dtype: str = "float64", seed: int = 0, units: int = 2, **kw) -> Pipeline:
+    made = build_units("tiny", units, seed=seed, dtype=dtype, max_seq=SEQ)
+    return Pipeline(made, schedule, stages=2, microbatches=M, optimizer=_opt, **kw)
 
 
 def _batches(steps):
@@ -28,15 +28,21 @@ def _batches(steps):
     return [corpus.batch(k, BATCH) for k in steps]
 
 
-@pytest.mark.parametrize("later", ["1f1b", "zb-h1", "gpipe"])
-def test_resume_with_any_schedule_over_the_same_units_equals_an_uninterrupted_run(tmp_path, later):
-    pipe = _pipe("1f1b")
+@pytest.mark.parametrize("first, later, units", [
+    ("1f1b", "1f1b", 2), ("1f1b", "zb-h1", 2), ("1f1b", "gpipe", 2),
+    ("1f1b", "weipipe-interleave", 2),      # weights travel between the ranks
+    ("interleaved-1f1b", "zb-v", 4),        # units 2 and 3 change owner (0, 1, 0, 1) -> (0, 1, 1, 0)
+])
+def test_resume_with_any_schedule_over_the_same_units_equals_an_uninterrupted_run(tmp_path, first, later, units):
+    pipe = _pipe(first, units=units)
     losses = []
     for k, (x, y) in enumerate(_batches(range(4))):
         losses.append(pipe.step(x, y))
         if k == 1:
             checkpoint.save(pipe, checkpoint.step_dir(tmp_path, 2), {"step": 2})
-    resumed = _pipe(later, seed=5)  # other initial weights: everything must come from the checkpoint
+    resumed = _pipe(later, seed=5, units=units)  # other initial weights: all must come from the checkpoint
+    if later == "zb-v":
+        assert resumed.schedule.placement.weight_owner != pipe.schedule.placement.weight_owner
     assert checkpoint.load(resumed, tmp_path) == {"step": 2}
     again = [resumed.step(x, y) for x, y in _batches(range(2, 4))]
     assert again == pytest.approx(losses[2:], rel=1e-10, abs=0)
