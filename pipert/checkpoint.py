@@ -21,7 +21,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -168,12 +168,17 @@ def _optim_entries(opt, names: dict[int, str]) -> dict[str, Any]:
     return out
 
 
-def _rng_state() -> dict[str, torch.Tensor]:
-    k = dist.get_rank() if dist.is_initialized() else 0
-    out = {f"rng.process{k}": torch.get_rng_state()}
+def _rng(process: int) -> dict[str, tuple[Callable, Callable]]:
+    """Entry name -> (getter, setter) of the random states of process ``process``: the CPU
+    generator, and this process's current CUDA device's when CUDA is in use."""
+    out: dict[str, tuple[Callable, Callable]] = {f"rng.process{process}": (torch.get_rng_state, torch.set_rng_state)}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out[f"rng.process{k}.cuda"] = torch.cuda.get_rng_state()
+        out[f"rng.process{process}.cuda"] = (torch.cuda.get_rng_state, torch.cuda.set_rng_state)
     return out
+
+
+def _process(no_dist: bool) -> int:
+    return dist.get_rank() if dist.is_initialized() and not no_dist else 0
 
 
 def _state(modules: dict[int, nn.Module], optimizers: list[tuple[Any, dict]]) -> dict[str, Any]:
@@ -192,10 +197,11 @@ def save(pipe, path: str | os.PathLike, meta: dict | None = None) -> Path:
     ``meta``. Returns the folder."""
     modules, optimizers = _holdings(pipe)
     sd = _state(modules, optimizers)
-    sd.update(_rng_state())
+    no_dist = not (pipe.backend == "dist" and dist.is_initialized())
+    sd.update({k: get() for k, (get, _) in _rng(_process(no_dist)).items()})
     sd[_META] = json.dumps(meta or {})
     with _quiet():
-        dcp.save(sd, checkpoint_id=str(path), no_dist=not (pipe.backend == "dist" and dist.is_initialized()))
+        dcp.save(sd, checkpoint_id=str(path), no_dist=no_dist)
     return Path(path)
 
 
@@ -222,13 +228,17 @@ def _load_state(modules: dict[int, nn.Module], optimizers: list[tuple[Any, dict]
             sd.update(_placeholders(md, prefix))
         if stepped is not params:
             sd.update({f"master.{names[id(p)]}": m.detach() for m, p in zip(stepped, params)})
-    rng = f"rng.process{dist.get_rank() if dist.is_initialized() and not no_dist else 0}"
-    rng = rng if rng in md else "rng.process0"
-    sd[rng] = torch.get_rng_state()
+    me = _process(no_dist)
+    rng = {}  # this process's random states, or process 0's when the writing job had fewer processes
+    for key, (get, put) in _rng(me).items():
+        src = key if key in md else key.replace(f"rng.process{me}", "rng.process0", 1)
+        if src in md:
+            rng[src], sd[src] = put, get()
     sd[_META] = ""
     with _quiet():
         dcp.load(sd, checkpoint_id=str(path), no_dist=no_dist)
-    torch.set_rng_state(sd[rng])
+    for src, put in rng.items():
+        put(sd[src])
     for opt, names in optimizers:
         _apply_optim(opt, names, sd)
     return json.loads(sd[_META])

@@ -153,3 +153,13 @@ def test_data_parallel_replicas_save_one_copy_and_resume_without_replicas(tmp_pa
     x, y = _batches([3])[0]
     after = pipe.step(x, y)
     assert single.step(x, y) == pytest.approx(after, rel=1e-10, abs=0) and after < losses[0]
+
+
+def test_the_random_state_is_restored(tmp_path):
+    pipe = _pipe("1f1b")
+    torch.manual_seed(123)
+    checkpoint.save(pipe, tmp_path)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    checkpoint.load(_pipe("zb-h1"), tmp_path)
+    assert torch.equal(torch.rand(3), expected)
