@@ -163,3 +163,16 @@ def test_the_random_state_is_restored(tmp_path):
     torch.manual_seed(7)
     checkpoint.load(_pipe("zb-h1"), tmp_path)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_train_resumes_from_a_save_folder_with_another_schedule(tmp_path, capsys):
+    base = dict(stages=2, microbatches=M, batch_size=BATCH, seq=SEQ, dtype="float64", backend="local", json=True)
+    losses = run_train(TrainConfig(**base, steps=3, save=str(tmp_path), save_every=1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001", "step-00000002", "step-00000003"]
+    capsys.readouterr()
+    again = run_train(TrainConfig(**base, steps=3, schedule="zb-h1", check=True,
+                                  resume=str(tmp_path / "step-00000001")))
+    assert again == pytest.approx(losses[1:], rel=1e-10, abs=0)
+    steps = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all(s["max_param_rel_err"] <= 1e-10 for s in steps), steps  # the reference resumed too
