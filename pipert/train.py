@@ -103,8 +103,6 @@ class TrainConfig:
             raise ValueError(f"--backend {self.backend!r} unknown; allowed: auto, gloo, nccl, local")
         if self.save_every is not None and (self.save_every < 1 or not self.save):
             raise ValueError(f"--save-every {self.save_every}: give a step count >= 1 and a --save folder")
-        if self.zero and (self.save or self.resume):
-            raise ValueError(f"--save/--resume with --zero {self.zero}: checkpoints hold whole units; allowed: --zero 0")
 
 
     def pass_names(self) -> list[str]:
