@@ -187,3 +187,12 @@ def test_train_resumes_from_a_save_folder_with_another_schedule(tmp_path, capsys
     steps = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [s["step"] for s in steps] == [1, 2]
     assert all(s["max_param_rel_err"] <= 1e-10 for s in steps), steps  # the reference resumed too
+
+
+def test_zero_units_with_master_weights_are_refused(tmp_path):
+    units = build_units("tiny", 2, dtype="bfloat16", max_seq=SEQ)
+    pipe = Pipeline(units, "1f1b", microbatches=M, optimizer=_opt, dp=2, zero=1)
+    x, y = _batches([0])[0]
+    pipe.step(x, y)
+    with pytest.raises(CheckpointError, match="unit 0 is sharded with ZeRO and steps fp32 master copies"):
+        checkpoint.save(pipe, tmp_path)
