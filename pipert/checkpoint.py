@@ -10,8 +10,8 @@ rank that wrote it (``unit{u}.{name}`` as ``Pipeline.named_parameters`` names pa
 - ``rng.process{k}``: the CPU (and CUDA) random state of process k;
 - ``meta``: a JSON object the caller gives (``pipert train``: step, data seed, batch, model).
 
-Each process writes the units it holds (data-parallel replicas write one copy: DCP keeps the
-lowest rank's) and reads the units it holds, so a checkpoint written with one schedule is read by
+Each process writes the units it holds (data-parallel replicas offer the same entries and DCP
+writes one copy of each) and reads the units it holds, so a checkpoint written with one schedule is read by
 any other schedule over the same units. A ZeRO-sharded unit (stage >= 1) is written whole: its
 holders gather the flat shards of its weights and optimizer state and DCP keeps one copy; on
 load each holder takes its shard of the whole entries, so ZeRO and whole-unit runs read each
