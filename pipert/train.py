@@ -17,12 +17,14 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["TrainConfig", "run_train", "resolve_backend"]
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+_DTYPES = ("float32", "float64", "bfloat16")
 
 
 @dataclass
@@ -30,7 +32,8 @@ class TrainConfig:
     """Settings of one training run."""
 
     schedule: str = "1f1b"
-    """Registered schedule name (see `pipert simulate --help` for the list)."""
+    """Registered schedule name (see `pipert simulate --help` for the list), or a schedule file
+    (pipert's .json, torch.pipelining's .csv or orders .json) whose shape the other fields match."""
     stages: int = 4
     """Pipeline ranks P."""
     microbatches: int = 8
@@ -52,7 +55,14 @@ class TrainConfig:
     seq: int = 64
     """Tokens per sequence."""
     model: str = "tiny"
-    """Model preset of pipert.models (tiny, small)."""
+    """Model preset of pipert.models (tiny, small, ... ; gpt-tiny, gpt-small, ...)."""
+    mlp_chunk: int = 0
+    """Token rows per chunk of the chunked MLP of pipert.kernels (0: the plain MLP)."""
+    mlp_recompute: bool = False
+    """Chunked MLP: save only its input, recompute the pre-activations in backward."""
+    recompute: str = "none"
+    """Activation recomputation inside every unit: none, no_attention (keep attention output and
+    softmax statistics), full (keep the unit's inputs only)."""
     dtype: str = "float32"
     """Parameter and activation dtype: float32, float64, bfloat16."""
     lr: float = 3e-3
@@ -67,6 +77,19 @@ class TrainConfig:
     """Print one JSON object per step instead of a progress bar."""
     timeout: float = 120.0
     """Seconds any communication may wait before the run fails."""
+    dcs: int = 1
+    """Datacenters the ranks split into (equal consecutive blocks); messages between them are delayed."""
+    dc_latency: str = ""
+    """Latency of a link between datacenters, with a unit: 20ms, 150us (pipert.linkflags)."""
+    dc_bandwidth: str = ""
+    """Bandwidth of a link between datacenters: 10Gbps, 400MB/s (empty: unlimited)."""
+    node_latency: str = ""
+    """Latency of a link between nodes of one datacenter (with --ranks-per-node)."""
+    node_bandwidth: str = ""
+    """Bandwidth of a link between nodes of one datacenter (with --ranks-per-node)."""
+    profile: bool = False
+    """Measure every unit's compute times on the running job and print the simulator's step time beside the
+    measured one."""
     save: str = ""
     """Folder of checkpoints (``DIR/step-N``, pipert.checkpoint); one after the last step."""
     save_every: int | None = None
@@ -76,11 +99,20 @@ class TrainConfig:
     counts the steps already run."""
 
     def validate(self) -> None:
+        """Every setting, checked before any work (no schedule built, no model materialised):
+        ValueError naming the flag, its value and what is allowed."""
         if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} unknown; allowed: {', '.join(_DTYPES)}")
+            raise ValueError(f"--dtype {self.dtype!r} unknown; allowed: {', '.join(_DTYPES)}")
         for name in ("stages", "microbatches", "steps", "batch_size", "seq", "dp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("chunks", "ranks_per_node"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        self._validate_model()
+        self._validate_schedule()
         if not self.lr > 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if not self.timeout > 0:
@@ -95,15 +127,72 @@ class TrainConfig:
         if self.microbatches % self.dp:
             raise ValueError(f"--microbatches {self.microbatches} do not split over --dp {self.dp} replicas; use a "
                              f"multiple of {self.dp}")
+        if self.mlp_chunk < 0:
+            raise ValueError(f"--mlp-chunk must be >= 0 (0: the plain MLP), got {self.mlp_chunk}")
+        if self.mlp_recompute and not self.mlp_chunk:
+            raise ValueError("--mlp-recompute applies to the chunked MLP; give --mlp-chunk N > 0 as well")
+        from .models import RECOMPUTE_MODES, model_names
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"--recompute {self.recompute!r} unknown; allowed: {', '.join(RECOMPUTE_MODES)}")
+        if self.model not in model_names():
+            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(model_names())}")
         from .ir.passes import PASSES
         unknown = [p for p in self.pass_names() if p not in PASSES]
         if unknown:
             raise ValueError(f"--passes: unknown pass(es) {', '.join(unknown)}; allowed: {', '.join(PASSES)}")
         if self.backend not in ("auto", "gloo", "nccl", "local"):
             raise ValueError(f"--backend {self.backend!r} unknown; allowed: auto, gloo, nccl, local")
+        links = self.link_options()
+        if links.active and self.dp > 1:
+            raise ValueError(f"--dcs/--node-* emulate the links of one pipeline; with --dp {self.dp} they are not "
+                             f"supported (use --dp 1)")
+        links.links(self.world)
         if self.save_every is not None and (self.save_every < 1 or not self.save):
             raise ValueError(f"--save-every {self.save_every}: give a step count >= 1 and a --save folder")
 
+    def link_options(self):
+        """The emulated links (``pipert.linkflags.LinkOptions``) of the link flags."""
+        from .linkflags import LinkOptions
+        return LinkOptions.parse(self.dcs, self.dc_latency, self.dc_bandwidth, self.ranks_per_node,
+                                 self.node_latency, self.node_bandwidth)
+
+    def _validate_model(self) -> None:
+        """The model preset, and the sequence length against its positions."""
+        from .models import PRESETS
+        if self.model not in PRESETS:
+            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(PRESETS)}")
+        positions = PRESETS[self.model].max_seq
+        if self.seq > positions:
+            raise ValueError(f"--seq {self.seq} exceeds the {positions} positions of model {self.model!r}; "
+                             f"allowed: 1..{positions}")
+
+    def _validate_schedule(self) -> None:
+        """The schedule name (or file) and its shape against the flags and the model's layers,
+        from the family's constraints alone (building a schedule can take long)."""
+        from .ir.files import is_schedule_file, load_schedule
+        from .models import PRESETS
+        layers = PRESETS[self.model].layers
+        if is_schedule_file(self.schedule):
+            from .scenario import file_shape
+            sched = load_schedule(self.schedule)
+            file_shape(sched, {"--stages": self.stages, "--microbatches": self.microbatches // self.dp,
+                               "--chunks": self.chunks})
+            units = sched.num_units
+            what = f"schedule file {self.schedule!r} has {units} units"
+        else:
+            from .schedules import PipelineConfig, family
+            fam = family(self.schedule)
+            chunks = self.chunks if self.chunks is not None else fam.default_chunks
+            try:
+                fam.validate(PipelineConfig(self.stages, self.microbatches // self.dp, chunks))
+            except ValueError as e:
+                raise ValueError(f"--schedule {self.schedule} --stages {self.stages} --microbatches "
+                                 f"{self.microbatches // self.dp} (per replica) --chunks {chunks}: {e}") from None
+            units = self.stages * chunks
+            what = f"--stages {self.stages} x {chunks} chunks of {self.schedule} = {units} units"
+        if units > layers:
+            raise ValueError(f"{what}, but model {self.model!r} has {layers} layers (one unit needs at least one); "
+                             f"allowed: --stages x chunks <= {layers}")
 
     def pass_names(self) -> list[str]:
         return [p for p in self.passes.split(",") if p]
@@ -120,9 +209,13 @@ def build_program(cfg: TrainConfig):
     from .ir.passes import apply_passes
     from .schedules import build_schedule
     from .schedules.data_parallel import replicate
+    from .ir.files import is_schedule_file, load_schedule
     opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
-    s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp, chunks=cfg.chunks,
-                       **opts)
+    if is_schedule_file(cfg.schedule):
+        s = load_schedule(cfg.schedule)
+    else:
+        s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp,
+                           chunks=cfg.chunks, **opts)
     s = apply_passes(s, cfg.pass_names())
     return replicate(s, cfg.dp, cfg.zero) if cfg.dp > 1 else s
 
@@ -130,6 +223,7 @@ def build_program(cfg: TrainConfig):
 def resolve_backend(name: str) -> str:
     if name != "auto":
         return name
+    import torch
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return "nccl" if n > 1 else ("local" if n == 1 else "gloo")
 
@@ -140,7 +234,11 @@ def _rank_units(cfg: TrainConfig, schedule, device: torch.device, keep=None) -> 
     model built in one process, whatever ``keep`` is."""
     from .models import build_units
     return build_units(cfg.model, schedule.num_units, seed=cfg.seed, keep=keep, device=device, max_seq=cfg.seq,
-                       dtype=cfg.dtype)
+                       dtype=cfg.dtype, cut=schedule.meta.get("cut"), recompute=cfg.recompute, **_mlp_overrides(cfg))
+
+
+def _mlp_overrides(cfg: TrainConfig) -> dict:
+    return {"mlp_chunk": cfg.mlp_chunk, "mlp_recompute": cfg.mlp_recompute} if cfg.mlp_chunk else {}
 
 
 def _build(cfg: TrainConfig, device: torch.device, schedule, rank: int | None):
@@ -172,6 +270,7 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     from .runtime.pipeline import Pipeline
     from .runtime.reference import grouped_reference_step
     from .testing import rel_err
+    import torch
     schedule, units, corpus = _build(cfg, device, schedule, None if backend == "local" else rank)
     opt = lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=0.0)  # noqa: E731
     # The reference keeps its own whole model, built in one process, and a persistent optimizer
@@ -180,11 +279,17 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     ref_opt = opt([p for u in ref_units for p in u.parameters()]) if ref_units else None
     sizes = _per_rank(backend, rank, _param_bytes(units))
     start = {"rank_param_bytes": sizes, "model_param_bytes": _param_bytes(units, materialized_only=False)}
+    link_opts = cfg.link_options()
+    links = link_opts.links(cfg.world) if link_opts.active else None
+    if links is not None:
+        start["links"] = link_opts.as_dict()
     pipe = Pipeline(units, schedule, optimizer=opt, backend="local" if backend == "local" else "dist",
-                    timeout=cfg.timeout)
+                    timeout=cfg.timeout, links=links, trace=cfg.profile)
     bar = None
     if rank == 0 and not cfg.json:
         from tqdm import tqdm
+        if links is not None:
+            print(f"pipert train: emulated links: {link_opts.describe()}", file=sys.stderr)
         dp = f" D={cfg.dp}" + (f" ZeRO-{cfg.zero}" if cfg.zero else "") if cfg.dp > 1 else ""
         bar = tqdm(total=cfg.steps, desc=f"pipert train {cfg.schedule} P={cfg.stages}{dp} M={cfg.microbatches}",
                    file=sys.stderr)
@@ -200,6 +305,8 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         loss = pipe.step(x, y)
         dt = time.perf_counter() - t0
         extra = dict(start) if step == 0 and cfg.json else {}
+        if cfg.profile:
+            extra.update(_predicted(pipe, backend, rank, links, dt))
         if cfg.check:
             grads = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_grads().items()})
             after = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()})
@@ -223,6 +330,23 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     return losses
 
 
+def _predicted(pipe, backend: str, rank: int, links, measured: float) -> dict:
+    """The simulator's step time from this step's measured compute times, beside the measured one
+    (every rank of a dist job must call this; rank 0 gets the numbers)."""
+    from .runtime.fidelity import local_measurements, predict_step, profile_from_measurements
+    mine = local_measurements(pipe)
+    parts = [mine]
+    if backend != "local":
+        import torch.distributed as dist
+        parts = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+    if rank != 0:
+        return {}
+    prof = profile_from_measurements(parts, pipe.schedule.num_units)
+    predicted = predict_step(pipe.program, prof, links)
+    return {"measured_step_s": measured, "predicted_step_s": predicted,
+            "predicted_rel_err": (predicted - measured) / measured, "max_forward_s": prof.max_forward,
+            "compute_s_all_ranks": prof.busy}
 def _resume(cfg: TrainConfig, pipe, ref_units, ref_opt) -> int:
     """The first step to run: 0, or the checkpoint's step after loading it (and, with --check,
     the reference's weights and optimizer)."""
@@ -258,6 +382,7 @@ def _named(units) -> dict:
 
 
 def _copy_into(units, named: dict) -> None:
+    import torch
     with torch.no_grad():
         for i, u in enumerate(units):
             for n, p in u.named_parameters():
@@ -266,6 +391,7 @@ def _copy_into(units, named: dict) -> None:
 
 
 def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, schedule) -> None:
+    import torch
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     torch.set_num_threads(1)
     _loop(cfg, rank, backend, device, schedule)
@@ -274,11 +400,12 @@ def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, schedule) -> No
 def run_train(cfg: TrainConfig) -> list[float] | None:
     """Run training; returns the losses when run in this process (local backend)."""
     cfg.validate()
+    import torch
     backend = resolve_backend(cfg.backend)
     from .models import model_config
     layers = model_config(cfg.model).layers
     schedule = build_program(cfg)  # rejects bad configs before any process starts; shared by every rank
-    if schedule.num_units > layers:
+    if schedule.meta.get("cut", "layers") == "layers" and schedule.num_units > layers:
         raise ValueError(f"schedule {cfg.schedule} needs {schedule.num_units} units but model {cfg.model!r} has "
                          f"only {layers} layers; use fewer stages/chunks or a larger model")
     if cfg.resume:  # a checkpoint that does not fit is refused before any process starts
