@@ -11,7 +11,8 @@ sys.path.insert(0, str(BENCH))
 from _common import RESULTS, load_context, read_csv  # noqa: E402
 
 REPORTS = {"sim_speed": "bench_sim_speed", "weight_passing": "bench_weight_passing", "fidelity": "bench_fidelity",
-           "delay_cpu": "bench_delay", "vs_torch": "bench_vs_torch", "crosspipe_sweep": "bench_crosspipe"}
+           "delay_cpu": "bench_delay", "vs_torch": "bench_vs_torch", "crosspipe_sweep": "bench_crosspipe",
+           "zbv": "bench_zbv", "helixpipe": "bench_helixpipe"}
 
 
 def _body(text: str) -> list[str]:
