@@ -28,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # also when loaded by path (tests)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, context, context_markdown, write_csv  # noqa: E402
+from _common import RESULTS, context, rebuild, report_header, write_results  # noqa: E402
 from pipert.kernels import (chunked_gelu_mlp, chunked_swiglu_mlp, gelu_mlp_reference,
                             swiglu_mlp_reference)
 
@@ -172,31 +172,33 @@ def run(args: argparse.Namespace) -> list[dict]:
 
 
 def write(rows: list[dict], args: argparse.Namespace, stem: str, gpu: str) -> None:
-    write_csv(Path(args.out_dir) / (stem + ".csv"), [
-        {"n": r["n"], "variant": r["variant"], "chunk": r["chunk"], "ms": f"{r['ms']:.3f}",
-         "tflops": f"{r['tflops']:.1f}", "peak_gib": f"{r['peak'] / GIB:.3f}",
-         "time_ratio": f"{r['time_ratio']:.3f}", "target": r["target"], "verdict": r["verdict"],
-         "status": r["status"]} for r in rows])
-    ctx = context(extra={"gpu": gpu, "triton": _triton_version(), "CUDA": torch.version.cuda})
-    lines = [
-        "# Chunked MLP benchmark (issue #7)", "",
-        context_markdown(ctx),
-        f"- {args.activation}, {args.dtype}, hidden {args.hidden}, ffn {args.ffn}; "
-        f"median of {args.iters} fwd+bwd after {args.warmup} warm-up",
-        "- time: CUDA events around forward+backward; peak: max_memory_allocated above the "
-        "inputs, weights and output grad (weight grads set to None before each run)",
-        "- TFLOP/s: model FLOPs (GEMMs, 3x forward), recompute not counted",
-        "- targets: mode (a) <= 1.03x unchunked time with peak <= unchunked peak minus the "
-        "whole-sequence intermediate plus one chunk's; mode (b) <= 1.25x at a peak no higher "
-        f"than torch chunks of {args.ckpt_chunk} + checkpoint", "",
-        "| seq | variant | ms | TFLOP/s | peak GiB | x unchunked | target | verdict |",
-        "|---:|---|---:|---:|---:|---:|---|---|",
-    ]
+    """``STEM.csv``, ``STEM.context.json`` and ``STEM.md`` (built from the first two) in ``--out-dir``."""
+    csv_rows = [{"n": r["n"], "variant": r["variant"], "chunk": r["chunk"], "ms": f"{r['ms']:.3f}",
+                 "tflops": f"{r['tflops']:.1f}", "peak_gib": f"{r['peak'] / GIB:.3f}",
+                 "time_ratio": f"{r['time_ratio']:.3f}", "target": r["target"], "verdict": r["verdict"],
+                 "status": r["status"]} for r in rows]
+    ctx = context(extra={
+        "gpu": gpu, "triton": _triton_version(), "CUDA": torch.version.cuda,
+        "shape": f"{args.activation}, {args.dtype}, hidden {args.hidden}, ffn {args.ffn}; median of {args.iters} "
+                 f"fwd+bwd after {args.warmup} warm-up",
+        "time": "CUDA events around forward+backward; peak: max_memory_allocated above the inputs, weights and "
+                "output grad (weight grads set to None before each run)",
+        "TFLOP/s": "model FLOPs (GEMMs, 3x forward), recompute not counted",
+        "targets": "mode (a) <= 1.03x unchunked time with peak <= unchunked peak minus the whole-sequence "
+                   "intermediate plus one chunk's; mode (b) <= 1.25x at a peak no higher than torch chunks of "
+                   f"{args.ckpt_chunk} + checkpoint"})
+    write_results(stem, csv_rows, ctx, report, Path(args.out_dir))
+
+
+def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
+    """The markdown report from the CSV rows and the context."""
+    lines = report_header("Chunked MLP benchmark (issue #7)", ctx, rebuilt) + [
+        "", "| seq | variant | ms | TFLOP/s | peak GiB | x unchunked | target | verdict |",
+        "|---:|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
         ms = f"{r['ms']:.2f}" if r["status"] == "ok" else r["status"]
-        lines.append(f"| {r['n']} | {r['variant']} | {ms} | {r['tflops']:.0f} | "
-                     f"{r['peak'] / GIB:.2f} | {r['time_ratio']:.3f} | {r['target']} | "
-                     f"{r['verdict']} |")
+        lines.append(f"| {r['n']} | {r['variant']} | {ms} | {r['tflops']:.0f} | {r['peak_gib']:.2f} | "
+                     f"{r['time_ratio']:.3f} | {r['target']} | {r['verdict']} |")
     misses = [r for r in rows if r["verdict"] == "MISS"]
     lines += ["", f"{len(misses)} target(s) missed." if misses else "All targets met.", "",
               "Known costs, to read misses against (by construction, not measured here):",
@@ -207,8 +209,7 @@ def write(rows: list[dict], args: argparse.Namespace, stem: str, gpu: str) -> No
               "small chunks cost more;",
               "- GEMMs of c rows run below peak when c is small; the activation kernels move "
               "3cf (forward) and 6cf (backward) elements per chunk.", ""]
-    with open(os.path.join(args.out_dir, stem + ".md"), "w") as fh:
-        fh.write("\n".join(lines))
+    return "\n".join(lines)
 
 
 def _triton_version() -> str:
@@ -257,6 +258,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="small shapes (seqs 4096 8192, hidden 1024, ffn 3584, chunks 1024 2048)")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU check of every variant at a tiny shape; writes nothing")
+    p.add_argument("--from-csv", action="store_true", help="rebuild the report from the stored CSV and context")
     args = p.parse_args(argv)
     if args.quick:
         args.seqs, args.hidden, args.ffn, args.chunks = [4096, 8192], 1024, 3584, [1024, 2048]
@@ -268,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.dry_run:
         return dry_run(args)
+    if args.from_csv:
+        print(f"wrote {rebuild('chunked_mlp_quick' if args.quick else 'chunked_mlp', report, Path(args.out_dir))}")
+        return 0
     if not torch.cuda.is_available():
         print("bench_chunked_mlp: needs a CUDA GPU (use --dry-run for a CPU check)",
               file=sys.stderr)

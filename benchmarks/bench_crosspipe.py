@@ -9,13 +9,16 @@ as many units (``ChunkScaledCost``). Every makespan is ``pipert.sim.simulate``'s
 
 Also: greedy run time vs P and M, CP-SAT time to optimality (or 1% gap) vs P, and the
 paper's §5.2 cross-DC PP vs DP comparison. Writes benchmarks/results/crosspipe_sweep.csv
-and crosspipe_sweep.md.
+(the sweep), crosspipe_greedy.csv, crosspipe_solver.csv, crosspipe_pp_dp.csv, the context
+(crosspipe_sweep.context.json) and crosspipe_sweep.md, built from them alone (``--from-csv``
+rebuilds it).
 
-    python benchmarks/bench_crosspipe.py [--quick] [--time-limit S] [--p4-time-limit S]
+    python benchmarks/bench_crosspipe.py [--quick] [--time-limit S] [--p4-time-limit S] [--from-csv]
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import statistics
@@ -23,18 +26,19 @@ import time
 from pathlib import Path
 
 import ortools
-from _common import RESULTS, context, context_markdown, write_csv
+from _common import RESULTS, context, read_csv, rebuild, report_header, save_context, write_csv
 
 from pipert.cost import Links, Topology, UniformCost
 from pipert.schedules import build_schedule
 from pipert.schedules.crosspipe import (ChunkScaledCost, best_hint, GreedyConfig, SolverConfig, default_memory_limit,
                                         greedy_best, greedy_schedule, problem_from_cost, solve)
-from pipert.schedules.crosspipe.select import compare_pp_dp, format_pp_dp, llama3_405b
+from pipert.schedules.crosspipe.select import PPvsDP, compare_pp_dp, format_pp_dp, llama3_405b
 from pipert.sim import simulate
 
 BASE = UniformCost(tf=1.0, td=1.0, tw=1.0)
 STATIC = [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2)]
 COLS = ["1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "greedy", "wave", "optimum"]
+SOLVER_FIELDS = ["P", "M", "hint", "status", "gap", "makespan", "bound", "wall_s"]
 
 # Paper Table 5 (M70, P=8, GBS 16, 2 DCs) and Table 6 (4 DCs), s per micro-batch; C1 = 1x, C3 = 2x memory.
 PAPER = {
@@ -136,12 +140,6 @@ def pp_dp(args: argparse.Namespace) -> list[tuple]:
 
 # --- report ------------------------------------------------------------------------------
 
-def _ctx() -> str:
-    ctx = context(extra={"OR-Tools": f"{ortools.__version__}, CP-SAT with 2 workers"})
-    ctx["machine"] += "; shared with other jobs"
-    return context_markdown(ctx)
-
-
 def _grid_tables(rows: list[dict]) -> list[str]:
     out = []
     keys = sorted({(r["memory"], r["P"], r["dcs"]) for r in rows}, key=lambda k: (k[0] != "default", k[1], k[2]))
@@ -204,12 +202,15 @@ def _trend_checks(rows: list[dict]) -> list[str]:
         return out
     split = all(r["zb-h1"] <= r["1f1b"] for r in d)
     out.append(f"- split W beats combined B (ZB-H1 <= 1F1B in every cell): **{'holds' if split else 'differs'}**")
-    out.append(f"- Wave best at low delay, UD at high delay: zero delay ZB-V {z['zb-v']:g} / CrossWave {z['wave']:g} vs "
-               f"ZB-H1 {z['zb-h1']:g} / CrossUD {z.get('optimum', z['greedy']):g}; at ({hi:g},{hi:g}) CrossWave "
-               f"{h['wave']:g} vs CrossUD {h.get('optimum', h['greedy']):g}")
+    wave_ud = {k: ("CrossWave" if r["wave"] < r.get("optimum", r["greedy"]) else "CrossUD") for k, r in (("0", z), ("hi", h))}
+    out.append(f"- V placement vs UD: at zero delay ZB-V {z['zb-v']:g} / CrossWave {z['wave']:g} vs ZB-H1 "
+               f"{z['zb-h1']:g} / CrossUD {z.get('optimum', z['greedy']):g} (better: {wave_ud['0']}); at "
+               f"({hi:g},{hi:g}) CrossWave {h['wave']:g} vs CrossUD {h.get('optimum', h['greedy']):g} "
+               f"(better: {wave_ud['hi']})")
     slope = {c: (h[c] - z[c]) / z[c] for c in ("1f1b", "interleaved-1f1b", "zb-h1", "zb-v")}
-    out.append(f"- Loop (interleaved) most delay-sensitive among static schedules: growth (0,0)->({hi:g},{hi:g}) "
-               + ", ".join(f"{c} {v:+.0%}" for c, v in slope.items()))
+    out.append(f"- delay sensitivity of the static schedules, growth (0,0)->({hi:g},{hi:g}): "
+               + ", ".join(f"{c} {v:+.0%}" for c, v in slope.items())
+               + f"; most sensitive: {max(slope, key=slope.get)}")
     gaps = [r["greedy_gap"] for r in d if "greedy_gap" in r]
     if gaps:
         out.append(f"- greedy vs optimum (P=4): median {statistics.median(gaps):+.1%}, max {max(gaps):+.1%}, "
@@ -228,10 +229,15 @@ def _trend_checks(rows: list[dict]) -> list[str]:
     return out
 
 
-def report(rows, gs, ss, ppdp, args, wall) -> str:
-    lines = ["# CrossPipe sweep: static vs CrossPipe schedules under cross-DC delay", "", _ctx(),
-        f"- run: {'--quick' if args.quick else 'full'}; solver limit {args.p4_time_limit:g} s (P=4) / "
-        f"{args.time_limit:g} s (P=8) per cell, stop at 1% gap; total wall {wall / 60:.1f} min", "",
+def report(rows: list[dict], ctx: dict, rebuilt: bool = False, folder: Path = RESULTS) -> str:
+    """The markdown report from ``crosspipe_sweep.csv`` (``rows``), its context and the greedy,
+    solver and PP-vs-DP CSVs beside it in ``folder``."""
+    rows = [{k: v for k, v in r.items() if v != ""} for r in rows]  # cells a run did not fill
+    gs = [(r["P"], r["M"], r["single_s"], r["portfolio_s"]) for r in read_csv(folder / "crosspipe_greedy.csv")]
+    ss = [tuple(r[k] for k in SOLVER_FIELDS) for r in read_csv(folder / "crosspipe_solver.csv")]
+    ppdp = [(r["latency_s"], r["bandwidth"], PPvsDP(r["pp_time"], r["pp_schedule"], r["dp_time"], r["single_dc_time"]))
+            for r in read_csv(folder / "crosspipe_pp_dp.csv")]
+    lines = report_header("CrossPipe sweep: static vs CrossPipe schedules under cross-DC delay", ctx, rebuilt) + ["",
         "Uniform costs T_F = T_D = T_W = 1 (1F1B and interleaved: B = D + W); M = 2P; DCs are equal consecutive "
         "blocks of ranks; a cross-DC message occupies its link for bw (FIFO per rank's send queue) and arrives lat "
         "later; other messages are free. Makespans in T_F units from `pipert.sim.simulate`. Bold: the best "
@@ -277,7 +283,13 @@ def main() -> None:
     ap.add_argument("--p4-time-limit", type=float, default=30.0, help="CP-SAT limit per P=4 cell (s)")
     ap.add_argument("--no-solver", action="store_true", help="skip the CP-SAT optimum")
     ap.add_argument("--out", type=Path, default=RESULTS, help="output folder")
+    ap.add_argument("--from-csv", action="store_true", help="rebuild the report from the stored CSVs and context")
     args = ap.parse_args()
+    make = functools.partial(report, folder=args.out)
+    if args.from_csv:
+        print(f"wrote {rebuild('crosspipe_sweep', make, args.out)} from the stored CSVs")
+        return
+    ctx = context(extra={"OR-Tools": f"{ortools.__version__}, CP-SAT with 2 workers"})
     t0 = time.perf_counter()
     rows = sweep(args)
     gs = greedy_scaling(args)
@@ -285,8 +297,17 @@ def main() -> None:
     ppdp = pp_dp(args)
     fields = ["P", "M", "dcs", "lat", "bw", "memory", "greedy_limit", "wave_limit"] + COLS + \
         ["greedy_n1", "bound", "status", "gap", "greedy_gap", "greedy_s", "wave_s", "solver_s"]
+    write_csv(args.out / "crosspipe_greedy.csv", [dict(zip(("P", "M", "single_s", "portfolio_s"), g)) for g in gs])
+    write_csv(args.out / "crosspipe_solver.csv", [dict(zip(SOLVER_FIELDS, r)) for r in ss], SOLVER_FIELDS)
+    write_csv(args.out / "crosspipe_pp_dp.csv", [dict(latency_s=lat, bandwidth=bw, pp_time=r.pp_time,
+                                                      pp_schedule=r.pp_schedule, dp_time=r.dp_time,
+                                                      single_dc_time=r.single_dc_time) for lat, bw, r in ppdp])
+    ctx["run"] = (f"{'--quick' if args.quick else 'full'}; solver limit {args.p4_time_limit:g} s (P=4) / "
+                  f"{args.time_limit:g} s (P=8) per cell, stop at 1% gap; total wall "
+                  f"{(time.perf_counter() - t0) / 60:.1f} min")
     write_csv(args.out / "crosspipe_sweep.csv", rows, fields)
-    (args.out / "crosspipe_sweep.md").write_text(report(rows, gs, ss, ppdp, args, time.perf_counter() - t0))
+    save_context("crosspipe_sweep", ctx, args.out)
+    rebuild("crosspipe_sweep", make, args.out, rebuilt=False)
     print(f"wrote {args.out / 'crosspipe_sweep.csv'} and .md in {(time.perf_counter() - t0) / 60:.1f} min")
 
 

@@ -35,7 +35,7 @@ import sys
 import time
 from collections import defaultdict
 
-from _common import RESULTS, context, context_markdown, write_csv
+from _common import RESULTS, context, read_csv, rebuild, report_header, write_csv, write_results
 
 from pipert.cost.devices import GiB, DeviceSpec
 from pipert.cost.helix import table2_bubble
@@ -155,12 +155,14 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.0f}%"
 
 
-def report(rows: list[dict], bubble: list[dict], quick: bool, wall: float) -> str:
+def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
+    """The markdown report from ``helixpipe.csv`` (``rows``), ``helixpipe_bubble.csv`` and the context."""
+    bubble = read_csv(RESULTS / "helixpipe_bubble.csv")
     by = {(r["cluster"], r["model"], r["seq"], r["schedule"]): r for r in rows}
     seqs = sorted({r["seq"] for r in rows})
-    lines = ["# HelixPipe vs 1F1B vs ZB-H1 at the paper's settings (analytic model)", "",
-             "No GPU was lent for this task: every number below is a prediction of pipert's analytic cost model "
-             "and simulator (benchmarks/bench_helixpipe.py docstring: settings and assumptions), not a measurement.",
+    lines = report_header("HelixPipe vs 1F1B vs ZB-H1 at the paper's settings (analytic model)", ctx, rebuilt) + [
+             "", "Every number below is a prediction of pipert's analytic cost model and simulator "
+             "(benchmarks/bench_helixpipe.py docstring: settings and assumptions), not a measurement.",
              "", "## Throughput (tokens/s per pipeline) and HelixPipe's speedup over the best baseline", "",
              "| cluster | model | seq | 1F1B | ZB-H1 | HelixPipe | speedup (ours) | speedup (paper) | "
              "speedup without recompute (ours) |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -194,8 +196,6 @@ def report(rows: list[dict], bubble: list[dict], quick: bool, wall: float) -> st
                      f"{b['attn_share']:.2f} | {b['idle_stage1_s']:.3f} | {b['idle_mean_s']:.3f} | "
                      f"{b['table2_bubble_s']:.3f} | {b['ratio_stage1']:.2f} | {b['ratio_mean']:.2f} |")
     lines += ["", "## What the data says", ""] + discussion(rows, bubble, gaps)
-    lines += ["", "## Context", "", context_markdown(context({"mode": "quick" if quick else "full",
-                                                               "wall seconds": f"{wall:.1f}", "GPU lent": "no"}))]
     return "\n".join(lines) + "\n"
 
 
@@ -248,12 +248,17 @@ def discussion(rows: list[dict], bubble: list[dict], gaps: list[tuple]) -> list[
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="32k and 128k only")
+    ap.add_argument("--from-csv", action="store_true", help="rebuild the report from the stored CSVs and context")
     args = ap.parse_args(argv)
+    if args.from_csv:
+        print(f"wrote {rebuild('helixpipe', report)} from the stored CSVs")
+        return 0
+    ctx = context({"mode": "quick" if args.quick else "full"})  # the commit before this run writes results
     t0 = time.perf_counter()
     rows, bubble = run(args.quick)
-    write_csv(RESULTS / "helixpipe.csv", rows)
+    ctx["wall seconds"] = f"{time.perf_counter() - t0:.1f}"
     write_csv(RESULTS / "helixpipe_bubble.csv", bubble)
-    (RESULTS / "helixpipe.md").write_text(report(rows, bubble, args.quick, time.perf_counter() - t0))
+    write_results("helixpipe", rows, ctx, report)
     print(f"wrote {RESULTS / 'helixpipe.csv'}, {RESULTS / 'helixpipe_bubble.csv'} and {RESULTS / 'helixpipe.md'}")
     return 0
 

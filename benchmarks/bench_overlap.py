@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from _common import RESULTS, context, context_markdown, write_csv
+from _common import RESULTS, context, rebuild, report_header, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,12 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--from-csv", action="store_true", help="rebuild the report from the stored CSV and context")
     args = ap.parse_args(argv)
+    if args.from_csv:
+        print(f"wrote {rebuild(f'overlap_{args.device}', report)} from the stored CSV")
+        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_overlap: --device cuda but no GPU here; nothing measured")
         return 0
     torch.set_num_threads(1)  # one core computes; the other serves the communication threads
-    ctx = context({"pipert._C": f"{_ext.HAVE_EXT} (CUDA {_ext.HAVE_EXT_CUDA})", "torch threads": 1})
+    ctx = context({"pipert._C": f"{_ext.HAVE_EXT} (CUDA {_ext.HAVE_EXT_CUDA})", "torch threads": 1,
+                   "device": args.device, "repeats": args.repeats})
     backends = [None] if args.device == "cuda" else (["ext", "python"] if _ext.HAVE_EXT else ["python"])
     rows = []
     for be in backends:
@@ -51,15 +56,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({f: r[f] for f in FIELDS})
             print({f: rows[-1][f] for f in ("streams", "gemm", "latency", "compute_s", "comm_s", "both_s",
                                              "overlap")}, flush=True)
-    write_csv(RESULTS / f"overlap_{args.device}.csv", rows, FIELDS)
-    (RESULTS / f"overlap_{args.device}.md").write_text(report(rows, ctx, args))
+    write_results(f"overlap_{args.device}", rows, ctx, report)
     print(f"wrote {RESULTS / f'overlap_{args.device}.md'}")
     return 0
 
 
-def report(rows: list[dict], ctx: dict, args) -> str:
-    lines = [f"# Compute/communication overlap on the executor's queues ({args.device})", "", context_markdown(ctx),
-             "", f"Medians of {args.repeats} interleaved runs of each part alone and both together (host wall clock "
+def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
+    lines = report_header(f"Compute/communication overlap on the executor's queues ({ctx['device']})", ctx,
+                          rebuilt) + ["", f"Medians of {ctx['repeats']} interleaved runs of each part alone and both together (host wall clock "
              "from issuing to synchronize). overlap = (serial - both) / (serial - limit): 100% when both took "
              "max(compute, comm), 0% when they took the serial sum.", "",
              "| streams | GEMM n x count | messages | latency ms | compute ms | comm ms | both ms | limit ms | "

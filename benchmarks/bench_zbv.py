@@ -20,7 +20,7 @@ import argparse
 import sys
 import time
 
-from _common import RESULTS, context, context_markdown, write_csv
+from _common import context, rebuild, report_header, write_results
 
 from pipert.cost import UniformCost
 from pipert.schedules import PipelineConfig, assemble, build_schedule
@@ -76,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="F = D = W = 1 only, no solver (smoke run)")
     ap.add_argument("--solver-time-limit", type=float, default=5.0,
                     help="CP-SAT deterministic time limit per solve (s); 0 skips the solver")
+    ap.add_argument("--from-csv", action="store_true", help="rebuild the report from the stored CSV and context")
     args = ap.parse_args(argv)
+    if args.from_csv:
+        print(f"wrote {rebuild('zbv', report)} from the stored CSV")
+        return 0
     if args.solver_time_limit < 0:
         ap.error(f"--solver-time-limit must be >= 0 (got {args.solver_time_limit})")
     solver = None if args.quick or args.solver_time_limit == 0 else args.solver_time_limit
@@ -90,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{r['F:D:W']} P={p} M={m}: authors {r['authors_makespan']:g}/{r['authors_peak']:g}, "
                       f"handcrafted {r['handcrafted_makespan']:g}/{r['handcrafted_peak']:g}, zb-v "
                       f"{r['zbv_makespan']:g}/{r['zbv_peak']:g}, solver {r['solver_makespan']}", flush=True)
-    write_csv(RESULTS / "zbv.csv", rows)
-    (RESULTS / "zbv.md").write_text(report(rows, ctx))
+    write_results("zbv", rows, ctx, report)
     return 0 if all(r["zbv_at_authors_peak_makespan"] <= r["authors_makespan"] + 1e-9 for r in rows) else 1
 
 
@@ -99,9 +102,9 @@ def _fmt(ms, peak) -> str:
     return "" if ms == "" else f"{ms:g} / {peak:g}"
 
 
-def report(rows: list[dict], ctx: dict[str, str]) -> str:
-    lines = ["# ZB-V: pipert against the zero-bubble authors' scheduler (simulated, free links)", "",
-             context_markdown(ctx), "",
+def report(rows: list[dict], ctx: dict[str, str], rebuilt: bool = False) -> str:
+    lines = report_header("ZB-V: pipert against the zero-bubble authors' scheduler (simulated, free links)", ctx,
+                          rebuilt) + ["",
              "Each cell: makespan / largest per-rank peak memory (time in F units of the ratio, memory in "
              "stashes of one unit for one micro-batch, plus activation buffers as the simulator counts them).", "",
              "| F:D:W | P | M | authors | handcrafted | zb-v (default limit) | zb-v order | zb-v at authors' peak "

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from _common import RESULTS, context, context_markdown, write_csv
+from _common import RESULTS, context, rebuild, report_header, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -100,8 +100,8 @@ def check_emulation(quick: bool) -> list[dict]:
     return rows
 
 
-def report(rows: list[dict], ctx: dict) -> str:
-    lines = ["# GPU checks", "", context_markdown(ctx), "",
+def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
+    lines = report_header("GPU checks", ctx, rebuilt) + ["",
              "| check | case | expected (ms) | measured (ms) | error | target | result | note |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -122,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="few repeats, one emulated schedule")
     ap.add_argument("--plan", action="store_true", help="print what would be measured and exit")
     ap.add_argument("--out", default=str(RESULTS), help="folder of the CSV and the report")
+    ap.add_argument("--from-csv", action="store_true", help="rebuild the report from the stored CSV and context")
     args = ap.parse_args(argv)
+    if args.from_csv:
+        print(f"wrote {rebuild('gpu_checks', report, Path(args.out))} from the stored CSV")
+        return 0
     steps = plan(args.quick)
     if args.plan or not torch.cuda.is_available():
         if not args.plan:
@@ -141,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += part
     ctx["run time"] = f"{time.time() - t0:.0f} s"
     out = Path(args.out)
-    write_csv(out / "gpu_checks.csv", rows, FIELDS)
-    (out / "gpu_checks.md").write_text(report(rows, ctx))
+    write_results("gpu_checks", [{f: r.get(f, "") for f in FIELDS} for r in rows], ctx, report, out)
     print(f"wrote {out / 'gpu_checks.md'}; {sum(r['pass'] for r in rows)} of {len(rows)} within target")
     return 0
 

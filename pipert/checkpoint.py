@@ -10,18 +10,22 @@ rank that wrote it (``unit{u}.{name}`` as ``Pipeline.named_parameters`` names pa
 - ``rng.process{k}``: the CPU (and CUDA) random state of process k;
 - ``meta``: a JSON object the caller gives (``pipert train``: step, data seed, batch, model).
 
-Each process writes the units it holds (data-parallel replicas write one copy: DCP keeps the
-lowest rank's) and reads the units it holds, so a checkpoint written with one schedule is read by
-any other schedule over the same units. Units sharded with ZeRO (stage >= 1) are refused.
+Each process writes the units it holds (data-parallel replicas offer the same entries and DCP
+writes one copy of each) and reads the units it holds, so a checkpoint written with one schedule is read by
+any other schedule over the same units. A ZeRO-sharded unit (stage >= 1) is written whole: its
+holders gather the flat shards of its weights and optimizer state and DCP keeps one copy; on
+load each holder takes its shard of the whole entries, so ZeRO and whole-unit runs read each
+other's checkpoints.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -119,22 +123,34 @@ def _check_held(path: Path, modules: dict[int, nn.Module], problems: list[str]) 
 
 
 # --- what a process holds --------------------------------------------------------------------
-def _holdings(pipe) -> tuple[dict[int, nn.Module], list[tuple[Any, dict]]]:
-    """The units this process holds (one module per unit) and its optimizers, each with the
-    names of its parameters."""
+def _holdings(pipe) -> tuple[dict[int, nn.Module], list[tuple[Any, dict]], list[tuple[int, int]], list[tuple]]:
+    """What this process holds: one module per whole unit, their optimizers (each with the names
+    of its parameters), every (rank, unit) pair of a ZeRO-sharded unit, and (rank, unit, first
+    rank) of each further replica of a whole unit in this process (the local backend)."""
     modules: dict[int, nn.Module] = {}
+    first: dict[int, int] = {}
     optimizers: list[tuple[Any, dict]] = []
+    sharded: list[tuple[int, int]] = []
+    copies: list[tuple] = []
     for r in pipe.ranks:
         for u in pipe.schedule.units_owned(r):
             if pipe.schedule.placement.zero_stage(u):
-                raise CheckpointError(f"unit {u} is sharded with ZeRO stage {pipe.schedule.placement.zero_stage(u)}; "
-                                      f"checkpoints support zero=0 (whole units, replicated or not)")
-            if u in modules:  # another replica in this process: the same values
-                continue
-            modules[u] = pipe.modules[r][u]
-            if u in pipe.optimizers[r]:
-                optimizers.append((pipe.optimizers[r][u], _param_names({u: modules[u]})))
-    return modules, optimizers
+                sharded.append((r, u))
+            elif u in modules:
+                copies.append((r, u, first[u]))
+            else:
+                modules[u], first[u] = pipe.modules[r][u], r
+                if u in pipe.optimizers[r]:
+                    optimizers.append((pipe.optimizers[r][u], _param_names({u: modules[u]})))
+    return modules, optimizers, sharded, copies
+
+
+def _copy_replicas(pipe, copies: list[tuple]) -> None:
+    """Further replicas in this process take the first one's weights and optimizer state."""
+    for r, u, src in copies:
+        pipe.modules[r][u].load_state_dict(pipe.modules[src][u].state_dict())
+        if u in pipe.optimizers[src]:
+            pipe.optimizers[r][u].load_state_dict(copy.deepcopy(pipe.optimizers[src][u].state_dict()))
 
 
 def _param_names(modules: dict[int, nn.Module]) -> dict[int, str]:
@@ -168,12 +184,17 @@ def _optim_entries(opt, names: dict[int, str]) -> dict[str, Any]:
     return out
 
 
-def _rng_state() -> dict[str, torch.Tensor]:
-    k = dist.get_rank() if dist.is_initialized() else 0
-    out = {f"rng.process{k}": torch.get_rng_state()}
+def _rng(process: int) -> dict[str, tuple[Callable, Callable]]:
+    """Entry name -> (getter, setter) of the random states of process ``process``: the CPU
+    generator, and this process's current CUDA device's when CUDA is in use."""
+    out: dict[str, tuple[Callable, Callable]] = {f"rng.process{process}": (torch.get_rng_state, torch.set_rng_state)}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out[f"rng.process{k}.cuda"] = torch.cuda.get_rng_state()
+        out[f"rng.process{process}.cuda"] = (torch.cuda.get_rng_state, torch.cuda.set_rng_state)
     return out
+
+
+def _process(no_dist: bool) -> int:
+    return dist.get_rank() if dist.is_initialized() and not no_dist else 0
 
 
 def _state(modules: dict[int, nn.Module], optimizers: list[tuple[Any, dict]]) -> dict[str, Any]:
@@ -190,12 +211,14 @@ def save(pipe, path: str | os.PathLike, meta: dict | None = None) -> Path:
     """Write what this process of ``pipe`` holds to the DCP folder ``path`` (every process of a
     torch.distributed job calls this with the same ``path``); ``meta`` (JSON-able) is stored as
     ``meta``. Returns the folder."""
-    modules, optimizers = _holdings(pipe)
+    modules, optimizers, sharded, _ = _holdings(pipe)
     sd = _state(modules, optimizers)
-    sd.update(_rng_state())
+    sd.update(_zero_entries(pipe, sharded))
+    no_dist = not (pipe.backend == "dist" and dist.is_initialized())
+    sd.update({k: get() for k, (get, _) in _rng(_process(no_dist)).items()})
     sd[_META] = json.dumps(meta or {})
     with _quiet():
-        dcp.save(sd, checkpoint_id=str(path), no_dist=not (pipe.backend == "dist" and dist.is_initialized()))
+        dcp.save(sd, checkpoint_id=str(path), no_dist=no_dist)
     return Path(path)
 
 
@@ -209,10 +232,12 @@ def _placeholders(md: dict, prefix: str) -> dict[str, Any]:
 
 
 def _load_state(modules: dict[int, nn.Module], optimizers: list[tuple[Any, dict]], path: Path,
-                no_dist: bool) -> dict:
-    _check_held(path, modules, [])
+                no_dist: bool, extra: dict[str, Any] | None = None) -> tuple[dict, dict[str, Any]]:
+    """Load the entries of ``modules`` (in place), ``optimizers``, the random state and ``extra``
+    (placeholders, filled in the returned state dict); returns (meta, state dict)."""
     md = _metadata(path)
     sd: dict[str, Any] = {f"model.unit{u}.{k}": v for u, m in modules.items() for k, v in m.state_dict().items()}
+    sd.update(extra or {})
     for opt, names in optimizers:
         _, stepped, params = _inner(opt)
         for p in params:
@@ -222,16 +247,20 @@ def _load_state(modules: dict[int, nn.Module], optimizers: list[tuple[Any, dict]
             sd.update(_placeholders(md, prefix))
         if stepped is not params:
             sd.update({f"master.{names[id(p)]}": m.detach() for m, p in zip(stepped, params)})
-    rng = f"rng.process{dist.get_rank() if dist.is_initialized() and not no_dist else 0}"
-    rng = rng if rng in md else "rng.process0"
-    sd[rng] = torch.get_rng_state()
+    me = _process(no_dist)
+    rng = {}  # this process's random states, or process 0's when the writing job had fewer processes
+    for key, (get, put) in _rng(me).items():
+        src = key if key in md else key.replace(f"rng.process{me}", "rng.process0", 1)
+        if src in md:
+            rng[src], sd[src] = put, get()
     sd[_META] = ""
     with _quiet():
         dcp.load(sd, checkpoint_id=str(path), no_dist=no_dist)
-    torch.set_rng_state(sd[rng])
+    for src, put in rng.items():
+        put(sd[src])
     for opt, names in optimizers:
         _apply_optim(opt, names, sd)
-    return json.loads(sd[_META])
+    return json.loads(sd[_META]), sd
 
 
 def _apply_optim(opt, names: dict[int, str], sd: dict[str, Any]) -> None:
@@ -261,8 +290,13 @@ def load(pipe, path: str | os.PathLike) -> dict:
     random state from the checkpoint at ``path`` (a DCP folder, or a folder of ``step-N`` ones:
     the newest); every process of a torch.distributed job calls this. Returns its ``meta``."""
     p = resolve(path)
-    modules, optimizers = _holdings(pipe)
-    return _load_state(modules, optimizers, p, no_dist=not (pipe.backend == "dist" and dist.is_initialized()))
+    modules, optimizers, sharded, copies = _holdings(pipe)
+    _check_held(p, {**modules, **{u: pipe.modules[r][u] for r, u in sharded}}, [])
+    no_dist = not (pipe.backend == "dist" and dist.is_initialized())
+    meta, sd = _load_state(modules, optimizers, p, no_dist, _zero_placeholders(pipe, sharded, _metadata(p)))
+    _apply_zero(pipe, sharded, sd)
+    _copy_replicas(pipe, copies)
+    return meta
 
 
 def load_units(units: list[nn.Module], optimizer: torch.optim.Optimizer | None, path: str | os.PathLike) -> dict:
@@ -272,7 +306,8 @@ def load_units(units: list[nn.Module], optimizer: torch.optim.Optimizer | None, 
     p = resolve(path)
     modules = dict(enumerate(units))
     optimizers = [(optimizer, _param_names(modules))] if optimizer is not None else []
-    return _load_state(modules, optimizers, p, no_dist=True)
+    _check_held(p, modules, [])
+    return _load_state(modules, optimizers, p, no_dist=True)[0]
 
 
 # --- pipert train ----------------------------------------------------------------------------
@@ -301,3 +336,110 @@ def check_resume(cfg, units: Iterable[nn.Module]) -> Path:
                               f"give --steps > {meta['step']} (the total, counting the steps already run)")
     check_model(p, units)
     return p
+
+
+# --- ZeRO-sharded units ----------------------------------------------------------------------
+def _gather(pipe, rank: int, u: int, shard_of: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+    """Unit u's flat (padded) tensor from the shards ``shard_of(state)`` of its holders (in a
+    torch.distributed job every holder calls this: an ALLGATHER over the unit's group)."""
+    st = pipe._executors[rank].state
+    group = st.group(u)
+    if pipe.backend == "local":
+        return torch.cat([shard_of(pipe._executors[h].state) for h in group])
+    mine = shard_of(st).contiguous()
+    whole = mine.new_empty(mine.numel() * len(group))
+    pipe._executors[rank].transport.collective("ALLGATHER", mine, group, None, out=whole).wait(pipe.timeout)
+    return whole
+
+
+def _pieces(module: nn.Module, u: int, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``unit{u}.{name}`` -> that parameter's part of the unit's flat tensor."""
+    out, off = {}, 0
+    for n, p in module.named_parameters():
+        out[f"unit{u}.{n}"] = flat[off:off + p.numel()].view(p.shape).clone()
+        off += p.numel()
+    return out
+
+
+def _shard_state(st, u: int) -> dict[str, Any]:
+    opt = st.shard_opt.get(u)
+    if opt is None:
+        return {}
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise CheckpointError(f"unit {u} is sharded with ZeRO and steps fp32 master copies (bf16/fp16 weights); "
+                              f"checkpoints of such units are not supported: use zero=0 or float32/float64")
+    return opt.state.get(st.shards[u], {})
+
+
+def _zero_entries(pipe, sharded: list[tuple[int, int]]) -> dict[str, Any]:
+    """Whole-unit entries (as a zero=0 unit writes them) of the ZeRO units this process holds."""
+    out: dict[str, Any] = {}
+    for u, r in sorted(dict((u, r) for r, u in reversed(sharded)).items()):  # one holder per unit
+        st, module = pipe._executors[r].state, pipe.modules[r][u]
+        out.update({f"model.unit{u}.{k}": v for k, v in module.state_dict().items()
+                    if k not in dict(module.named_parameters())})  # buffers are whole on every holder
+        weights = _gather(pipe, r, u, lambda s: s.shards[u].detach())
+        out.update({f"model.{k}": v for k, v in _pieces(module, u, weights).items()})
+        state, n = _shard_state(st, u), st.shards[u].numel()
+        for key in sorted(state):
+            v = state[key]
+            if isinstance(v, torch.Tensor) and v.numel() == n and v.dim() == 1:
+                whole = _gather(pipe, r, u, lambda s: _shard_state(s, u)[key])
+                out.update({f"optim.{k}.{key}": t for k, t in _pieces(module, u, whole).items()})
+            else:  # per-shard scalars (AdamW's step) are the same on every holder
+                out.update({f"optim.unit{u}.{name}.{key}": v for name, _ in module.named_parameters()})
+        if u in st.shard_opt:
+            hyper = json.dumps({k: v for k, v in st.shard_opt[u].param_groups[0].items() if k != "params"})
+            out.update({f"optim.unit{u}.{name}.hyper": hyper for name, _ in module.named_parameters()})
+    return out
+
+
+def _zero_placeholders(pipe, sharded: list[tuple[int, int]], md: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for r, u in sharded:
+        module = pipe.modules[r][u]
+        params = dict(module.named_parameters())
+        for k, v in module.state_dict().items():
+            out[f"model.unit{u}.{k}"] = torch.empty(v.shape, dtype=v.dtype, device=v.device) if k in params else v
+        for name in params:
+            out.update(_placeholders(md, f"optim.unit{u}.{name}."))
+    return out
+
+
+def _apply_zero(pipe, sharded: list[tuple[int, int]], sd: dict[str, Any]) -> None:
+    """Each holder's shard of the whole entries: weights, optimizer state; ZeRO-1/2 holders also
+    keep the whole weights in the module."""
+    for r, u in sharded:
+        st, module = pipe._executors[r].state, pipe.modules[r][u]
+        names = [n for n, _ in module.named_parameters()]
+        if not names:
+            continue
+        k, _ = st.position(u)
+        size = st.shards[u].numel()
+
+        def shard(key: str) -> torch.Tensor:
+            flat = torch.cat([sd[key.format(name=n)].reshape(-1) for n in names])
+            return st._padded(u, flat)[k * size:(k + 1) * size]
+
+        with torch.no_grad():
+            st.shards[u].copy_(shard(f"model.unit{u}.{{name}}"))
+            if st.zero[u] < 3:
+                for n, p in module.named_parameters():
+                    p.copy_(sd[f"model.unit{u}.{n}"])
+        opt = st.shard_opt.get(u)
+        if opt is None:
+            continue
+        _shard_state(st, u)  # refuses master-weight optimizers
+        prefix = f"optim.unit{u}.{names[0]}."
+        keys = [key[len(prefix):] for key in sd if key.startswith(prefix) and "." not in key[len(prefix):]]
+        state = {}
+        for key in keys:
+            if key == "hyper":
+                continue
+            first = sd[prefix + key]
+            whole = isinstance(first, torch.Tensor) and first.shape == dict(module.named_parameters())[names[0]].shape
+            # every holder gets its own tensors: optimizers update their state in place
+            state[key] = shard(f"optim.unit{u}.{{name}}.{key}").clone() if whole else copy.deepcopy(first)
+        hyper = json.loads(sd[prefix + "hyper"])
+        group = {**{a: b for a, b in opt.param_groups[0].items() if a != "params"}, **hyper, "params": [0]}
+        opt.load_state_dict({"state": {0: state} if state else {}, "param_groups": [group]})

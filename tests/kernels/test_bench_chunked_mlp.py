@@ -66,3 +66,18 @@ def test_judge_and_report_writer(bench, tmp_path):
     assert "Some GPU" in md and "| 4096 | ours (b) 1024 |" in md and "1 target(s) missed" in md
     csv_lines = (tmp_path / "t.csv").read_text().splitlines()
     assert csv_lines[0].startswith("n,variant,chunk,ms") and len(csv_lines) == 3
+
+
+def test_report_is_rebuilt_from_the_stored_csv_and_context(bench, tmp_path):
+    rows = [dict(n=4096, variant="torch unchunked", chunk=0, ms=2.0, tflops=300.0, peak=2 * bench.GIB,
+                 time_ratio=1.0, target="", verdict="", status="ok"),
+            dict(n=4096, variant="ours (a) 1024", chunk=1024, ms=2.2, tflops=270.0, peak=bench.GIB,
+                 time_ratio=1.1, target="<= 1.03x", verdict="MISS", status="ok")]
+    args = bench.parse_args(["--quick", "--out-dir", str(tmp_path)])
+    bench.write(rows, args, "chunked_mlp_quick", "a GPU")
+    written = (tmp_path / "chunked_mlp_quick.md").read_text()
+    assert "| 4096 | ours (a) 1024 | 2.20 | 270 | 1.00 | 1.100 | <= 1.03x | MISS |" in written
+    assert "1 target(s) missed." in written
+    assert bench.main(["--quick", "--out-dir", str(tmp_path), "--from-csv"]) == 0
+    rebuilt = (tmp_path / "chunked_mlp_quick.md").read_text()
+    assert [line for line in rebuilt.splitlines() if "report rebuilt" not in line] == written.splitlines()

@@ -47,3 +47,15 @@ def test_resume_gives_the_losses_of_an_uninterrupted_run(runs, saved, resumed):
         assert s["loss"] == pytest.approx(uninterrupted[s["step"]], rel=1e-10, abs=0)
         # the reference on rank 0 resumed from the same checkpoint (weights and AdamW state)
         assert s["max_grad_rel_err"] <= 1e-10 and s["max_param_rel_err"] <= 1e-10, s
+
+
+def test_zero_sharded_units_resume_under_another_zero_stage(tmp_path):
+    """dp=2 x P=2 (4 processes): a ZeRO-1 run's checkpoint (each unit gathered whole from its
+    holders' shards) resumed with ZeRO-3, where each holder keeps only its shard."""
+    zero = ("--dp", "2", "--steps", "3")
+    full = {s["step"]: s["loss"] for s in _train(*zero, "--zero", "1", "--save", str(tmp_path), "--save-every", "1")}
+    again = _train(*zero, "--zero", "3", "--resume", str(tmp_path / "step-00000001"), "--check")
+    assert [s["step"] for s in again] == [1, 2]
+    for s in again:
+        assert s["loss"] == pytest.approx(full[s["step"]], rel=1e-10, abs=0)
+        assert s["max_grad_rel_err"] <= 1e-10 and s["max_param_rel_err"] <= 1e-10, s

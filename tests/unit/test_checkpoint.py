@@ -18,9 +18,9 @@ def _opt(ps):
     return torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.0)
 
 
-def _pipe(schedule: str, dtype: str = "float64", seed: int = 0, **kw) -> Pipeline:
-    units = build_units("tiny", 2, seed=seed, dtype=dtype, max_seq=SEQ)
-    return Pipeline(units, schedule, microbatches=M, optimizer=_opt, **kw)
+def _pipe(schedule: str, dtype: str = "float64", seed: int = 0, units: int = 2, **kw) -> Pipeline:
+    made = build_units("tiny", units, seed=seed, dtype=dtype, max_seq=SEQ)
+    return Pipeline(made, schedule, stages=2, microbatches=M, optimizer=_opt, **kw)
 
 
 def _batches(steps):
@@ -28,15 +28,21 @@ def _batches(steps):
     return [corpus.batch(k, BATCH) for k in steps]
 
 
-@pytest.mark.parametrize("later", ["1f1b", "zb-h1", "gpipe"])
-def test_resume_with_any_schedule_over_the_same_units_equals_an_uninterrupted_run(tmp_path, later):
-    pipe = _pipe("1f1b")
+@pytest.mark.parametrize("first, later, units", [
+    ("1f1b", "1f1b", 2), ("1f1b", "zb-h1", 2), ("1f1b", "gpipe", 2),
+    ("1f1b", "weipipe-interleave", 2),      # weights travel between the ranks
+    ("interleaved-1f1b", "zb-v", 4),        # units 2 and 3 change owner (0, 1, 0, 1) -> (0, 1, 1, 0)
+])
+def test_resume_with_any_schedule_over_the_same_units_equals_an_uninterrupted_run(tmp_path, first, later, units):
+    pipe = _pipe(first, units=units)
     losses = []
     for k, (x, y) in enumerate(_batches(range(4))):
         losses.append(pipe.step(x, y))
         if k == 1:
             checkpoint.save(pipe, checkpoint.step_dir(tmp_path, 2), {"step": 2})
-    resumed = _pipe(later, seed=5)  # other initial weights: everything must come from the checkpoint
+    resumed = _pipe(later, seed=5, units=units)  # other initial weights: all must come from the checkpoint
+    if later == "zb-v":
+        assert resumed.schedule.placement.weight_owner != pipe.schedule.placement.weight_owner
     assert checkpoint.load(resumed, tmp_path) == {"step": 2}
     again = [resumed.step(x, y) for x, y in _batches(range(2, 4))]
     assert again == pytest.approx(losses[2:], rel=1e-10, abs=0)
@@ -105,17 +111,28 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_entries(tmp_path):
         checkpoint.check_model(tmp_path, build_units("tiny", 2, keep=[], max_seq=SEQ))
 
 
-def test_zero_sharded_units_are_refused(tmp_path):
-    units = build_units("tiny", 2, dtype="float64", max_seq=SEQ)
-    pipe = Pipeline(units, "1f1b", microbatches=M, dp=2, zero=1)
-    with pytest.raises(CheckpointError, match="ZeRO stage 1; checkpoints support zero=0"):
-        checkpoint.save(pipe, tmp_path)
+@pytest.mark.parametrize("saved, loaded", [(0, 1), (1, 0), (3, 0), (1, 3), (0, 2)])
+def test_zero_sharded_and_whole_units_read_each_others_checkpoints(tmp_path, saved, loaded):
+    """A ZeRO unit is written whole (its holders gather their shards); each holder of a resumed
+    ZeRO run takes its shard. Both pipelines are dp=2 replicas of 1F1B over the same units."""
+    def pipe(zero, seed):
+        units = build_units("tiny", 2, seed=seed, dtype="float64", max_seq=SEQ)
+        return Pipeline(units, "1f1b", microbatches=M, optimizer=_opt, dp=2, zero=zero)
+    first = pipe(saved, 0)
+    for x, y in _batches(range(2)):
+        first.step(x, y)
+    checkpoint.save(first, tmp_path)
+    second = pipe(loaded, 4)
+    checkpoint.load(second, tmp_path)
+    for x, y in _batches(range(2, 4)):
+        assert second.step(x, y) == pytest.approx(first.step(x, y), rel=1e-10, abs=0)
+    for k, v in first.named_parameters().items():
+        assert torch.allclose(second.named_parameters()[k], v, rtol=1e-10, atol=0), k
 
 
 @pytest.mark.parametrize("kw, message", [
     (dict(save_every=2), "--save-every 2: give a step count >= 1 and a --save folder"),
     (dict(save="d", save_every=0), "--save-every 0"),
-    (dict(save="d", dp=2, zero=1), "--save/--resume with --zero 1"),
 ])
 def test_train_rejects_bad_checkpoint_flags(kw, message):
     with pytest.raises(ValueError, match=message):
@@ -135,3 +152,47 @@ def test_train_resume_refuses_other_data_settings_and_finished_runs(tmp_path):
     with pytest.raises(CheckpointError, match="--steps 2: the checkpoint .* is already at step 2"):
         run_train(TrainConfig(**base, steps=2))
     assert json.loads(json.dumps(meta)) == meta
+
+
+def test_data_parallel_replicas_save_one_copy_and_resume_without_replicas(tmp_path):
+    units = build_units("tiny", 2, dtype="float64", max_seq=SEQ)
+    pipe = Pipeline(units, "1f1b", microbatches=M, optimizer=_opt, dp=2)
+    losses = [pipe.step(x, y) for x, y in _batches(range(3))]
+    checkpoint.save(pipe, tmp_path)
+    single = _pipe("zb-h1", seed=9)
+    checkpoint.load(single, tmp_path)
+    x, y = _batches([3])[0]
+    after = pipe.step(x, y)
+    assert single.step(x, y) == pytest.approx(after, rel=1e-10, abs=0) and after < losses[0]
+
+
+def test_the_random_state_is_restored(tmp_path):
+    pipe = _pipe("1f1b")
+    torch.manual_seed(123)
+    checkpoint.save(pipe, tmp_path)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    checkpoint.load(_pipe("zb-h1"), tmp_path)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_train_resumes_from_a_save_folder_with_another_schedule(tmp_path, capsys):
+    base = dict(stages=2, microbatches=M, batch_size=BATCH, seq=SEQ, dtype="float64", backend="local", json=True)
+    losses = run_train(TrainConfig(**base, steps=3, save=str(tmp_path), save_every=1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001", "step-00000002", "step-00000003"]
+    capsys.readouterr()
+    again = run_train(TrainConfig(**base, steps=3, schedule="zb-h1", check=True,
+                                  resume=str(tmp_path / "step-00000001")))
+    assert again == pytest.approx(losses[1:], rel=1e-10, abs=0)
+    steps = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all(s["max_param_rel_err"] <= 1e-10 for s in steps), steps  # the reference resumed too
+
+
+def test_zero_units_with_master_weights_are_refused(tmp_path):
+    units = build_units("tiny", 2, dtype="bfloat16", max_seq=SEQ)
+    pipe = Pipeline(units, "1f1b", microbatches=M, optimizer=_opt, dp=2, zero=1)
+    x, y = _batches([0])[0]
+    pipe.step(x, y)
+    with pytest.raises(CheckpointError, match="unit 0 is sharded with ZeRO and steps fp32 master copies"):
+        checkpoint.save(pipe, tmp_path)
