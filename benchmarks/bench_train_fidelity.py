@@ -28,7 +28,7 @@ SCHEDULES = ["1f1b", "zb-h1", "crosspipe-greedy"]
 P, M = 4, 8
 TARGET = 0.10
 FIELDS = ["schedule", "link", "dc_latency_s", "dc_bandwidth_Bps", "steps", "measured_s", "predicted_s", "rel_error",
-          "max_forward_s", "compute_s_all_ranks", "cpu_share", "actions_per_rank", "processes", "cores"]
+          "max_forward_s", "compute_s_all_ranks", "cpu_share", "actions_per_rank", "load_1min", "processes", "cores"]
 BUSY = 0.75  # a CPU share from which the cores, not the program, set the pace
 
 
@@ -53,7 +53,8 @@ def row(schedule: str, label: str, recs: list[dict], warmup: int, lat: float, bw
             "measured_s": round(measured, 5), "predicted_s": round(predicted, 5),
             "rel_error": round((predicted - measured) / measured, 4), "max_forward_s": round(med("max_forward_s"), 6),
             "compute_s_all_ranks": round(busy, 5), "cpu_share": round(busy / (cores * measured), 3),
-            "actions_per_rank": actions_per_rank(schedule), "processes": P, "cores": cores}
+            "actions_per_rank": actions_per_rank(schedule), "load_1min": round(os.getloadavg()[0], 2),
+            "processes": P, "cores": cores}
 
 
 def actions_per_rank(schedule: str) -> float:
@@ -107,14 +108,14 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
                           ctx, rebuilt) + ["",
              f"`pipert train --profile` on {P} gloo processes, M = {M}, the tiny model, {ctx['steps']} steps of which "
              f"the first {ctx['warm-up steps']} are left out (medians of the rest). The prediction is the simulator's makespan "
-             f"of the program the ranks ran, with each (op, unit)'s median compute time measured in that step and "
+             f"of the program the ranks ran, with each (op, unit)'s mean compute time measured in that step and "
              f"the emulated link model; target: within {TARGET:.0%}.", "",
-             "| schedule | link | measured s | predicted s | error | T_F s | compute of all ranks s | CPU share |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| schedule | link | measured s | predicted s | error | T_F s | compute of all ranks s | CPU share | "
+             "load (1 min) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['schedule']} | {r['link']} | {r['measured_s']:.4f} | {r['predicted_s']:.4f} | "
                      f"{r['rel_error']:+.1%} | {r['max_forward_s']:.5f} | {r['compute_s_all_ranks']:.4f} | "
-                     f"{r['cpu_share']:.2f} |")
+                     f"{r['cpu_share']:.2f} | {r['load_1min']:.1f} |")
     lines += ["", f"{len(within)} of {len(rows)} runs are within {TARGET:.0%}."]
     misses = [r for r in rows if abs(r["rel_error"]) > TARGET]
     if misses:
@@ -126,7 +127,14 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
                     f"({gap * 1e3:+.1f} ms per step). The ranks' computes add up to "
                     f"{r['compute_s_all_ranks']:.3f} s, a CPU share of {r['cpu_share']:.2f} of {r['cores']} cores "
                     f"over the measured step ({r['processes']} processes)")
-            if gap > 0 and r["cpu_share"] >= BUSY:
+            if gap > 0 and r["load_1min"] > r["cores"]:
+                text += (f": the machine's load average at the end of the run was {r['load_1min']:.1f} runnable "
+                         f"processes on {r['cores']} cores, {r['processes']} of them these ranks, so a rank held a "
+                         f"core about {r['cores'] / r['load_1min']:.0%} of the time; every wait for a core, in the "
+                         f"computes and in the {r['actions_per_rank']:.0f} actions per rank around them (queue "
+                         f"hand-offs, gloo calls, link timers), lengthens the step, where the simulator gives each "
+                         f"rank a core of its own and the actions between computes no time.")
+            elif gap > 0 and r["cpu_share"] >= BUSY:
                 text += (f": the cores were busy for most of the step, so ranks waited for a core "
                          f"({r['processes'] / r['cores']:.1f} processes per core) where the simulator gives each "
                          f"rank its own.")
@@ -135,7 +143,7 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
                          f"outside the computes, {gap / r['actions_per_rank'] * 1e6:.0f} us per action of a rank's "
                          f"{r['actions_per_rank']:.0f} (queue hand-offs, gloo calls), which the simulator counts as 0.")
             else:
-                text += (f": the step took less than the sum of its measured parts, so the median compute times "
+                text += (f": the step took less than the sum of its measured parts, so the mean compute times "
                          f"(measured while {r['processes']} processes shared {r['cores']} cores) overstate the "
                          f"computes on the critical path.")
             lines.append(text)

@@ -297,7 +297,7 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     first = _resume(cfg, pipe, ref_units, ref_opt)
     if bar is not None:
         bar.update(first)
-    losses = []
+    losses, times, timed = [], [], []
     for step, (x, y) in enumerate(corpus.batches(cfg.batch_size, cfg.steps - first, start=first), first):
         x, y = x.to(device), y.to(device)
         before = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()}) \
@@ -305,9 +305,12 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         t0 = time.perf_counter()
         loss = pipe.step(x, y)
         dt = time.perf_counter() - t0
+        times.append(dt)
         extra = dict(start) if step == 0 and cfg.json else {}
         if cfg.profile:
-            extra.update(_predicted(pipe, backend, rank, links, dt))
+            prof = _predicted(pipe, backend, rank, links, dt)
+            timed.append(prof.get("predicted_step_s"))
+            extra.update(prof if cfg.json else {k: v for k, v in prof.items() if k.endswith("_step_s")})
         if cfg.check:
             grads = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_grads().items()})
             after = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()})
@@ -328,7 +331,17 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
             checkpoint.save(pipe, checkpoint.step_dir(cfg.save, step + 1), checkpoint.train_meta(cfg, step + 1))
     if bar is not None:
         bar.close()
+        if cfg.profile and len(timed) > 1:
+            _print_fidelity(timed[1:], times[1:])
     return losses
+
+
+def _print_fidelity(predicted: list[float], measured: list[float]) -> None:
+    """Medians over the steps after the first (which also builds buffers and warms up)."""
+    import statistics
+    p, m = statistics.median(predicted), statistics.median(measured)
+    print(f"pipert train --profile: step time measured {m * 1e3:.1f} ms, predicted {p * 1e3:.1f} ms "
+          f"({(p - m) / m:+.1%}; medians of steps 1-{len(measured)})", file=sys.stderr)
 
 
 def _predicted(pipe, backend: str, rank: int, links, measured: float) -> dict:

@@ -1,8 +1,10 @@
 """Predicted beside measured: the simulator fed with what a running job measured.
 
 A traced step (``Pipeline(trace=True)``) records the time of every compute of every rank on its
-own (``StepResult.op_times``: the unit's work, waits for received values excluded). The median
-per (op, unit) over the step's micro-batches, the message sizes of the units' boundaries and
+own (``StepResult.op_times``: the unit's work, waits for received values excluded). The mean
+per (op, unit) over the step's micro-batches (a path through the step is a sum of computes, and
+the mean of a sum is the sum of the means; on a shared machine the times are right-skewed, so a
+median would understate it), the message sizes of the units' boundaries and
 weights, and the same link model the run emulates (``pipert.cost.Links``) make a
 :class:`pipert.cost.profiled.ProfiledCost`; the simulator's makespan of the program the ranks
 ran is the predicted step time. Only times are measured here: memory sizes are left 0 (the
@@ -26,15 +28,15 @@ class StepProfile:
     """What one step measured, ready for the simulator."""
 
     profiles: list[UnitProfile]
-    """Per unit: median seconds of each op that ran, message sizes of its boundary and weights."""
+    """Per unit: mean seconds of each op that ran, message sizes of its boundary and weights."""
     t_opt: float
-    """Median seconds of one rank's optimizer step."""
+    """Mean seconds of one rank's optimizer step."""
     busy: float = 0.0
     """Seconds of every compute of every rank in the step, added up."""
 
     @property
     def max_forward(self) -> float:
-        """The longest unit forward (median seconds): CrossPipe's T_F, the yardstick of link delays."""
+        """The longest unit forward (mean seconds): CrossPipe's T_F, the yardstick of link delays."""
         return max((p.times.get("F", 0.0) for p in self.profiles), default=0.0)
 
 
@@ -61,13 +63,13 @@ def profile_from_measurements(parts: Iterable[dict], num_units: int) -> StepProf
         weight.update({int(k): v for k, v in part["weight"].items()})
     profiles = []
     for u in range(num_units):
-        times = {op: statistics.median(v) for (op, unit), v in samples.items() if unit == u and op != "OPT"}
+        times = {op: statistics.fmean(v) for (op, unit), v in samples.items() if unit == u and op != "OPT"}
         sizes = {"act": act.get(u, 0), "grad": act.get(u, 0), "weight": weight.get(u, 0), "wgrad": weight.get(u, 0)}
         sizes.update({k: 0 for k in _MEMORY_KINDS})
         profiles.append(UnitProfile(times, sizes))
     opt = [s for (op, _), v in samples.items() if op == "OPT" for s in v]
     busy = sum(s for v in samples.values() for s in v)
-    return StepProfile(profiles, statistics.median(opt) if opt else 0.0, busy)
+    return StepProfile(profiles, statistics.fmean(opt) if opt else 0.0, busy)
 
 
 def predict_step(program: Any, profile: StepProfile, links: Any = None) -> float:

@@ -179,6 +179,13 @@ class Pipeline:
     unit, or one per unit (``pipert.schedules.data_parallel``). ``microbatches`` counts all
     replicas' micro-batches. ``measure_memory`` records the bytes each rank's program holds after
     every action (``last_results[r].memory``); ``program`` is what the ranks run.
+
+    ``links`` delays every point-to-point message by an emulated link, on either backend: a
+    ``pipert.cost.Links`` (the simulator's numbers), a ``pipert.linkflags.LinkOptions`` or a
+    ``pipert.runtime.links.LinkEmulator`` (rules: ``pipert.runtime.transport.DelayedTransport``).
+    ``staging`` moves messages through host buffers of ``pool`` (``pipert.runtime.staging``;
+    None: when gloo carries GPU tensors). ``trace`` also records each compute's own time
+    (``StepResult.op_times``, read by ``pipert.runtime.fidelity``).
     """
 
     def __init__(self, units: Sequence[nn.Module], schedule: Schedule | str = "1f1b", *,
