@@ -127,11 +127,26 @@ def build_program(cfg: TrainConfig):
     from .ir.passes import apply_passes
     from .schedules import build_schedule
     from .schedules.data_parallel import replicate
+    from .scenario import LAYER_PER_CHUNK
     opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
-    s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp, chunks=cfg.chunks,
+    chunks = cfg.chunks
+    if cfg.schedule in LAYER_PER_CHUNK:
+        chunks = _layers_per_stage(cfg)
+    s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp, chunks=chunks,
                        **opts)
     s = apply_passes(s, cfg.pass_names())
     return replicate(s, cfg.dp, cfg.zero) if cfg.dp > 1 else s
+
+
+def _layers_per_stage(cfg: TrainConfig) -> int:
+    """V for schedules whose chunks are layers per stage (HelixPipe): the model's layers / P."""
+    from .models import model_config
+    layers = model_config(cfg.model).layers
+    if layers % cfg.stages or (cfg.chunks is not None and cfg.chunks * cfg.stages != layers):
+        raise ValueError(f"{cfg.schedule} puts layers/P layers on every stage: model {cfg.model!r} has {layers} "
+                         f"layers, --stages {cfg.stages}" + (f", --chunks {cfg.chunks}" if cfg.chunks else "")
+                         + f"; allowed --stages: divisors of {layers} (>= 2), --chunks: omitted or layers/stages")
+    return layers // cfg.stages
 
 
 def resolve_backend(name: str) -> str:
