@@ -137,3 +137,23 @@ def test_formula_rejects_what_it_does_not_cover():
         helix_stash_bytes(_cfg("tiny"), 5, B, S)
     with pytest.raises(ValueError, match="covers float32 and float64 models, got dtype='bfloat16'"):
         helix_stash_bytes(_cfg("tiny", dtype="bfloat16"), 0, B, S)
+
+
+@pytest.mark.parametrize("recompute", ["none", "no_attention"])
+def test_executor_ledger_counts_what_the_meter_counts(recompute):
+    """The executor's measure (StashLedger keys plus the inputs a UnitRunner keeps, as
+    ``State.stash_bytes`` sums them) equals the formula, selective caches included."""
+    from pipert.runtime.stash import StashLedger, tensor_key
+    cfg = _cfg("tiny")
+    model = model_from_config(cfg, seed=0)
+    units = partition(model, cut="helix", recompute=recompute)
+    ledger = StashLedger(lambda: list(model.parameters()) + list(model.buffers()))
+    runners = [UnitRunner(u, i == 0, i == len(units) - 1) for i, u in enumerate(units)]
+    tok, tgt = _batch()
+    x = tok
+    for i, r in enumerate(runners):
+        with ledger.capture(i, 0):
+            x = r.forward(0, x, tgt if i == len(runners) - 1 else None)
+    for i, r in enumerate(runners):
+        keys = ledger.keys(i, 0) | {tensor_key(t) for t in r.held_inputs()[0]}
+        assert sum(k[3] for k in keys) == helix_stash_bytes(cfg, i, B, S, recompute), i
