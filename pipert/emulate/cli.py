@@ -46,10 +46,13 @@ def _real(args: argparse.Namespace, sc, sched) -> int:
     import torch
     from ..models import LlamaConfig, LlamaModel, partition
     from .real import emulate_real
-    cfg = LlamaConfig.preset(args.real_model, max_seq=max(args.seq or 128, 16))
-    if sched.num_units > cfg.layers:
+    cut = sched.meta.get("cut")
+    # a helix schedule fixes the layer count (2L+1 units): the preset is built with L layers
+    extra = {"layers": sched.meta["layers"]} if cut == "helix" else {}
+    cfg = LlamaConfig.preset(args.real_model, max_seq=max(args.seq or 128, 16), **extra)
+    if cut != "helix" and sched.num_units > cfg.layers:
         raise ValueError(f"{sched.name} needs {sched.num_units} units; model {args.real_model!r} has {cfg.layers} layers")
-    units = partition(LlamaModel(cfg, seed=0), sched.num_units)
+    units = partition(LlamaModel(cfg, seed=0), None if cut == "helix" else sched.num_units, cut=cut)
     seq, mbs = args.seq or 128, args.micro_batch_size or 2
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, cfg.vocab, (sched.num_microbatches * mbs, seq + 1), generator=g)
