@@ -7,7 +7,8 @@ distinct byte regions among
 - the tensors autograd packs while the forward runs (``saved_tensors_hooks``),
 - the op outputs cached by selective-recompute regions (``pipert.models.recompute``),
 - the unit's input tensors (the runner keeps them for the input gradient and for
-  recomputation; a checkpointed unit's region keeps them too),
+  recomputation; a checkpointed unit's region keeps them too), except relayed ones
+  (``relays`` of ``pipert.runtime.unit``: passed through, not kept),
 
 parameters and module buffers excluded (they are weights, not activations). Two views of the
 same bytes count once (``pipert.runtime.stash.tensor_key``). What the unit returns is not
@@ -120,13 +121,13 @@ def helix_stash_bytes(cfg: Any, unit: int, batch: int, seq: int, recompute: str 
     first, last, attn = unit == 0, unit == n_units - 1, unit % 2 == 1
     tokens = 8 * N  # int64 token ids (first unit) or targets (last unit)
     if save is not None:  # checkpointed: inputs, plus attention output and lse where kept
-        if attn:
+        if attn:  # h (x is relayed, not kept)
             kept = N * h * e + lse if "attention" in save else 0
-            return 2 * N * h * e + kept
+            return N * h * e + kept
         return tokens if first else 2 * N * h * e + (tokens if last else 0)
-    if attn:  # x (relayed), h, q, k, v, attention output, lse
+    if attn:  # h, q, k, v, attention output, lse (x is relayed, not kept)
         kv = cfg.kv_heads * cfg.head_dim
-        return 4 * N * h * e + 2 * N * kv * e + lse if not gpt else 6 * N * h * e + lse
+        return 3 * N * h * e + 2 * N * kv * e + lse if not gpt else 5 * N * h * e + lse
     # LLaMA RMSNorm keeps its input, the normalised value and one statistic per token;
     # GPT LayerNorm keeps its input and two statistics per token (mean, rstd)
     norm = (N * h * e + 2 * N * r) if gpt else (2 * N * h * e + N * r)

@@ -33,7 +33,8 @@ def _measure(cfg, recompute):
         xs = x if isinstance(x, tuple) else (x,)
         xs = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in xs)
         extra = (tgt,) if i == len(units) - 1 else ()
-        with meter.track(i, xs + extra):
+        relayed = getattr(u, "relays", {})  # passed through; the runner keeps no copy
+        with meter.track(i, tuple(t for j, t in enumerate(xs) if j not in relayed) + extra):
             out = u(xs if len(xs) > 1 else xs[0], *extra)
         alive.append((xs, out))
         x = tuple(o.detach() for o in out) if isinstance(out, tuple) else out.detach()
@@ -59,15 +60,15 @@ def test_meter_equals_formula_in_float32_and_drops_to_zero_after_backward(name):
     assert meter.bytes(n - 2) == helix_stash_bytes(cfg, n - 2, B, S)
 
 
-def test_no_attention_keeps_four_activations_per_layer_plus_the_relay_and_lse():
+def test_no_attention_keeps_four_activations_per_layer_and_lse():
     """Per layer (A(l) + C(l+1)) without recomputation vs no_attention: the documented totals."""
     cfg = _cfg("gpt-tiny")
     N, h, e = B * S, cfg.hidden, 8
     lse = B * cfg.heads * S * 8
     per_layer = helix_stash_bytes(cfg, 1, B, S, "no_attention") + helix_stash_bytes(cfg, 2, B, S, "no_attention")
-    assert per_layer == 5 * N * h * e + lse  # x, h, o at A (x relayed); x, o at C
+    assert per_layer == 4 * N * h * e + lse  # h and o at A; x and o at C (HelixPipe's 4bsh)
     full = helix_stash_bytes(cfg, 1, B, S) + helix_stash_bytes(cfg, 2, B, S)
-    assert full == 11 * N * h * e + 2 * N * cfg.ffn * e + 4 * N * 8 + lse
+    assert full == 10 * N * h * e + 2 * N * cfg.ffn * e + 4 * N * 8 + lse
 
 
 @pytest.mark.parametrize("name", ["tiny", "gpt-tiny"])
@@ -157,3 +158,31 @@ def test_executor_ledger_counts_what_the_meter_counts(recompute):
     for i, r in enumerate(runners):
         keys = ledger.keys(i, 0) | {tensor_key(t) for t in r.held_inputs()[0]}
         assert sum(k[3] for k in keys) == helix_stash_bytes(cfg, i, B, S, recompute), i
+
+
+def test_a_false_relay_declaration_is_rejected():
+    class Liar(torch.nn.Module):
+        relays = {0: 0}
+
+        def forward(self, xs):
+            x, h = xs
+            return x * 1, h * 2
+
+    r = UnitRunner(Liar(), False, False)
+    x = torch.ones(2, 3, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"Liar.relays says input 0 is returned as output 0 unchanged"):
+        r.forward(0, (x, x))
+
+
+def test_a_relayed_input_is_not_kept_and_its_gradient_passes_through():
+    cfg = _cfg("tiny")
+    model = model_from_config(cfg, seed=0)
+    attn = partition(model, cut="helix")[1]
+    r = UnitRunner(attn, False, False)
+    x, h = torch.randn(B, S, cfg.hidden, dtype=torch.float64), torch.randn(B, S, cfg.hidden, dtype=torch.float64)
+    r.forward(0, (x, h))
+    kept = r.held_inputs()[0]
+    assert kept[0].shape == x.shape and kept[0].untyped_storage().nbytes() == 8  # a placeholder
+    gx, go = torch.randn_like(x), torch.randn_like(h)
+    dx, dh = r.backward(0, (gx, go))
+    assert dx is gx and dh.shape == h.shape
