@@ -227,6 +227,26 @@ def discussion(rows: list[dict], bubble: list[dict], gaps: list[tuple]) -> list[
                f"configurations; a stage waits longest on transfers in {exposed['cluster']} {exposed['model']} "
                f"{exposed['seq'] // 1024}k ({100 * exposed['exposed_comm_s'] / exposed['seconds']:.1f}% of the step): "
                f"the slower A800 links with faster attention at short sequences, as the paper's section 5.3 says.")
+    seqs = sorted({k[2] for k in by})
+    for cluster in CLUSTERS:
+        first, short = [], []
+        for model in MODELS:
+            base = {q: max(("1F1B", "ZB-H1"), key=lambda b: by[(cluster, model, q, b)]["tokens_per_s"]) for q in seqs}
+            wins = [q for q in seqs if by[(cluster, model, q, "HelixPipe")]["tokens_per_s"] >
+                    by[(cluster, model, q, base[q])]["tokens_per_s"]]
+            first.append(f"{model} first at {wins[0] // 1024}k" if wins else f"{model} at no length")
+            short.append(f"{base[seqs[0]]} ({model})")
+        out.append(f"- {cluster}: HelixPipe beats the best baseline for {', '.join(first)}; at {seqs[0] // 1024}k the "
+                   f"best is {', '.join(short)} (the paper finds 1F1B best on A800 at 32k).")
+    q = max(k[2] for k in by)
+    mem = {v[0]: by[("H20", "3B", q, v[0])] for v in VARIANTS[:3]}
+    low = min(mem, key=lambda n: mem[n]["mem_gib_per_gpu_max"])
+    bal = min(mem, key=lambda n: mem[n]["mem_gib_per_gpu_max"] / mem[n]["mem_gib_per_gpu_min"])
+    out.append(f"- Memory, H20 3B {q // 1024}k (the paper's Fig. 10 setting): lowest peak per GPU {low} "
+               f"({mem[low]['mem_gib_per_gpu_max']:.0f} GiB), most balanced {bal} (max/min "
+               f"{mem[bal]['mem_gib_per_gpu_max'] / mem[bal]['mem_gib_per_gpu_min']:.2f}); 1F1B max/min "
+               f"{mem['1F1B']['mem_gib_per_gpu_max'] / mem['1F1B']['mem_gib_per_gpu_min']:.2f}. The paper names "
+               f"HelixPipe for both.")
     over = sorted({f"{k[3]} ({k[0]} {k[1]} {k[2] // 1024}k)" for k, r in by.items()
                    if r["mem_gib_per_gpu_max"] > r["gpu_memory_gib"]})
     out.append(f"- Configurations over the GPU's memory: {len(over)} of {len(rows)}"
