@@ -22,9 +22,12 @@ Memory per GPU: the simulator's peak activation bytes of the stage / 8, plus mod
 / 8.
 
 A second table compares the simulated bubble with zero communication against the paper's
-Table 2 formulas, fed with the model's own part times.
+Table 2 formulas, fed with the model's own part times. A third sweeps the time c of one
+activation hop (the paper's section 5.3 question: when does two-fold hide communication?) on
+the paper's analysis model (``HelixPartsCost``: t_pre = 1, t_post = 2, t_attn in {1, 3, 6},
+P = 4, L = 8, M = 8, QKV weight messages free).
 
-Writes benchmarks/results/helixpipe.csv, helixpipe_bubble.csv and helixpipe.md.
+Writes benchmarks/results/helixpipe.csv, helixpipe_bubble.csv, helixpipe_comm.csv and helixpipe.md.
 
     python benchmarks/bench_helixpipe.py [--quick]
 """
@@ -38,7 +41,7 @@ from collections import defaultdict
 from _common import RESULTS, context, context_markdown, write_csv
 
 from pipert.cost.devices import GiB, DeviceSpec
-from pipert.cost.helix import table2_bubble
+from pipert.cost.helix import HelixPartsCost, table2_bubble
 from pipert.cost.topology import Links, LinkSpec, Topology
 from pipert.cost.transformer import ModelSpec, TransformerCost, partition_helix, partition_layers
 from pipert.ir import Op
@@ -151,6 +154,25 @@ def bubble_check(model: str, m: ModelSpec, dev: DeviceSpec) -> list[dict]:
     return out
 
 
+def comm_sweep() -> list[dict]:
+    """Makespan added by a hop time c (link occupancy per micro-batch message), per variant."""
+    p, v, m = 4, 2, 8
+    topo = Topology(p)
+    out = []
+    for t_attn in (1.0, 3.0, 6.0):
+        cost = HelixPartsCost(p * v, 1.0, t_attn, 2.0, weight_bytes=0.0)
+        for label, folds, passes in (("naive FILO", 1, ()), ("two-fold, one op per fold pair", 2, ()),
+                                     ("two-fold, asynchronous (expand_folds)", 2, ASYNC)):
+            sched = apply_passes(build_schedule("helixpipe", stages=p, microbatches=m, chunks=v, folds=folds), passes)
+            base = simulate(sched, cost).makespan
+            for c in (0.25, 1.0, 4.0):
+                t = simulate(sched, cost, links=Links(topo, {"intra_node": LinkSpec(0.0, 1.0 / c)}),
+                             topology=topo).makespan
+                out.append({"t_attn": t_attn, "t_pre_plus_post": 3.0, "layers": p * v, "schedule": label,
+                            "hop": c, "makespan_no_comm": base, "added": t - base, "added_per_hop": (t - base) / c})
+    return out
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:+.0f}%"
 
@@ -193,7 +215,15 @@ def report(rows: list[dict], bubble: list[dict], quick: bool, wall: float) -> st
         lines.append(f"| {b['model']} | {b['seq'] // 1024}k | {b['schedule']} | {b['microbatches']} | "
                      f"{b['attn_share']:.2f} | {b['idle_stage1_s']:.3f} | {b['idle_mean_s']:.3f} | "
                      f"{b['table2_bubble_s']:.3f} | {b['ratio_stage1']:.2f} | {b['ratio_mean']:.2f} |")
-    lines += ["", "## What the data says", ""] + discussion(rows, bubble, gaps)
+    lines += ["", "## Communication: time added by a hop of c (analysis model, P=4, L=8, M=8)", "",
+              "| t_attn | schedule | c = 0.25 | c = 1 | c = 4 |", "|---:|---|---:|---:|---:|"]
+    sweep = comm_sweep()
+    write_csv(RESULTS / "helixpipe_comm.csv", sweep)
+    for key in dict.fromkeys((r["t_attn"], r["schedule"]) for r in sweep):
+        cells = [f"{r['added']:.2f} ({100 * r['added'] / r['makespan_no_comm']:.1f}%)" for r in sweep
+                 if (r["t_attn"], r["schedule"]) == key]
+        lines.append(f"| {key[0]:g} | {key[1]} | " + " | ".join(cells) + " |")
+    lines += ["", "## What the data says", ""] + discussion(rows, bubble, gaps) + comm_discussion(sweep)
     lines += ["", "## Context", "", context_markdown(context({"mode": "quick" if quick else "full",
                                                                "wall seconds": f"{wall:.1f}", "GPU lent": "no"}))]
     return "\n".join(lines) + "\n"
@@ -262,6 +292,37 @@ def discussion(rows: list[dict], bubble: list[dict], gaps: list[tuple]) -> list[
                f"(tests/unit/test_helixpipe_schedule.py); here the attention backward is 2.5x its forward, "
                f"elementwise kernels add time, C(0) carries the embedding and C(L) the head and loss, so they "
                f"are leading order only.")
+    return out
+
+
+def comm_discussion(sweep: list[dict]) -> list[str]:
+    def slopes(kind: str, c: float) -> str:
+        return ", ".join(f"{r['added_per_hop']:.1f}" for r in sweep if kind in r["schedule"] and r["hop"] == c)
+
+    hops = sorted({r["hop"] for r in sweep})
+    t_attn = ", ".join(f"{t:g}" for t in dict.fromkeys(r["t_attn"] for r in sweep))
+    lo, mid, hi = hops[0], hops[len(hops) // 2], hops[-1]
+    return [f"- Communication sweep (added time / c, for t_attn = {t_attn}): asynchronous two-fold adds {slopes('asynchronous', lo)} "
+            f"hop times at c = {lo:g}, {slopes('asynchronous', mid)} at c = {mid:g} and {slopes('asynchronous', hi)} at "
+            f"c = {hi:g}; one op per fold pair adds {slopes('one op', lo)} at c = {lo:g} and {slopes('one op', hi)} at "
+            f"c = {hi:g}, naive FILO {slopes('naive', lo)}. " + _comm_reading(sweep, lo, hi)]
+
+
+def _comm_reading(sweep: list[dict], lo: float, hi: float) -> str:
+    """What the asynchronous rows say, decided from them."""
+    by_t = defaultdict(dict)
+    for r in sweep:
+        if "asynchronous" in r["schedule"]:
+            by_t[r["t_attn"]][r["hop"]] = r["added_per_hop"]
+    flat = all(abs(d[lo] - next(iter(by_t.values()))[lo]) < 1e-9 for d in by_t.values())
+    rises = all(d[hi] > d[lo] for d in by_t.values())
+    highs = [by_t[t][hi] for t in sorted(by_t)]
+    falls = all(a > b for a, b in zip(highs, highs[1:]))
+    out = ("At small c the added time is the same number of hops whatever t_attn: about one chain of hops through "
+           "the helix stays on the critical path however small c is. " if flat else "")
+    if rises:
+        out += ("At c above t_attn more hops are exposed" + (", the more the smaller t_attn: a soft form of section "
+                "5.3's rule that attention must cover the transfer." if falls else "."))
     return out
 
 
