@@ -42,6 +42,15 @@ class Case:
     """Data-parallel replicas (``pipert.schedules.data_parallel.replicate``); ranks = stages * dp."""
     zero: int = 0
     """ZeRO stage of every unit over its replicas (with dp > 1)."""
+    model: str = "llama"
+    """Model family of the tiny test model: llama or gpt (``tiny_units``)."""
+    cut: str | None = None
+    """Partition cut (``pipert.models.partition``): None follows ``fine``; "helix" gives 2L+1 units."""
+    recompute: str = "none"
+    """Recompute mode inside every unit (``pipert.models.recompute.RECOMPUTE_MODES``)."""
+    mlp_chunk: int = 0
+    """Rows per chunk of the chunked MLP (0: the plain MLP); ``mlp_recompute`` selects its mode."""
+    mlp_recompute: bool = False
 
 
 @dataclass
@@ -86,13 +95,26 @@ def sgd(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
-def tiny_units(num_units: int, dtype: str, seed: int = 0, fine: bool = False) -> list[nn.Module]:
-    from .models import LlamaConfig, LlamaModel, partition
-    if fine and num_units % 3:
-        raise ValueError(f"a fine partition has 3 units per layer; {num_units} units is not a multiple of 3")
-    layers = num_units // 3 if fine else num_units
-    cfg = LlamaConfig(vocab=64, hidden=32, layers=layers, heads=4, kv_heads=2, ffn=48, max_seq=16, dtype=dtype)
-    return partition(LlamaModel(cfg, seed=seed), num_units, fine=fine)
+def tiny_units(num_units: int, dtype: str, seed: int = 0, fine: bool = False, *, model: str = "llama",
+               cut: str | None = None, recompute: str = "none", mlp_chunk: int = 0,
+               mlp_recompute: bool = False) -> list[nn.Module]:
+    """``num_units`` units of a tiny LLaMA (or GPT, ``model="gpt"``) model with as many layers
+    as the cut needs: one per unit, three units per layer (``fine``) or 2L+1 units (``cut="helix"``)."""
+    from .models import GPTConfig, LlamaConfig, model_from_config, partition
+    cut = "fine" if fine else (cut or "layers")
+    per, extra = {"layers": (1, 0), "fine": (3, 0), "helix": (2, 1)}.get(cut, (1, 0))
+    if (num_units - extra) % per or num_units <= extra:
+        raise ValueError(f"a {cut} partition has {per} units per layer (+{extra}); {num_units} units do not fit")
+    layers = (num_units - extra) // per
+    mlp = {"mlp_chunk": mlp_chunk, "mlp_recompute": mlp_recompute}
+    if model == "llama":
+        cfg = LlamaConfig(vocab=64, hidden=32, layers=layers, heads=4, kv_heads=2, ffn=48, max_seq=16, dtype=dtype,
+                          **mlp)
+    elif model == "gpt":
+        cfg = GPTConfig(vocab=64, hidden=32, layers=layers, heads=4, ffn=64, max_seq=16, dtype=dtype, **mlp)
+    else:
+        raise ValueError(f"tiny_units: model={model!r}; allowed: llama, gpt")
+    return partition(model_from_config(cfg, seed=seed), num_units, cut=cut, recompute=recompute)
 
 
 def make_batch(microbatches: int, seed: int = 0, mb_size: int = 2, seq: int = 8, vocab: int = 64):
@@ -150,7 +172,8 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
     from .runtime.pipeline import Pipeline
     from .runtime.reference import grouped_reference_step
     schedule = _schedule(case)
-    units = tiny_units(schedule.num_units, case.dtype, fine=case.fine)
+    units = tiny_units(schedule.num_units, case.dtype, fine=case.fine, model=case.model, cut=case.cut,
+                       recompute=case.recompute, mlp_chunk=case.mlp_chunk, mlp_recompute=case.mlp_recompute)
     ref_units = copy.deepcopy(units)
     ref_opt = optimizer([p for u in ref_units for p in u.parameters()])
     pipe = Pipeline(units, schedule, optimizer=optimizer, backend=backend, timeout=timeout)

@@ -29,8 +29,17 @@ LLaMA, fine (``fine=True``): three units per layer l, ``num_units == 3 * layers`
                            last layer: ((x, o), targets) -> loss                + final norm, head, loss
 
 The residual ``x`` travels with the attention inputs so that each unit needs only its
-predecessor's output. Every unit class names its ``kind`` (``layers``, ``pre_attn``,
-``attn``, ``post_attn``, ``modules``) for cost models.
+predecessor's output.
+
+Helix (``cut="helix"``): 2L+1 units ``[C(0), A(0), ..., C(L-1), A(L-1), C(L)]``, the
+contract in ``pipert.models.helix`` and docs/helixpipe.md.
+
+The GPT-style model (``GPTModel``) is cut the same ways; its first unit also holds the
+position table ``pos``. ``recompute`` (``none``, ``no_attention``, ``full``) makes every unit
+of a built-in model run under selective checkpointing (``pipert.models.recompute``).
+
+Every unit class names its ``kind`` (``layers``, ``pre_attn``, ``attn``, ``post_attn``,
+``helix_param``, ``helix_attn``, ``modules``) for cost models.
 
 User modules (``nn.Sequential`` or a list of modules, plus ``loss_fn(output, targets)``):
 ``num_units`` contiguous, non-empty groups, applied in order to one tensor; the last unit
