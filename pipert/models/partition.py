@@ -65,7 +65,7 @@ from .unitbase import QKV, ModelUnit, final_loss
 
 __all__ = [
     "partition", "LlamaUnit", "PreAttentionUnit", "AttentionUnit", "PostAttentionUnit",
-    "SequentialUnit", "HelixUnit", "HelixAttentionUnit", "LossFn", "CUTS",
+    "SequentialUnit", "HelixUnit", "HelixAttentionUnit", "LossFn", "CUTS", "check_unit_count",
 ]
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -218,6 +218,18 @@ def _check_disjoint(units: list[nn.Module]) -> None:
                 raise ValueError(f"parameter {name!r} is shared by units {owner[id(p)]} and {u}; "
                                  f"units must own disjoint parameters (untie shared weights first)")
             owner[id(p)] = u
+
+
+def check_unit_count(schedule: str, num_units: int, model: str, layers: int, cut: str | None) -> None:
+    """Raise ValueError when a schedule's ``num_units`` cannot be cut from a ``layers``-layer model."""
+    cut = cut or "layers"
+    want = {"fine": 3 * layers, "helix": 2 * layers + 1}.get(cut)
+    if want is None and num_units > layers:
+        raise ValueError(f"schedule {schedule} needs {num_units} units but model {model!r} has only {layers} layers; "
+                         f"use fewer stages/chunks or a larger model")
+    if want is not None and num_units != want:
+        raise ValueError(f"schedule {schedule} needs {num_units} units but a {cut} cut of model {model!r} "
+                         f"({layers} layers) gives {want}")
 
 
 def _partition_model(model: DecoderModel, num_units: int | None, cut: str) -> list[nn.Module]:
