@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
