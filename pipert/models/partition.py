@@ -29,7 +29,8 @@ LLaMA, fine (``fine=True``): three units per layer l, ``num_units == 3 * layers`
                            last layer: ((x, o), targets) -> loss                + final norm, head, loss
 
 The residual ``x`` travels with the attention inputs so that each unit needs only its
-predecessor's output.
+predecessor's output; attn(l) declares it relayed (``relays``, ``pipert.runtime.unit``), so
+the runner keeps no copy of it.
 
 Helix (``cut="helix"``): 2L+1 units ``[C(0), A(0), ..., C(L-1), A(L-1), C(L)]``, the
 contract in ``pipert.models.helix`` and docs/helixpipe.md.
@@ -121,17 +122,22 @@ class PreAttentionUnit(ModelUnit):
 
 
 class AttentionUnit(ModelUnit):
-    """attn(l): ``(x, q, k, v) -> (x, o)``, causal grouped-query attention; no parameters."""
+    """attn(l): ``(x, q, k, v) -> (x, o)``, causal grouped-query attention; no parameters.
+    ``x`` is relayed (``relays``): passed through, not kept."""
 
     kind = "attn"
+    relays = {0: 0}
 
     def __init__(self, layer: int) -> None:
         super().__init__()
         self.layer_index = layer
 
-    def body(self, xs: tuple[Tensor, Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    def forward(self, xs: tuple[Tensor, Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         x, q, k, v = xs
-        return x, attention_core(q, k, v)
+        return x, self.run_body(q, k, v)
+
+    def body(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return attention_core(q, k, v)
 
 
 class PostAttentionUnit(ModelUnit):
