@@ -285,11 +285,10 @@ def run_train(cfg: TrainConfig) -> list[float] | None:
     cfg.validate()
     backend = resolve_backend(cfg.backend)
     from .models import model_config
+    from .models.partition import check_unit_count
     layers = model_config(cfg.model).layers
     schedule = build_program(cfg)  # rejects bad configs before any process starts; shared by every rank
-    if schedule.meta.get("cut", "layers") == "layers" and schedule.num_units > layers:
-        raise ValueError(f"schedule {cfg.schedule} needs {schedule.num_units} units but model {cfg.model!r} has "
-                         f"only {layers} layers; use fewer stages/chunks or a larger model")
+    check_unit_count(cfg.schedule, schedule.num_units, cfg.model, layers, schedule.meta.get("cut"))
     if backend == "local":
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         return _loop(cfg, 0, backend, device, schedule)

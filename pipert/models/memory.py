@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..runtime.stash import tensor_key
+from .gpt import GPTConfig
 from .recompute import cached_tensors, collect_caches, recompute_save_set
 
 __all__ = ["SavedBytesMeter", "helix_stash_bytes"]
@@ -89,7 +90,7 @@ class SavedBytesMeter:
 def _mlp_ffn_saved(cfg: Any, tokens: int) -> int:
     """ffn-wide bytes the layer MLP saves beyond its input (which the norm already accounts)."""
     e = torch.empty((), dtype=cfg.torch_dtype).element_size()
-    gpt = not hasattr(cfg, "rope_theta")
+    gpt = isinstance(cfg, GPTConfig)
     if cfg.mlp_chunk:
         from pipert.kernels import saved_activation_bytes
         full = saved_activation_bytes(tokens, cfg.hidden, cfg.ffn, cfg.torch_dtype,
@@ -113,7 +114,7 @@ def helix_stash_bytes(cfg: Any, unit: int, batch: int, seq: int, recompute: str 
     if cfg.dtype not in ("float32", "float64"):
         raise ValueError(f"helix_stash_bytes covers float32 and float64 models, got dtype={cfg.dtype!r}")
     save = recompute_save_set(recompute)
-    gpt = not hasattr(cfg, "rope_theta")
+    gpt = isinstance(cfg, GPTConfig)
     N, h, f = batch * seq, cfg.hidden, cfg.ffn
     e = torch.empty((), dtype=cfg.torch_dtype).element_size()
     r = 8 if e == 8 else 4

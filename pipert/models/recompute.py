@@ -31,7 +31,6 @@ import functools
 import threading
 from typing import Any, Callable, Iterable, Iterator
 
-import torch
 from torch import Tensor
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 

@@ -25,7 +25,7 @@ Relays: a unit whose class sets ``relays = {i: j}`` returns its input ``i`` unch
 ``j`` and uses it for nothing else (HelixPipe's residual through the attention unit). The runner
 keeps no copy of a relayed input (only its shape, as a zero-stride placeholder that counts no
 bytes) and hands the gradient of output ``j`` back as the gradient of input ``i``. The first
-forward checks that output ``j`` is input ``i``.
+forward checks that output ``j`` is input ``i`` and that no graph of the unit holds input ``i``.
 
 Loss scaling: the last unit's backward seeds its loss with ``loss_scale`` (default: the
 constructor's, 1.0). The executor passes ``1/M`` so that the accumulated gradients are
@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -188,6 +189,11 @@ class UnitRunner:
                                     f"{j} unchanged, but it is not")
             entry.inputs = tuple(t.detach().new_zeros(()).expand(t.shape) if i in relays else t
                                  for i, t in enumerate(leaves))
+            used = [weakref.ref(leaves[i]) for i in relays]
+            del leaves  # now only a graph that uses a relayed input still holds it
+            if any(r() is not None for r in used):
+                raise TypeError(f"{type(self.module).__name__}.relays names an input that the unit also uses; "
+                                f"a relayed input must only be passed through")
         self._stash[mb] = entry
         return out
 

@@ -174,6 +174,20 @@ def test_a_false_relay_declaration_is_rejected():
         r.forward(0, (x, x))
 
 
+def test_a_relayed_input_the_unit_also_uses_is_rejected():
+    class Sneaky(torch.nn.Module):
+        relays = {0: 0}
+
+        def forward(self, xs):
+            x, h = xs
+            return x, h * x
+
+    r = UnitRunner(Sneaky(), False, False)
+    x = torch.ones(2, 3, dtype=torch.float64)
+    with pytest.raises(TypeError, match="Sneaky.relays names an input that the unit also uses"):
+        r.forward(0, (x, x.clone()))
+
+
 def test_a_relayed_input_is_not_kept_and_its_gradient_passes_through():
     cfg = _cfg("tiny")
     model = model_from_config(cfg, seed=0)
