@@ -22,9 +22,12 @@ Memory per GPU: the simulator's peak activation bytes of the stage / 8, plus mod
 / 8.
 
 A second table compares the simulated bubble with zero communication against the paper's
-Table 2 formulas, fed with the model's own part times.
+Table 2 formulas, fed with the model's own part times. A third sweeps the time c of one
+activation hop (the paper's section 5.3 question: when does two-fold hide communication?) on
+the paper's analysis model (``HelixPartsCost``: t_pre = 1, t_post = 2, t_attn in {1, 3, 6},
+P = 4, L = 8, M = 8, QKV weight messages free).
 
-Writes benchmarks/results/helixpipe.csv, helixpipe_bubble.csv and helixpipe.md.
+Writes benchmarks/results/helixpipe.csv, helixpipe_bubble.csv, helixpipe_comm.csv and helixpipe.md.
 
     python benchmarks/bench_helixpipe.py [--quick]
 """
@@ -38,7 +41,7 @@ from collections import defaultdict
 from _common import RESULTS, context, read_csv, rebuild, report_header, write_csv, write_results
 
 from pipert.cost.devices import GiB, DeviceSpec
-from pipert.cost.helix import table2_bubble
+from pipert.cost.helix import HelixPartsCost, table2_bubble
 from pipert.cost.topology import Links, LinkSpec, Topology
 from pipert.cost.transformer import ModelSpec, TransformerCost, partition_helix, partition_layers
 from pipert.ir import Op
@@ -151,6 +154,25 @@ def bubble_check(model: str, m: ModelSpec, dev: DeviceSpec) -> list[dict]:
     return out
 
 
+def comm_sweep() -> list[dict]:
+    """Makespan added by a hop time c (link occupancy per micro-batch message), per variant."""
+    p, v, m = 4, 2, 8
+    topo = Topology(p)
+    out = []
+    for t_attn in (1.0, 3.0, 6.0):
+        cost = HelixPartsCost(p * v, 1.0, t_attn, 2.0, weight_bytes=0.0)
+        for label, folds, passes in (("naive FILO", 1, ()), ("two-fold, one op per fold pair", 2, ()),
+                                     ("two-fold, asynchronous (expand_folds)", 2, ASYNC)):
+            sched = apply_passes(build_schedule("helixpipe", stages=p, microbatches=m, chunks=v, folds=folds), passes)
+            base = simulate(sched, cost).makespan
+            for c in (0.25, 1.0, 4.0):
+                t = simulate(sched, cost, links=Links(topo, {"intra_node": LinkSpec(0.0, 1.0 / c)}),
+                             topology=topo).makespan
+                out.append({"t_attn": t_attn, "t_pre_plus_post": 3.0, "layers": p * v, "schedule": label,
+                            "hop": c, "makespan_no_comm": base, "added": t - base, "added_per_hop": (t - base) / c})
+    return out
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:+.0f}%"
 
@@ -195,7 +217,15 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
         lines.append(f"| {b['model']} | {b['seq'] // 1024}k | {b['schedule']} | {b['microbatches']} | "
                      f"{b['attn_share']:.2f} | {b['idle_stage1_s']:.3f} | {b['idle_mean_s']:.3f} | "
                      f"{b['table2_bubble_s']:.3f} | {b['ratio_stage1']:.2f} | {b['ratio_mean']:.2f} |")
-    lines += ["", "## What the data says", ""] + discussion(rows, bubble, gaps)
+    sweep = read_csv(RESULTS / "helixpipe_comm.csv") if (RESULTS / "helixpipe_comm.csv").exists() else []
+    if sweep:
+        lines += ["", "## Communication: time added by a hop of c (analysis model, P=4, L=8, M=8)", "",
+                  "| t_attn | schedule | c = 0.25 | c = 1 | c = 4 |", "|---:|---|---:|---:|---:|"]
+        for key in dict.fromkeys((r["t_attn"], r["schedule"]) for r in sweep):
+            cells = [f"{r['added']:.2f} ({100 * r['added'] / r['makespan_no_comm']:.1f}%)" for r in sweep
+                     if (r["t_attn"], r["schedule"]) == key]
+            lines.append(f"| {key[0]:g} | {key[1]} | " + " | ".join(cells) + " |")
+    lines += ["", "## What the data says", ""] + discussion(rows, bubble, gaps) + (comm_discussion(sweep) if sweep else [])
     return "\n".join(lines) + "\n"
 
 
@@ -227,6 +257,26 @@ def discussion(rows: list[dict], bubble: list[dict], gaps: list[tuple]) -> list[
                f"configurations; a stage waits longest on transfers in {exposed['cluster']} {exposed['model']} "
                f"{exposed['seq'] // 1024}k ({100 * exposed['exposed_comm_s'] / exposed['seconds']:.1f}% of the step): "
                f"the slower A800 links with faster attention at short sequences, as the paper's section 5.3 says.")
+    seqs = sorted({k[2] for k in by})
+    for cluster in CLUSTERS:
+        first, short = [], []
+        for model in MODELS:
+            base = {q: max(("1F1B", "ZB-H1"), key=lambda b: by[(cluster, model, q, b)]["tokens_per_s"]) for q in seqs}
+            wins = [q for q in seqs if by[(cluster, model, q, "HelixPipe")]["tokens_per_s"] >
+                    by[(cluster, model, q, base[q])]["tokens_per_s"]]
+            first.append(f"{model} first at {wins[0] // 1024}k" if wins else f"{model} at no length")
+            short.append(f"{base[seqs[0]]} ({model})")
+        out.append(f"- {cluster}: HelixPipe beats the best baseline for {', '.join(first)}; at {seqs[0] // 1024}k the "
+                   f"best is {', '.join(short)} (the paper finds 1F1B best on A800 at 32k).")
+    q = max(k[2] for k in by)
+    mem = {v[0]: by[("H20", "3B", q, v[0])] for v in VARIANTS[:3]}
+    low = min(mem, key=lambda n: mem[n]["mem_gib_per_gpu_max"])
+    bal = min(mem, key=lambda n: mem[n]["mem_gib_per_gpu_max"] / mem[n]["mem_gib_per_gpu_min"])
+    out.append(f"- Memory, H20 3B {q // 1024}k (the paper's Fig. 10 setting): lowest peak per GPU {low} "
+               f"({mem[low]['mem_gib_per_gpu_max']:.0f} GiB), most balanced {bal} (max/min "
+               f"{mem[bal]['mem_gib_per_gpu_max'] / mem[bal]['mem_gib_per_gpu_min']:.2f}); 1F1B max/min "
+               f"{mem['1F1B']['mem_gib_per_gpu_max'] / mem['1F1B']['mem_gib_per_gpu_min']:.2f}. The paper names "
+               f"HelixPipe for both.")
     over = sorted({f"{k[3]} ({k[0]} {k[1]} {k[2] // 1024}k)" for k, r in by.items()
                    if r["mem_gib_per_gpu_max"] > r["gpu_memory_gib"]})
     out.append(f"- Configurations over the GPU's memory: {len(over)} of {len(rows)}"
@@ -245,6 +295,37 @@ def discussion(rows: list[dict], bubble: list[dict], gaps: list[tuple]) -> list[
     return out
 
 
+def comm_discussion(sweep: list[dict]) -> list[str]:
+    def slopes(kind: str, c: float) -> str:
+        return ", ".join(f"{r['added_per_hop']:.1f}" for r in sweep if kind in r["schedule"] and r["hop"] == c)
+
+    hops = sorted({r["hop"] for r in sweep})
+    t_attn = ", ".join(f"{t:g}" for t in dict.fromkeys(r["t_attn"] for r in sweep))
+    lo, mid, hi = hops[0], hops[len(hops) // 2], hops[-1]
+    return [f"- Communication sweep (added time / c, for t_attn = {t_attn}): asynchronous two-fold adds {slopes('asynchronous', lo)} "
+            f"hop times at c = {lo:g}, {slopes('asynchronous', mid)} at c = {mid:g} and {slopes('asynchronous', hi)} at "
+            f"c = {hi:g}; one op per fold pair adds {slopes('one op', lo)} at c = {lo:g} and {slopes('one op', hi)} at "
+            f"c = {hi:g}, naive FILO {slopes('naive', lo)}. " + _comm_reading(sweep, lo, hi)]
+
+
+def _comm_reading(sweep: list[dict], lo: float, hi: float) -> str:
+    """What the asynchronous rows say, decided from them."""
+    by_t = defaultdict(dict)
+    for r in sweep:
+        if "asynchronous" in r["schedule"]:
+            by_t[r["t_attn"]][r["hop"]] = r["added_per_hop"]
+    flat = all(abs(d[lo] - next(iter(by_t.values()))[lo]) < 1e-9 for d in by_t.values())
+    rises = all(d[hi] > d[lo] for d in by_t.values())
+    highs = [by_t[t][hi] for t in sorted(by_t)]
+    falls = all(a > b for a, b in zip(highs, highs[1:]))
+    out = ("At small c the added time is the same number of hops whatever t_attn: about one chain of hops through "
+           "the helix stays on the critical path however small c is. " if flat else "")
+    if rises:
+        out += ("At c above t_attn more hops are exposed" + (", the more the smaller t_attn: a soft form of section "
+                "5.3's rule that attention must cover the transfer." if falls else "."))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="32k and 128k only")
@@ -258,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, bubble = run(args.quick)
     ctx["wall seconds"] = f"{time.perf_counter() - t0:.1f}"
     write_csv(RESULTS / "helixpipe_bubble.csv", bubble)
+    write_csv(RESULTS / "helixpipe_comm.csv", comm_sweep())
     write_results("helixpipe", rows, ctx, report)
     print(f"wrote {RESULTS / 'helixpipe.csv'}, {RESULTS / 'helixpipe_bubble.csv'} and {RESULTS / 'helixpipe.md'}")
     return 0

@@ -46,11 +46,14 @@ class Case:
     """Emulated links as (name, value) pairs of ``pipert.linkflags.LinkOptions.parse``
     (e.g. ``(("dcs", 2), ("dc_latency", "2ms"))``); empty: messages are not delayed."""
     model: str = "llama"
-    """Tiny model family: "llama" or "gpt" (``tiny_units``)."""
+    """Model family of the tiny test model: llama or gpt (``tiny_units``)."""
+    cut: str | None = None
+    """Partition cut (``pipert.models.partition``): None follows ``fine``; "helix" gives 2L+1 units."""
     recompute: str = "none"
-    """Recompute mode of every unit (``pipert.models.recompute.RECOMPUTE_MODES``)."""
+    """Recompute mode inside every unit (``pipert.models.recompute.RECOMPUTE_MODES``)."""
     mlp_chunk: int = 0
-    """Token rows per chunk of the chunked MLP (0: the plain MLP)."""
+    """Rows per chunk of the chunked MLP (0: the plain MLP); ``mlp_recompute`` selects its mode."""
+    mlp_recompute: bool = False
 
 
 @dataclass
@@ -110,25 +113,26 @@ def sgd(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
-def tiny_units(num_units: int, dtype: str, seed: int = 0, fine: bool = False, *, cut: str | None = None,
-               model: str = "llama", recompute: str = "none", mlp_chunk: int = 0) -> list[nn.Module]:
-    """``num_units`` units of a tiny LLaMA (or GPT with ``model="gpt"``) model: chunks of layers,
-    three units per layer (``fine``) or the 2L+1 HelixPipe units (``cut="helix"``)."""
+def tiny_units(num_units: int, dtype: str, seed: int = 0, fine: bool = False, *, model: str = "llama",
+               cut: str | None = None, recompute: str = "none", mlp_chunk: int = 0,
+               mlp_recompute: bool = False) -> list[nn.Module]:
+    """``num_units`` units of a tiny LLaMA (or GPT, ``model="gpt"``) model with as many layers
+    as the cut needs: one per unit, three units per layer (``fine``) or 2L+1 units (``cut="helix"``)."""
     from .models import GPTConfig, LlamaConfig, model_from_config, partition
-    if fine and num_units % 3:
-        raise ValueError(f"a fine partition has 3 units per layer; {num_units} units is not a multiple of 3")
-    if cut == "helix" and num_units % 2 == 0:
-        raise ValueError(f"the helix cut has 2L+1 units; {num_units} units is even")
-    layers = num_units // 3 if fine else (num_units - 1) // 2 if cut == "helix" else num_units
-    kw = dict(vocab=64, hidden=32, layers=layers, heads=4, max_seq=16, dtype=dtype, mlp_chunk=mlp_chunk)
+    cut = "fine" if fine else (cut or "layers")
+    per, extra = {"layers": (1, 0), "fine": (3, 0), "helix": (2, 1)}.get(cut, (1, 0))
+    if (num_units - extra) % per or num_units <= extra:
+        raise ValueError(f"a {cut} partition has {per} units per layer (+{extra}); {num_units} units do not fit")
+    layers = (num_units - extra) // per
+    mlp = {"mlp_chunk": mlp_chunk, "mlp_recompute": mlp_recompute}
     if model == "llama":
-        cfg = LlamaConfig(kv_heads=2, ffn=48, **kw)
+        cfg = LlamaConfig(vocab=64, hidden=32, layers=layers, heads=4, kv_heads=2, ffn=48, max_seq=16, dtype=dtype,
+                          **mlp)
     elif model == "gpt":
-        cfg = GPTConfig(ffn=128, **kw)
+        cfg = GPTConfig(vocab=64, hidden=32, layers=layers, heads=4, ffn=64, max_seq=16, dtype=dtype, **mlp)
     else:
-        raise ValueError(f"tiny model {model!r} unknown; allowed: llama, gpt")
-    return partition(model_from_config(cfg, seed=seed), None if cut == "helix" else num_units, fine=fine, cut=cut,
-                     recompute=recompute)
+        raise ValueError(f"tiny_units: model={model!r}; allowed: llama, gpt")
+    return partition(model_from_config(cfg, seed=seed), num_units, cut=cut, recompute=recompute)
 
 
 def make_batch(microbatches: int, seed: int = 0, mb_size: int = 2, seq: int = 8, vocab: int = 64):
@@ -190,8 +194,9 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
     from .runtime.pipeline import Pipeline
     from .runtime.reference import grouped_reference_step
     schedule = _schedule(case)
-    units = tiny_units(schedule.num_units, case.dtype, fine=case.fine, cut=schedule.meta.get("cut"),
-                       model=case.model, recompute=case.recompute, mlp_chunk=case.mlp_chunk)
+    units = tiny_units(schedule.num_units, case.dtype, fine=case.fine, model=case.model,
+                       cut=case.cut or schedule.meta.get("cut"),
+                       recompute=case.recompute, mlp_chunk=case.mlp_chunk, mlp_recompute=case.mlp_recompute)
     ref_units = copy.deepcopy(units)
     ref_opt = optimizer([p for u in ref_units for p in u.parameters()])
     links = None

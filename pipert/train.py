@@ -159,10 +159,10 @@ class TrainConfig:
 
     def _validate_model(self) -> None:
         """The model preset, and the sequence length against its positions."""
-        from .models import PRESETS
-        if self.model not in PRESETS:
-            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(PRESETS)}")
-        positions = PRESETS[self.model].max_seq
+        from .models import model_config, model_names
+        if self.model not in model_names():
+            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(model_names())}")
+        positions = model_config(self.model).max_seq
         if self.seq > positions:
             raise ValueError(f"--seq {self.seq} exceeds the {positions} positions of model {self.model!r}; "
                              f"allowed: 1..{positions}")
@@ -171,24 +171,31 @@ class TrainConfig:
         """The schedule name (or file) and its shape against the flags and the model's layers,
         from the family's constraints alone (building a schedule can take long)."""
         from .ir.files import is_schedule_file, load_schedule
-        from .models import PRESETS
-        layers = PRESETS[self.model].layers
+        from .models import model_config
+        from .scenario import LAYER_PER_CHUNK
+        layers = model_config(self.model).layers
         if is_schedule_file(self.schedule):
             from .scenario import file_shape
             sched = load_schedule(self.schedule)
             file_shape(sched, {"--stages": self.stages, "--microbatches": self.microbatches // self.dp,
                                "--chunks": self.chunks})
+            if sched.meta.get("cut", "layers") != "layers":
+                return  # pieces of layers: run_train checks the count against the cut
             units = sched.num_units
             what = f"schedule file {self.schedule!r} has {units} units"
         else:
             from .schedules import PipelineConfig, family
             fam = family(self.schedule)
             chunks = self.chunks if self.chunks is not None else fam.default_chunks
+            if self.schedule in LAYER_PER_CHUNK:  # units are pieces of layers: 2L+1 of them
+                chunks = _layers_per_stage(self)
             try:
                 fam.validate(PipelineConfig(self.stages, self.microbatches // self.dp, chunks))
             except ValueError as e:
                 raise ValueError(f"--schedule {self.schedule} --stages {self.stages} --microbatches "
                                  f"{self.microbatches // self.dp} (per replica) --chunks {chunks}: {e}") from None
+            if self.schedule in LAYER_PER_CHUNK:
+                return
             units = self.stages * chunks
             what = f"--stages {self.stages} x {chunks} chunks of {self.schedule} = {units} units"
         if units > layers:
@@ -211,14 +218,27 @@ def build_program(cfg: TrainConfig):
     from .schedules import build_schedule
     from .schedules.data_parallel import replicate
     from .ir.files import is_schedule_file, load_schedule
+    from .scenario import LAYER_PER_CHUNK
     opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
     if is_schedule_file(cfg.schedule):
         s = load_schedule(cfg.schedule)
     else:
+        chunks = _layers_per_stage(cfg) if cfg.schedule in LAYER_PER_CHUNK else cfg.chunks
         s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp,
-                           chunks=cfg.chunks, **opts)
+                           chunks=chunks, **opts)
     s = apply_passes(s, cfg.pass_names())
     return replicate(s, cfg.dp, cfg.zero) if cfg.dp > 1 else s
+
+
+def _layers_per_stage(cfg: TrainConfig) -> int:
+    """V for schedules whose chunks are layers per stage (HelixPipe): the model's layers / P."""
+    from .models import model_config
+    layers = model_config(cfg.model).layers
+    if layers % cfg.stages or (cfg.chunks is not None and cfg.chunks * cfg.stages != layers):
+        raise ValueError(f"{cfg.schedule} puts layers/P layers on every stage: model {cfg.model!r} has {layers} "
+                         f"layers, --stages {cfg.stages}" + (f", --chunks {cfg.chunks}" if cfg.chunks else "")
+                         + f"; allowed --stages: divisors of {layers} (>= 2), --chunks: omitted or layers/stages")
+    return layers // cfg.stages
 
 
 def resolve_backend(name: str) -> str:
@@ -417,11 +437,10 @@ def run_train(cfg: TrainConfig) -> list[float] | None:
     import torch
     backend = resolve_backend(cfg.backend)
     from .models import model_config
+    from .models.partition import check_unit_count
     layers = model_config(cfg.model).layers
     schedule = build_program(cfg)  # rejects bad configs before any process starts; shared by every rank
-    if schedule.meta.get("cut", "layers") == "layers" and schedule.num_units > layers:
-        raise ValueError(f"schedule {cfg.schedule} needs {schedule.num_units} units but model {cfg.model!r} has "
-                         f"only {layers} layers; use fewer stages/chunks or a larger model")
+    check_unit_count(cfg.schedule, schedule.num_units, cfg.model, layers, schedule.meta.get("cut"))
     if cfg.resume:  # a checkpoint that does not fit is refused before any process starts
         from .checkpoint import check_resume
         cfg.resume = str(check_resume(cfg, _rank_units(cfg, schedule, torch.device("meta"), keep=[])))

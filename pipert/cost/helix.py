@@ -4,7 +4,8 @@
 layer, as the paper's analysis does: C(0) = ``t_pre``, C(l) = ``t_post + t_pre``, C(L) =
 ``t_post``, A(l) = ``t_attn``; a backward takes ``backward`` times its forward, plus one more
 forward for C units with ``recompute`` (recomputation without attention reruns everything
-but the attention). Messages and memory are uniform (1 per micro-batch).
+but the attention). An activation message is 1 per micro-batch, a weight message
+``weight_bytes``; memory is uniform.
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ class HelixPartsCost:
     """Backward time / forward time."""
     recompute: bool = False
     """C units recompute their forward inside their backward."""
+    weight_bytes: float = 1.0
+    """Size of a weight or weight-gradient message (activation messages: 1 per micro-batch)."""
 
     def forward_time(self, unit: int) -> float:
         l, is_attn = divmod(unit, 2)
@@ -50,7 +53,7 @@ class HelixPartsCost:
         return k * self.forward_time(action.unit) * len(action.mb)
 
     def message_bytes(self, payload: Payload, unit: int, num_mbs: int = 1) -> float:
-        return float(num_mbs) if payload in (Payload.ACT, Payload.GRAD) else 1.0
+        return float(num_mbs) if payload in (Payload.ACT, Payload.GRAD) else self.weight_bytes
 
     def memory(self, kind: str, unit: int) -> float:
         return 1.0

@@ -59,12 +59,15 @@ def check_emulate_flags(args: argparse.Namespace) -> None:
 def _real(args: argparse.Namespace, sc, sched) -> int:
     """Real units of the built-in model; link flags are in seconds."""
     import torch
-    from ..models import LlamaConfig, LlamaModel, partition
+    from ..models import model_config, model_from_config, partition
+    from ..models.partition import check_unit_count
     from .real import emulate_real
-    cfg = LlamaConfig.preset(args.real_model, max_seq=max(args.seq or 128, 16))
-    if sched.num_units > cfg.layers:
-        raise ValueError(f"{sched.name} needs {sched.num_units} units; model {args.real_model!r} has {cfg.layers} layers")
-    units = partition(LlamaModel(cfg, seed=0), sched.num_units)
+    cut = sched.meta.get("cut")
+    # a helix schedule fixes the layer count (2L+1 units): the preset is built with L layers
+    extra = {"layers": sched.meta["layers"]} if cut == "helix" else {}
+    cfg = model_config(args.real_model, max_seq=max(args.seq or 128, 16), **extra)
+    check_unit_count(sched.name, sched.num_units, args.real_model, cfg.layers, cut)
+    units = partition(model_from_config(cfg, seed=0), sched.num_units, cut=cut)
     seq, mbs = args.seq or 128, args.micro_batch_size or 2
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, cfg.vocab, (sched.num_microbatches * mbs, seq + 1), generator=g)
@@ -84,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds per time unit of the costs (default 0.002 for uniform costs, 1 for --model)")
     p.add_argument("--real", action="store_true",
                    help="run the built-in model's real units (local transport, delayed links; link flags in seconds)")
-    p.add_argument("--real-model", default="tiny", help="model preset for --real")
+    p.add_argument("--real-model", default="tiny", help="model preset for --real (LLaMA or gpt-*)")
     p.add_argument("--steps", type=int, default=5, help="measured steps for --real")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", help="write the measured timeline as a Chrome trace")

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import fields, replace
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass, fields, replace
+from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
-    "DTYPES", "RMSNorm", "Rotary", "apply_rope", "project_qkv", "attention_core", "Attention", "Block",
+    "DTYPES", "ConfigBase", "RMSNorm", "Rotary", "apply_rope", "project_qkv", "attention_core", "Attention", "Block",
     "DecoderModel", "embed_input", "final_logits", "lm_loss", "param_seed", "init_parameters",
     "check_config", "preset_of",
 ]
@@ -39,6 +39,56 @@ _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")
 DTYPES = {"float32": torch.float32, "float64": torch.float64,
           "bfloat16": torch.bfloat16, "float16": torch.float16}
 _OUT_PROJECTIONS = ("wo.weight", "w2.weight", "proj.weight")  # residual-branch outputs: std / sqrt(2L)
+
+
+@dataclass(frozen=True)
+class ConfigBase:
+    """The fields both model configs have (``LlamaConfig``, ``GPTConfig`` add their own).
+    ``Config.preset(name, **overrides)`` builds one from the family's presets."""
+
+    vocab: int = 256
+    """Vocabulary size; 256 covers byte-level tokens (``pipert.data``)."""
+    hidden: int = 64
+    """Model width."""
+    layers: int = 4
+    """Number of decoder layers."""
+    heads: int = 4
+    """Query heads; must divide ``hidden``."""
+    ffn: int = 176
+    """Inner width of the MLP."""
+    max_seq: int = 128
+    """Longest sequence (rotary tables or the learned position table)."""
+    norm_eps: float = 1e-5
+    """Norm epsilon."""
+    tie_embeddings: bool = False
+    """Use the embedding matrix as the LM head. Pipelined runs need it False (see partition)."""
+    dtype: str = "float32"
+    """Parameter dtype: float32, float64, bfloat16 or float16."""
+    mlp_chunk: int = 0
+    """Token rows per chunk of the chunked MLP (``pipert.kernels``); 0: the plain MLP."""
+    mlp_recompute: bool = False
+    """Chunked MLP only: save just its input and recompute the pre-activations in backward."""
+
+    def __post_init__(self) -> None:
+        check_config(self, ("vocab", "hidden", "layers", "heads", "ffn", "max_seq"))
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @classmethod
+    def presets(cls) -> dict:
+        """The family's preset table."""
+        raise NotImplementedError
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> Any:
+        """The named preset with ``overrides`` applied (e.g. ``preset("tiny", dtype="float64")``)."""
+        return preset_of(cls, cls.presets(), name, overrides)
 
 
 def check_config(cfg: Any, positive: Iterable[str]) -> None:

@@ -15,11 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .common import DTYPES, Attention, Block, DecoderModel, check_config, preset_of
+from .common import Attention, Block, ConfigBase, DecoderModel
 
 __all__ = ["GPTConfig", "GPT_PRESETS", "GeluMLP", "GPTBlock", "GPTModel", "gpt_mlp"]
 
@@ -27,52 +26,21 @@ GELU_APPROXIMATE = "tanh"
 
 
 @dataclass(frozen=True)
-class GPTConfig:
-    """Shape and numerics of the GPT-style model. ``GPTConfig.preset(name, **overrides)`` builds one."""
+class GPTConfig(ConfigBase):
+    """Shape and numerics of the GPT-style model (fields: ``ConfigBase``).
+    ``GPTConfig.preset(name, **overrides)`` builds one."""
 
-    vocab: int = 256
-    """Vocabulary size; 256 covers byte-level tokens (``pipert.data``)."""
-    hidden: int = 64
-    """Model width."""
-    layers: int = 4
-    """Number of decoder layers."""
-    heads: int = 4
-    """Attention heads; must divide ``hidden``."""
     ffn: int = 256
     """Inner width of the GeLU MLP (4 x hidden in GPT-3)."""
-    max_seq: int = 128
-    """Longest sequence: rows of the learned position embedding."""
-    norm_eps: float = 1e-5
-    """LayerNorm epsilon."""
-    tie_embeddings: bool = False
-    """Use the embedding matrix as the LM head. Pipelined runs need it False (see partition)."""
-    dtype: str = "float32"
-    """Parameter dtype: float32, float64, bfloat16 or float16."""
-    mlp_chunk: int = 0
-    """Token rows per chunk of the chunked GeLU MLP (``pipert.kernels``); 0: the plain MLP."""
-    mlp_recompute: bool = False
-    """Chunked MLP only: save just its input and recompute the pre-activation in backward."""
-
-    def __post_init__(self) -> None:
-        check_config(self, ("vocab", "hidden", "layers", "heads", "ffn", "max_seq"))
 
     @property
     def kv_heads(self) -> int:
         """Multi-head attention: as many key/value heads as query heads."""
         return self.heads
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
     @classmethod
-    def preset(cls, name: str, **overrides) -> "GPTConfig":
-        """The named preset with ``overrides`` applied (e.g. ``preset("gpt-tiny", dtype="float64")``)."""
-        return preset_of(cls, GPT_PRESETS, name, overrides)
+    def presets(cls) -> dict:
+        return GPT_PRESETS
 
 
 GPT_PRESETS: dict[str, GPTConfig] = {

@@ -9,7 +9,8 @@
 ``x`` is the residual stream ``[b,s,hidden]``, ``h = attn_norm(x)`` the normalised input of
 attention, ``o = attention(q, k, v)`` ``[b,s,hidden]`` before the output projection. A(l)
 relays ``x`` unchanged (the paper's residual relay through the attention stage), so each
-unit takes exactly what its predecessor returns.
+unit takes exactly what its predecessor returns; A(l) declares the relay (``relays``), so the
+attention stage keeps no copy of ``x`` between forward and backward.
 
 Parameters: C(l) owns the parameters of post(l-1) and pre(l); A(l) holds the QKV projection
 of layer l. A schedule keeps A(l)'s weights on the rank of C(l) and moves them to wherever
@@ -78,9 +79,13 @@ class HelixUnit(ModelUnit):
 
 
 class HelixAttentionUnit(ModelUnit):
-    """A(l): ``(x, h) -> (x, attention(qkv(h)))``; holds layer l's q/k/v projections."""
+    """A(l): ``(x, h) -> (x, attention(qkv(h)))``; holds layer l's q/k/v projections.
+
+    ``x`` is relayed (``relays``: input 0 is output 0, untouched): neither the runner nor a
+    recompute region keeps it; only ``h -> o`` is the unit's computation."""
 
     kind = "helix_attn"
+    relays = {0: 0}
 
     def __init__(self, model: DecoderModel, layer: int) -> None:
         super().__init__()
@@ -89,10 +94,13 @@ class HelixAttentionUnit(ModelUnit):
         self.layers = nn.ModuleDict({str(layer): part})
         self.layer_index = layer
 
-    def body(self, xs: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    def forward(self, xs: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         x, h = xs
+        return x, self.run_body(h)
+
+    def body(self, h: Tensor) -> Tensor:
         qkv = self.layers[str(self.layer_index)].attn
-        return x, attention_core(*project_qkv(qkv, h, qkv.heads, qkv.kv_heads))
+        return attention_core(*project_qkv(qkv, h, qkv.heads, qkv.kv_heads))
 
 
 def helix_units(model: DecoderModel) -> list[nn.Module]:

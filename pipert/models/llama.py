@@ -19,12 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .common import (DTYPES, Attention, Block, DecoderModel, RMSNorm, Rotary, apply_rope, attention_core,
-                     check_config, init_parameters, lm_loss, param_seed, preset_of, project_qkv)
+from .common import (Attention, Block, ConfigBase, DecoderModel, RMSNorm, Rotary, apply_rope, attention_core,
+                     init_parameters, lm_loss, param_seed, project_qkv)
 
 __all__ = [
     "LlamaConfig", "PRESETS", "RMSNorm", "Rotary", "Attention", "SwiGLU", "DecoderLayer",
@@ -34,39 +33,19 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
-    """Shape and numerics of the model. ``LlamaConfig.preset(name, **overrides)`` builds one."""
+class LlamaConfig(ConfigBase):
+    """Shape and numerics of the LLaMA-style model (shared fields: ``ConfigBase``).
+    ``LlamaConfig.preset(name, **overrides)`` builds one."""
 
-    vocab: int = 256
-    """Vocabulary size; 256 covers byte-level tokens (``pipert.data``)."""
-    hidden: int = 64
-    """Model width."""
-    layers: int = 4
-    """Number of decoder layers."""
-    heads: int = 4
-    """Query heads; must divide ``hidden``."""
     kv_heads: int = 2
     """Key/value heads (grouped-query attention); must divide ``heads``."""
-    ffn: int = 176
-    """Inner width of the SwiGLU MLP."""
-    max_seq: int = 128
-    """Longest sequence the rotary tables cover."""
     rope_theta: float = 10000.0
     """Rotary base frequency."""
-    norm_eps: float = 1e-5
-    """RMSNorm epsilon."""
-    tie_embeddings: bool = False
-    """Use the embedding matrix as the LM head. Pipelined runs need it False (see partition)."""
-    dtype: str = "float32"
-    """Parameter dtype: float32, float64, bfloat16 or float16."""
-
-    mlp_chunk: int = 0
-    """Token rows per chunk of the chunked SwiGLU MLP (``pipert.kernels``); 0: the plain MLP."""
-    mlp_recompute: bool = False
-    """Chunked MLP only: save just its input and recompute the pre-activations in backward."""
 
     def __post_init__(self) -> None:
-        check_config(self, ("vocab", "hidden", "layers", "heads", "kv_heads", "ffn", "max_seq"))
+        super().__post_init__()
+        if self.kv_heads < 1:
+            raise ValueError(f"LlamaConfig.kv_heads must be >= 1, got {self.kv_heads}")
         if self.heads % self.kv_heads:
             raise ValueError(f"LlamaConfig: kv_heads={self.kv_heads} must divide heads={self.heads}")
         if self.head_dim % 2:
@@ -74,18 +53,9 @@ class LlamaConfig:
         if self.rope_theta <= 0:
             raise ValueError(f"LlamaConfig.rope_theta must be > 0, got {self.rope_theta}")
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
     @classmethod
-    def preset(cls, name: str, **overrides) -> "LlamaConfig":
-        """The named preset with ``overrides`` applied (e.g. ``preset("tiny", dtype="float64")``)."""
-        return preset_of(cls, PRESETS, name, overrides)
+    def presets(cls) -> dict:
+        return PRESETS
 
 
 PRESETS: dict[str, LlamaConfig] = {

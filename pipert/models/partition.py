@@ -29,8 +29,18 @@ LLaMA, fine (``fine=True``): three units per layer l, ``num_units == 3 * layers`
                            last layer: ((x, o), targets) -> loss                + final norm, head, loss
 
 The residual ``x`` travels with the attention inputs so that each unit needs only its
-predecessor's output. Every unit class names its ``kind`` (``layers``, ``pre_attn``,
-``attn``, ``post_attn``, ``modules``) for cost models.
+predecessor's output; attn(l) declares it relayed (``relays``, ``pipert.runtime.unit``), so
+the runner keeps no copy of it.
+
+Helix (``cut="helix"``): 2L+1 units ``[C(0), A(0), ..., C(L-1), A(L-1), C(L)]``, the
+contract in ``pipert.models.helix`` and docs/helixpipe.md.
+
+The GPT-style model (``GPTModel``) is cut the same ways; its first unit also holds the
+position table ``pos``. ``recompute`` (``none``, ``no_attention``, ``full``) makes every unit
+of a built-in model run under selective checkpointing (``pipert.models.recompute``).
+
+Every unit class names its ``kind`` (``layers``, ``pre_attn``, ``attn``, ``post_attn``,
+``helix_param``, ``helix_attn``, ``modules``) for cost models.
 
 User modules (``nn.Sequential`` or a list of modules, plus ``loss_fn(output, targets)``):
 ``num_units`` contiguous, non-empty groups, applied in order to one tensor; the last unit
@@ -56,7 +66,7 @@ from .unitbase import QKV, ModelUnit, final_loss
 
 __all__ = [
     "partition", "LlamaUnit", "PreAttentionUnit", "AttentionUnit", "PostAttentionUnit",
-    "SequentialUnit", "HelixUnit", "HelixAttentionUnit", "LossFn", "CUTS",
+    "SequentialUnit", "HelixUnit", "HelixAttentionUnit", "LossFn", "CUTS", "check_unit_count",
 ]
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -112,17 +122,22 @@ class PreAttentionUnit(ModelUnit):
 
 
 class AttentionUnit(ModelUnit):
-    """attn(l): ``(x, q, k, v) -> (x, o)``, causal grouped-query attention; no parameters."""
+    """attn(l): ``(x, q, k, v) -> (x, o)``, causal grouped-query attention; no parameters.
+    ``x`` is relayed (``relays``): passed through, not kept."""
 
     kind = "attn"
+    relays = {0: 0}
 
     def __init__(self, layer: int) -> None:
         super().__init__()
         self.layer_index = layer
 
-    def body(self, xs: tuple[Tensor, Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    def forward(self, xs: tuple[Tensor, Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         x, q, k, v = xs
-        return x, attention_core(q, k, v)
+        return x, self.run_body(q, k, v)
+
+    def body(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return attention_core(q, k, v)
 
 
 class PostAttentionUnit(ModelUnit):
@@ -209,6 +224,18 @@ def _check_disjoint(units: list[nn.Module]) -> None:
                 raise ValueError(f"parameter {name!r} is shared by units {owner[id(p)]} and {u}; "
                                  f"units must own disjoint parameters (untie shared weights first)")
             owner[id(p)] = u
+
+
+def check_unit_count(schedule: str, num_units: int, model: str, layers: int, cut: str | None) -> None:
+    """Raise ValueError when a schedule's ``num_units`` cannot be cut from a ``layers``-layer model."""
+    cut = cut or "layers"
+    want = {"fine": 3 * layers, "helix": 2 * layers + 1}.get(cut)
+    if want is None and num_units > layers:
+        raise ValueError(f"schedule {schedule} needs {num_units} units but model {model!r} has only {layers} layers; "
+                         f"use fewer stages/chunks or a larger model")
+    if want is not None and num_units != want:
+        raise ValueError(f"schedule {schedule} needs {num_units} units but a {cut} cut of model {model!r} "
+                         f"({layers} layers) gives {want}")
 
 
 def _partition_model(model: DecoderModel, num_units: int | None, cut: str) -> list[nn.Module]:

@@ -4,6 +4,8 @@ and recomputes everything else in backward.
 Built on PyTorch's selective activation checkpointing: ``torch.utils.checkpoint.checkpoint``
 (non-reentrant) with ``create_selective_checkpoint_contexts`` and a policy that answers
 ``MUST_SAVE`` for the ops of the named groups below and ``PREFER_RECOMPUTE`` for the rest.
+A region may be differentiated by several backward passes (D then W): each recomputes
+the region's forward again (W costs one more recomputation).
 
 Op groups (``SAVE_GROUPS``; an op is matched by its schema name, all overloads):
 
@@ -29,7 +31,6 @@ import functools
 import threading
 from typing import Any, Callable, Iterable, Iterator
 
-import torch
 from torch import Tensor
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
@@ -86,6 +87,29 @@ def save_policy(save: frozenset[str]) -> Callable[..., CheckpointPolicy]:
     return policy
 
 
+class _Replayable:
+    """The recompute context of a selective region, re-enterable by several backward passes.
+
+    PyTorch's cached mode consumes each saved output at its first recomputation, so a second
+    backward through the region (the W pass after the D pass of a zero-bubble split) would fail.
+    The first entry snapshots the cache (references, no copies); every later entry restores it.
+    The snapshot lives as long as the region's graph does."""
+
+    def __init__(self, cached: Any, storage: dict) -> None:
+        self.cached, self.storage, self.snapshot = cached, storage, None
+
+    def __enter__(self) -> Any:
+        if self.snapshot is None:
+            self.snapshot = {k: dict(v) for k, v in self.storage.items()}
+        else:
+            for k, v in self.snapshot.items():
+                self.storage[k] = dict(v)
+        return self.cached.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.cached.__exit__(*exc)
+
+
 def selective_context(save: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
     """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint`` keeping the op groups ``save``;
     the cache of every region it opens is reported to the innermost ``collect_caches``."""
@@ -96,7 +120,7 @@ def selective_context(save: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
         stack = getattr(_local, "collectors", None)
         if stack:
             stack[-1].append(caching.storage)
-        return caching, cached
+        return caching, _Replayable(cached, caching.storage)
     return context_fn
 
 

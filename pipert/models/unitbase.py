@@ -21,10 +21,14 @@ class ModelUnit(nn.Module):
     def body(self, *args: Any) -> Any:
         raise NotImplementedError
 
-    def forward(self, *args: Any) -> Any:
+    def run_body(self, *args: Any) -> Any:
+        """``body(*args)``, under selective checkpointing when ``save_ops`` is set."""
         if self.save_ops is None:
             return self.body(*args)
         return selective_checkpoint(self.body, *args, save=self.save_ops)
+
+    def forward(self, *args: Any) -> Any:
+        return self.run_body(*args)
 
 
 class QKV(nn.Module):

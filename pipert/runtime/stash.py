@@ -9,6 +9,10 @@ by the (unit, micro-batch) of the stash. That gives, at any time:
 - OFFLOAD/PREFETCH of a stash: the held tensors move to host buffers and back (backward reads
   them through ``unpack``; reading an offloaded stash raises).
 
+Selective-recompute regions (``pipert.models.recompute``) keep the outputs of the ops they save in
+their own cache, outside the hooks; the ledger collects those caches per stash and counts their
+live tensors too (they stay on the device: OFFLOAD moves only what the hooks packed).
+
 Parameters are never packed into holders (they are the unit's weights, not its activations);
 they are saved as detached aliases, so a graph keeps the weights it was built with even when the
 parameter is rebound to new storage afterwards.
@@ -62,6 +66,7 @@ class StashLedger:
         self._current: tuple[int, int] | None = None
         self._held: dict[tuple[int, int], weakref.WeakSet] = {}
         self._staged: dict[tuple[int, int], tuple[dict, list]] = {}
+        self._caches: dict[tuple[int, int], list] = {}
 
     def _excluded_ptrs(self) -> set[int]:
         # recomputed lazily: received weights rebind parameters to new storage
@@ -73,8 +78,10 @@ class StashLedger:
         self._current = (unit, mb)
         self._excluded = self._excluded_ptrs()
         self._held.setdefault((unit, mb), weakref.WeakSet())
+        from ..models.recompute import collect_caches
         try:
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), \
+                    collect_caches(self._caches.setdefault((unit, mb), [])):
                 yield
         finally:
             self._current = None
@@ -101,14 +108,14 @@ class StashLedger:
     # --- queries ----------------------------------------------------------------------------
     def live_bytes(self, unit: int, mb: int) -> int:
         """Device bytes of the stash of (unit, mb) that autograd still holds."""
-        held = self._held.get((unit, mb))
-        if not held:
-            return 0
         return sum(k[3] for k in self.keys(unit, mb))
 
     def keys(self, unit: int, mb: int) -> set[tuple]:
-        """:func:`tensor_key` of every live, on-device tensor of the stash of (unit, mb)."""
-        return {tensor_key(h.tensor) for h in list(self._held.get((unit, mb), ())) if h.tensor is not None}
+        """:func:`tensor_key` of every live, on-device tensor of the stash of (unit, mb), the
+        outputs cached by its selective-recompute regions included."""
+        from ..models.recompute import cached_tensors
+        keys = {tensor_key(h.tensor) for h in list(self._held.get((unit, mb), ())) if h.tensor is not None}
+        return keys | {tensor_key(t) for t in cached_tensors(self._caches.get((unit, mb), ()))}
 
     def total_bytes(self) -> int:
         """Sum over stashes of :meth:`live_bytes` (bytes shared by two stashes count twice)."""
@@ -117,10 +124,12 @@ class StashLedger:
     def drop(self, unit: int, mb: int) -> None:
         self._held.pop((unit, mb), None)
         self._staged.pop((unit, mb), None)
+        self._caches.pop((unit, mb), None)
 
     def clear(self) -> None:
         self._held.clear()
         self._staged.clear()
+        self._caches.clear()
 
     # --- offload ----------------------------------------------------------------------------
     def offload(self, unit: int, mb: int, stage: Callable[[torch.Tensor], Any],

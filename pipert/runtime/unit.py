@@ -21,6 +21,12 @@ entries allowed for outputs that received no gradient). The returned input gradi
 structure of the input; a floating input that the unit does not use gets zeros, a
 non-floating input gets ``None``; the first unit returns ``None`` (its input is data).
 
+Relays: a unit whose class sets ``relays = {i: j}`` returns its input ``i`` unchanged as output
+``j`` and uses it for nothing else (HelixPipe's residual through the attention unit). The runner
+keeps no copy of a relayed input (only its shape, as a zero-stride placeholder that counts no
+bytes) and hands the gradient of output ``j`` back as the gradient of input ``i``. The first
+forward checks that output ``j`` is input ``i`` and that no graph of the unit holds input ``i``.
+
 Loss scaling: the last unit's backward seeds its loss with ``loss_scale`` (default: the
 constructor's, 1.0). The executor passes ``1/M`` so that the accumulated gradients are
 those of the mean over M micro-batches, matching ``pipert.runtime.reference``. Other units
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -102,6 +109,7 @@ class _Entry:
     rest: tuple[list, list] | None = None  # after D: (outputs, grads) that W must differentiate whole
     input_done: bool = False          # D ran; only W may follow
     w_pieces_done: int = 0            # pieces of W run so far
+    relayed: dict | None = None       # input position -> output position passed through (see Relays)
 
 
 def _as_tuple(x: Activation) -> tuple[tuple[Tensor, ...], bool]:
@@ -170,8 +178,22 @@ class UnitRunner:
             raise ValueError(f"forward of micro-batch {mb}: the last unit needs targets")
         xs, single = _as_tuple(inputs)
         leaves = tuple(self._leaf(t) for t in xs)
-        entry = _Entry(leaves, single, targets)
+        relays = getattr(self.module, "relays", None) or None
+        entry = _Entry(leaves, single, targets, relayed=relays)
         out = self._run(entry, record=keep_graph)
+        if relays:
+            outs = (out,) if isinstance(out, Tensor) else out
+            for i, j in relays.items():
+                if j >= len(outs) or outs[j].data_ptr() != leaves[i].data_ptr():
+                    raise TypeError(f"{type(self.module).__name__}.relays says input {i} is returned as output "
+                                    f"{j} unchanged, but it is not")
+            entry.inputs = tuple(t.detach().new_zeros(()).expand(t.shape) if i in relays else t
+                                 for i, t in enumerate(leaves))
+            used = [weakref.ref(leaves[i]) for i in relays]
+            del leaves  # now only a graph that uses a relayed input still holds it
+            if any(r() is not None for r in used):
+                raise TypeError(f"{type(self.module).__name__}.relays names an input that the unit also uses; "
+                                f"a relayed input must only be passed through")
         self._stash[mb] = entry
         return out
 
@@ -200,7 +222,9 @@ class UnitRunner:
             return out.detach()
         outs, single = _as_tuple(out)
         if record:  # graph roots without the output tensors: their storage goes with the sent value
-            entry.outputs = tuple(_Root.of(o) for o in outs)
+            passed = set((entry.relayed or {}).values())  # relayed outputs: their gradient goes straight back
+            entry.outputs = tuple(_Root(None, o.shape, o.dtype, o.device) if j in passed else _Root.of(o)
+                                  for j, o in enumerate(outs))
         detached = tuple(o.detach() for o in outs)
         return detached[0] if single else detached
 
@@ -213,7 +237,7 @@ class UnitRunner:
         del self._stash[mb]
         if outs:
             torch.autograd.backward(outs, grads)
-        return self._input_grads(entry, [t.grad for t in entry.inputs])
+        return self._input_grads(entry, [t.grad for t in entry.inputs], grad_output)
 
     def backward_input(self, mb: int, grad_output: Activation | None = None, *,
                        loss_scale: float | None = None) -> Activation | None:
@@ -228,7 +252,7 @@ class UnitRunner:
             got = self._input_grads_capturing(entry, outs, grads, wanted)
         entry.outputs, entry.input_done = None, True
         it = iter(got)
-        return self._input_grads(entry, [next(it) if t.requires_grad else None for t in entry.inputs])
+        return self._input_grads(entry, [next(it) if t.requires_grad else None for t in entry.inputs], grad_output)
 
     def backward_weight(self, mb: int, piece: tuple[int, int] | None = None) -> None:
         """W: accumulate the parameter gradients of ``mb`` (after its D); frees the stash.
@@ -308,12 +332,17 @@ class UnitRunner:
             return tuple(None for _ in wrt)
         return torch.autograd.grad(outs, wrt, grads, retain_graph=retain, allow_unused=True)
 
-    def _input_grads(self, entry: _Entry, grads: list[Tensor | None]) -> Activation | None:
+    def _input_grads(self, entry: _Entry, grads: list[Tensor | None],
+                     grad_output: Activation | None) -> Activation | None:
         if self.is_first:
             return None
-        res = tuple(None if not t.requires_grad else (torch.zeros_like(t) if g is None else g)
-                    for t, g in zip(entry.inputs, grads))
-        return res[0] if entry.single else res
+        res = [None if not t.requires_grad else (torch.zeros_like(t) if g is None else g)
+               for t, g in zip(entry.inputs, grads)]
+        for i, j in (entry.relayed or {}).items():
+            g = grad_output if isinstance(grad_output, Tensor) else grad_output[j]
+            res[i] = torch.zeros(entry.inputs[i].shape, dtype=entry.inputs[i].dtype,
+                                 device=entry.inputs[i].device) if g is None else g
+        return res[0] if entry.single else tuple(res)
 
     def _input_grads_capturing(self, entry: _Entry, outs: list[Tensor], grads: list[Tensor],
                                wanted: list[Tensor]) -> tuple:

@@ -146,9 +146,10 @@ helixpipe = _builder(1, "helixpipe")
 helixpipe_2fold = _builder(2, "helixpipe-2fold")
 
 
-def _check(family_name: str, default_folds: int):
+def _check(family_name: str):
+    """What holds for every fold count (the build checks M against its own F)."""
     def check(config: PipelineConfig) -> None:
-        check_helixpipe(family_name, config.stages, config.microbatches, config.chunks, default_folds)
+        check_helixpipe(family_name, config.stages, config.microbatches, config.chunks, 1)
     return check
 
 
@@ -157,8 +158,8 @@ def _register() -> None:
             ("helixpipe", helixpipe, 1, "HelixPipe: attention of each layer spread over the stages, FILO order"),
             ("helixpipe-2fold", helixpipe_2fold, 2,
              "HelixPipe two-fold FILO: two micro-batches per op (option folds=F)")):
-        register(fname, fn, desc, max_chunks=None, check=_check(fname, F),
-                 constraints=f"P >= 2; L = P*V layers; {F}*P | M (folds=F: F*P | M)", replace=fname in available())
+        register(fname, fn, desc, max_chunks=None, check=_check(fname),
+                 constraints=f"P >= 2; L = P*V layers; F*P | M (folds=F, default {F})", replace=fname in available())
 
 
 _register()

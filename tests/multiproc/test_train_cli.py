@@ -73,8 +73,25 @@ def test_train_gpt_with_chunked_mlp_and_recompute_matches_its_reference():
         assert s["max_grad_rel_err"] <= 1e-10 and s["max_param_rel_err"] <= 1e-10, s
 
 
+def test_train_helixpipe_on_gloo_matches_its_reference():
+    """helixpipe-2fold on two gloo processes: V = layers / P chosen for the model, the QKV
+    weights travel, the step equals the single-process reference in float64."""
+    out = _train("--schedule", "helixpipe-2fold", "--model", "gpt-tiny", "--stages", "2", "--microbatches", "4",
+                 "--batch-size", "4", "--seq", "16", "--steps", "2", "--json", "--check", "--dtype", "float64",
+                 "--recompute", "no_attention")
+    assert out.returncode == 0, out.stderr[-2000:]
+    steps = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(steps) == 2
+    for s in steps:
+        assert s["max_grad_rel_err"] <= 1e-10 and s["max_param_rel_err"] <= 1e-10, s
+
+
 @pytest.mark.parametrize("args, message", [
     (("--stages", "8"), "--stages 8 x 1 chunks of 1f1b = 8 units, but model 'tiny' has 4 layers"),
+    (("--schedule", "helixpipe", "--stages", "3", "--microbatches", "6", "--batch-size", "6"),
+     "model 'tiny' has 4 layers, --stages 3; allowed --stages: divisors of 4"),
+    (("--schedule", "helixpipe-2fold", "--stages", "4", "--microbatches", "4", "--batch-size", "4"),
+     "microbatches must be a multiple of 8; got M=4; nearest allowed: 8, 16"),
     (("--model", "gpt-huge"), "--model 'gpt-huge' unknown; allowed: tiny"),
     (("--recompute", "most"), "--recompute 'most' unknown; allowed: none, no_attention, full"),
     (("--mlp-recompute",), "--mlp-recompute applies to the chunked MLP; give --mlp-chunk N > 0"),

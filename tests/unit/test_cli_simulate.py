@@ -28,3 +28,15 @@ def test_unknown_pass_is_named(capsys):
     assert main(["simulate", "1f1b", "--passes", "bogus"]) == 2
     err = capsys.readouterr().err
     assert "unknown pass 'bogus'" in err and "recompute" in err
+
+
+def test_helixpipe_with_the_analytic_model_takes_layers_per_stage(capsys):
+    """The tiny preset has 4 layers: on 2 stages HelixPipe gets V = 2 (9 units), priced by the
+    helix units of the analytic model; the asynchronous two-fold (expand_folds) is a pass."""
+    out = _run(capsys, "helixpipe-2fold", "-P", "2", "-M", "4", "--model", "tiny", "--seq", "256")
+    assert out["units"] == 9 and out["makespan"] > 0
+    asyn = _run(capsys, "helixpipe-2fold", "-P", "2", "-M", "4", "--model", "tiny", "--seq", "256",
+                "--passes", "expand_folds,send_early")
+    assert asyn["makespan"] <= out["makespan"]
+    assert main(["simulate", "helixpipe", "-P", "3", "-M", "3", "--model", "tiny"]) == 2
+    assert "do not split over P=3 stages; allowed P: divisors of 4" in capsys.readouterr().err

@@ -165,3 +165,13 @@ def test_selective_checkpoint_keeps_named_ops_and_recomputes_the_rest():
             y.backward()
         # backward itself: one mm for dW (x is data); the recomputed forward adds one unless saved
         assert Count.mm == 1 + forward_mm_again, save
+
+
+def test_unit_count_of_a_schedule_is_checked_per_cut():
+    from pipert.models.partition import check_unit_count
+    check_unit_count("s", 9, "tiny", 4, "helix")
+    check_unit_count("s", 3, "tiny", 4, None)
+    with pytest.raises(ValueError, match="schedule s needs 8 units but a helix cut of model 'tiny' \\(4 layers\\) gives 9"):
+        check_unit_count("s", 8, "tiny", 4, "helix")
+    with pytest.raises(ValueError, match="schedule s needs 5 units but model 'tiny' has only 4 layers"):
+        check_unit_count("s", 5, "tiny", 4, "layers")

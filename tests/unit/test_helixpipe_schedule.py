@@ -110,3 +110,10 @@ def test_bubble_equals_table2_for_one_group(P, V, folds, recompute, variant):
                      else 4 * (P - 1) * (t_pre + t_post))
             for idle in res.idle:
                 assert idle == pytest.approx(groups * table, abs=1e-9)
+
+
+def test_fold_option_decides_the_allowed_counts():
+    s = build_schedule("helixpipe-2fold", stages=2, microbatches=2, folds=1)
+    assert s.meta["folds"] == 1 and [a.mb for a in s.actions[0] if a.op is Op.F][:2] == [(0,), (1,)]
+    with pytest.raises(ValueError, match="multiple of 4; got M=2"):
+        build_schedule("helixpipe-2fold", stages=2, microbatches=2)
