@@ -49,6 +49,7 @@ CONFIGS = {
     "crosspipe-greedy": dict(stages=2, microbatches=4, num_dcs=2, dc_latency=2.0, dc_transfer=1.0),
     "crosspipe-wave": dict(stages=2, microbatches=4, num_dcs=2, dc_latency=2.0, dc_transfer=1.0),
     "crosspipe-optimal": dict(stages=2, microbatches=3),
+    "pipemesh": dict(stages=2, microbatches=4, enqueue=(4,), dequeue=(2, 2), units_per_chunk=2),
 }
 
 

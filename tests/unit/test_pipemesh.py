@@ -1,0 +1,73 @@
+"""PipeMesh's elastic schedule (pipert/schedules/pipemesh.py): Megatron and breadth-first as
+special cases, Algorithm 1's warm-up and activation peak, and sequences that cannot run."""
+from __future__ import annotations
+
+import pytest
+
+from pipert.ir import Op
+from pipert.schedules import PipelineConfig, build_schedule
+from pipert.schedules.pipemesh import pass_orders, peak_live_passes, sequences
+from pipert.sim import validate
+
+
+def _computes(s):
+    return [[(a.op, a.unit, a.mb) for a in acts if a.op in (Op.F, Op.B)] for acts in s.actions]
+
+
+@pytest.mark.parametrize("P,B,V", [(2, 4, 2), (4, 8, 2), (3, 6, 3)])
+def test_megatron_sequences_give_interleaved_1f1b(P, B, V):
+    pm = build_schedule("pipemesh", stages=P, microbatches=B, chunks=V)
+    mt = build_schedule("interleaved-1f1b", stages=P, microbatches=B, chunks=V)
+    assert _computes(pm) == _computes(mt)
+
+
+@pytest.mark.parametrize("P,B,V,e,d", [(2, 4, 2, (4,), (4,)), (4, 8, 2, (8,), (4, 4)), (4, 12, 2, (6, 6), (6, 6)),
+                                       (3, 6, 3, (6,), (3, 3)), (2, 6, 2, (2, 2, 2), (2, 2, 2))])
+def test_live_passes_peak_at_first_backward(P, B, V, e, d):
+    """Counting forward passes whose backward has not run: the maximum is e_1(V-1) + 2(P-1-s) + 1,
+    reached right before the stage's first backward."""
+    cfg = PipelineConfig(P, B, V)
+    for s, passes in enumerate(pass_orders(cfg, *sequences(cfg, e, d))):
+        live = peak = 0
+        at_first_b = None
+        for op, _, _ in passes:
+            if op == "B" and at_first_b is None:
+                at_first_b = live
+            live += 1 if op == "F" else -1
+            peak = max(peak, live)
+        assert peak == at_first_b == peak_live_passes(P, V, B, e[0], s) == min((V - 1) * e[0] + 2 * (P - 1 - s) + 1,
+                                                                                V * B)
+    validate(build_schedule("pipemesh", stages=P, microbatches=B, chunks=V, enqueue=e, dequeue=d))
+
+
+def test_breadth_first_runs_every_forward_before_any_backward_on_the_last_stage():
+    s = build_schedule("pipemesh", stages=2, microbatches=4, chunks=2, enqueue=(4,), dequeue=(4,))
+    ops = [a.op for a in s.actions[1] if a.op in (Op.F, Op.B)]
+    assert ops[:5] == [Op.F] * 5 and ops[5] is Op.B
+
+
+def test_units_per_chunk_keeps_a_chunk_on_one_rank():
+    s = build_schedule("pipemesh", stages=2, microbatches=4, chunks=2, units_per_chunk=3)
+    assert s.num_units == 12 and s.meta["units_per_chunk"] == 3
+    assert [s.placement.rank(u, 0) for u in range(12)] == [0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1]
+    validate(s)
+
+
+@pytest.mark.parametrize("opts,words", [
+    (dict(enqueue=(4, 3)), ["enqueue", "sums to 7", "B=8"]),
+    (dict(dequeue=(2, 6)), ["dequeue", "< P=4"]),
+    (dict(enqueue="4,x"), ["enqueue", "comma-separated"]),
+    (dict(enqueue=(4, 4), dequeue=(8,)), ["cannot run", "enqueue [4, 4] / dequeue [8]", "input_later"]),
+    (dict(enqueue=(8,), max_live_passes=12), ["e_1=8", "15 live forward passes", "max_live_passes=12", "e_1 <= 5"]),
+    (dict(units_per_chunk=0), ["units_per_chunk"]),
+])
+def test_sequences_that_cannot_run_are_rejected(opts, words):
+    with pytest.raises(ValueError) as e:
+        build_schedule("pipemesh", stages=4, microbatches=8, chunks=2, **opts)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_fewer_microbatches_than_stages_is_rejected():
+    with pytest.raises(ValueError, match="microbatches >= stages"):
+        build_schedule("pipemesh", stages=4, microbatches=3)
