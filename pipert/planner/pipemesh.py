@@ -144,12 +144,13 @@ def enqueue_sequence(B: int, q: int, P: int) -> tuple[int, ...]:
     return seq
 
 
-def live_passes(e1: int, M: int, P: int, stage: int = 1) -> int:
+def live_passes(e1: int, M: int, P: int, B: int, stage: int = 1) -> int:
     """Forward passes stage ``stage`` (1-indexed) holds before its first backward:
-    e_1(M-1) + 2(P-i) + 1 (Algorithm 1's warm-up plus the first 1F1B forward)."""
+    e_1(M-1) + 2(P-i) + 1 (Algorithm 1's warm-up plus the first 1F1B forward), at most all
+    M B of them (the same count as ``pipert.schedules.pipemesh.peak_live_passes``)."""
     if not 1 <= stage <= P:
         raise ValueError(f"stage={stage}: allowed 1..{P} (1-indexed)")
-    return e1 * (M - 1) + 2 * (P - stage) + 1
+    return min(e1 * (M - 1) + 2 * (P - stage) + 1, M * B)
 
 
 def exposed_dp(c: Components, enqueue: tuple[int, ...], dequeue: tuple[int, ...], sh: Sharding) -> dict[str, float]:
@@ -171,14 +172,17 @@ def _zero3_saves_memory(c: Components) -> bool:
     return 2 / c.dp + 8 / c.chunks < 2
 
 
-def queue_plan(c: Components, q: int) -> QueuePlan:
-    """Sequences and sharding for buffer size ``q`` (section IV-B, cases A and B)."""
+def queue_plan(c: Components, q: int, dequeue: tuple[int, ...] | None = None) -> QueuePlan:
+    """Sequences and sharding for buffer size ``q`` (section IV-B, cases A and B); ``dequeue``
+    replaces the case's dequeue sequence (same length as the enqueue one)."""
     B, P, M = c.microbatches, c.stages, c.chunks
     e = enqueue_sequence(B, q, P)
     S = len(e)
+    if dequeue is not None and (len(dequeue) != S or sum(dequeue) != B or min(dequeue) < P):
+        raise ValueError(f"dequeue={dequeue}: needs {S} groups of >= P={P} micro-batches summing to B={B}")
     psi = c.params
     if B * c.bwd >= S * c.dp_comm:                      # case A: every gradient sharded
-        d = split_even(B, S)
+        d = dequeue or split_even(B, S)
         bz2 = min(d[0], math.ceil(c.dp_comm / c.bwd)) if c.bwd else d[0]
         bz3_bwd = min(d) - bz2
         psi_p = 0.0
@@ -194,7 +198,7 @@ def queue_plan(c: Components, q: int) -> QueuePlan:
     # case B: no ZeRO-3; d_S just hides C_DP, the rest evenly; ZeRO-2 while D_g = 0
     d_s = max(P, math.ceil(c.dp_comm / c.bwd)) if c.bwd else B
     d_s = min(d_s, B - (S - 1) * P)
-    d = (split_even(B - d_s, S - 1) if S > 1 else ()) + (d_s,)
+    d = dequeue or (split_even(B - d_s, S - 1) if S > 1 else ()) + (d_s,)
     bz2 = min(d[:-1]) if S > 1 else 0
     psi_g = psi if S == 1 else psi * min(1.0, bz2 * c.bwd / c.dp_comm)
     sh = Sharding(psi_g, 0.0, bz2, 0, 0)
@@ -227,7 +231,7 @@ def state_memory(c: Components, sh: Sharding) -> dict[str, float]:
 
 def activation_memory(c: Components, e1: int, per_pass: float, stage: int = 1) -> float:
     """M_a: live passes of ``stage`` times the bytes one pass stores."""
-    return live_passes(e1, c.chunks, c.stages, stage) * per_pass
+    return live_passes(e1, c.chunks, c.stages, c.microbatches, stage) * per_pass
 
 
 def iteration_time(c: Components, dp_crit: float, recompute: float = 0.0) -> dict[str, float]:

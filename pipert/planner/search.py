@@ -8,13 +8,14 @@ T_DP^crit falls with q, which Eq. 2 makes the rule).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Sequence
 
 from .pipemesh import (Components, QueuePlan, activation_memory, breadth_first_plan, iteration_time,
                        live_passes, megatron_plan, queue_plan, state_memory)
 from .recompute import OpCost, Recompute, recompute_dp
 
-__all__ = ["Plan", "plan", "plan_fixed", "candidate_queues", "GiB"]
+__all__ = ["Plan", "plan", "plan_fixed", "candidate_queues", "runnable", "GiB"]
 
 GiB = float(1 << 30)
 
@@ -44,20 +45,41 @@ class Plan:
     def as_dict(self) -> dict[str, Any]:
         c = self.components
         return {"schedule": self.name, "P": c.stages, "D": c.dp, "M": c.chunks, "B": c.microbatches,
-                **self.queue.as_dict(), "live_passes": live_passes(self.queue.q, c.chunks, c.stages, self.stage),
+                **self.queue.as_dict(), "live_passes": live_passes(self.queue.q, c.chunks, c.stages, c.microbatches, self.stage),
                 "activation_per_pass": self.base_activation + self.recompute.stored,
                 "recomputed": self.recomputed, "recompute_time_per_pass": self.recompute.recompute_time,
                 "time": dict(self.time), "memory": dict(self.memory), "budget": self.budget}
 
 
+@lru_cache(maxsize=4096)
+def runnable(stages: int, chunks: int, microbatches: int, enqueue: tuple[int, ...],
+             dequeue: tuple[int, ...]) -> bool:
+    """Whether the pipemesh schedule of these sequences validates (no deadlock, every input
+    produced before it is read): the generator and the validator decide."""
+    from ..schedules import build_schedule
+    try:
+        build_schedule("pipemesh", stages=stages, microbatches=microbatches, chunks=chunks, enqueue=enqueue,
+                       dequeue=dequeue)
+    except ValueError:
+        return False
+    return True
+
+
 def candidate_queues(c: Components) -> list[QueuePlan]:
-    """queue_plan(q) for every q in [P, B] whose sequences are valid."""
+    """For every q in [P, B]: queue_plan(q) if its sequences run, else the same q with the
+    dequeue sequence equal to the enqueue one if that runs, else nothing."""
     out = []
     for q in range(c.stages, c.microbatches + 1):
         try:
-            out.append(queue_plan(c, q))
+            qp = queue_plan(c, q)
         except ValueError:
             continue
+        shape = (c.stages, c.chunks, c.microbatches)
+        if not runnable(*shape, qp.enqueue, qp.dequeue):
+            qp = queue_plan(c, q, dequeue=qp.enqueue)
+            if not runnable(*shape, qp.enqueue, qp.dequeue):
+                continue
+        out.append(qp)
     return out
 
 
@@ -67,7 +89,7 @@ def _limits(c: Components, queues: Sequence[QueuePlan], budget: float, base: flo
     out = []
     for qp in queues:
         room = budget - sum(state_memory(c, qp.sharding).values())
-        out.append((room / live_passes(qp.q, c.chunks, c.stages, stage) - base, qp))
+        out.append((room / live_passes(qp.q, c.chunks, c.stages, c.microbatches, stage) - base, qp))
     return out
 
 

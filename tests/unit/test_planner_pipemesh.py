@@ -11,6 +11,8 @@ from pipert.planner import (Components, OpCost, plan, plan_fixed, queue_plan, re
 from pipert.planner.pipemesh import (enqueue_sequence, exposed_dp, iteration_time, live_passes, megatron_plan,
                                      split_even, state_memory)
 from pipert.planner.search import candidate_queues
+from pipert.schedules import build_schedule
+from pipert.schedules.pipemesh import peak_live_passes
 
 ops_st = st.lists(st.builds(OpCost, name=st.just("op"), size=st.integers(0, 6),
                             time=st.floats(0, 5, allow_nan=False)), min_size=0, max_size=8)
@@ -49,7 +51,7 @@ def _exhaustive(c, ops, budget, base):
         state = sum(state_memory(c, qp.sharding).values())
         for rec in product((False, True), repeat=len(ops)):
             stored = sum(o.size for o, r in zip(ops, rec) if not r)
-            if state + live_passes(qp.q, c.chunks, c.stages) * (base + stored) >= budget:
+            if state + live_passes(qp.q, c.chunks, c.stages, c.microbatches) * (base + stored) >= budget:
                 continue
             t = iteration_time(c, qp.dp_crit, sum(o.time for o, r in zip(ops, rec) if r))["total"]
             best = t if best is None else min(best, t)
@@ -91,8 +93,24 @@ def test_sequences_and_warmup():
         enqueue_sequence(13, 6, 4)         # (6, 3, 4): a group below P
     with pytest.raises(ValueError, match=r"\[P, B\] = \[3, 12\]"):
         enqueue_sequence(12, 2, 3)
-    assert live_passes(6, 6, 3, 1) == 6 * 5 + 4 + 1
-    assert live_passes(6, 6, 3, 3) == 6 * 5 + 1
+    assert live_passes(6, 6, 3, 12, 1) == 6 * 5 + 4 + 1
+    assert live_passes(6, 6, 3, 12, 3) == 6 * 5 + 1
+    assert live_passes(4, 2, 4, 4, 1) == 8          # all M B passes: capped
+
+
+@settings(max_examples=40, deadline=None)
+@given(c=comp_st, data=st.data())
+def test_planner_sequences_run_as_the_pipemesh_schedule(c, data):
+    """Every sequence pair the planner offers builds and validates as the pipemesh schedule, and
+    its activation peak is the generator's."""
+    qps = candidate_queues(c)
+    qp = data.draw(st.sampled_from(qps))
+    s = build_schedule("pipemesh", stages=c.stages, microbatches=c.microbatches, chunks=c.chunks,
+                       enqueue=qp.enqueue, dequeue=qp.dequeue)
+    assert s.meta["enqueue"] == list(qp.enqueue)
+    for i in range(1, c.stages + 1):
+        assert live_passes(qp.q, c.chunks, c.stages, c.microbatches, i) == \
+            peak_live_passes(c.stages, c.chunks, c.microbatches, qp.q, i - 1)
 
 
 def test_eq2_windows_and_megatron_special_case():
