@@ -171,3 +171,26 @@ def test_components_reject_bad_input():
         OpCost("x", -3, 1.0)
     assert exposed_dp(Components(1, 2, 1, 1, 1.0, 1.0, 0.0), (1,), (1,), queue_plan(
         Components(1, 2, 1, 1, 1.0, 1.0, 0.0), 1).sharding)["D_o"] == 0
+
+
+def test_cli_plan_pipemesh_json_and_errors(capsys):
+    import json
+
+    from pipert.cli import main
+    assert main(["plan", "--pipemesh", "--paper", "gpt3-a100", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    p = out["plan"]
+    assert p["schedule"] == "pipemesh" and p["P"] == 3 and p["D"] == 3 and p["M"] == 6 and p["B"] == 12
+    assert sum(p["enqueue"]) == sum(p["dequeue"]) == 12 and p["enqueue"][0] == p["q"]
+    assert p["memory"]["total"] < p["budget"]
+    assert p["time"]["total"] == pytest.approx(sum(v for k, v in p["time"].items() if k != "total"))
+    assert p["time"]["dp_crit"] == pytest.approx(p["dp_crit"])
+    mt = out["baselines"]["megatron"]
+    assert mt["q"] == 3 and p["time"]["total"] <= mt["time"]["total"]
+    assert main(["plan", "--pipemesh", "--paper", "gpt3-a100", "--memory-budget", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "memory budget 5.000 GiB is below the minimum" in err
+    assert main(["plan", "--pipemesh", "--paper", "gpt9"]) == 2
+    assert "allowed: gpt3-a100, gpt3-v100, llama2-v100, falcon-v100" in capsys.readouterr().err
+    assert main(["plan", "--pipemesh", "--model", "7b"]) == 2
+    assert "allowed: gpt3-58b, llama2-55b, falcon-66b" in capsys.readouterr().err
