@@ -40,8 +40,8 @@ class Case:
     """Micro-batches per op (``pipert.ir.passes.fold_microbatches``)."""
     dp: int = 1
     """Data-parallel replicas (``pipert.schedules.data_parallel.replicate``); ranks = stages * dp."""
-    zero: int = 0
-    """ZeRO stage of every unit over its replicas (with dp > 1)."""
+    zero: int | tuple = 0
+    """ZeRO stage of every unit over its replicas (with dp > 1), or one per unit."""
 
 
 @dataclass
