@@ -40,8 +40,11 @@ class Case:
     """Micro-batches per op (``pipert.ir.passes.fold_microbatches``)."""
     dp: int = 1
     """Data-parallel replicas (``pipert.schedules.data_parallel.replicate``); ranks = stages * dp."""
-    zero: int = 0
-    """ZeRO stage of every unit over its replicas (with dp > 1)."""
+    zero: int | tuple = 0
+    """ZeRO stage of every unit over its replicas (with dp > 1), or one per unit."""
+    save_ops: tuple = ()
+    """Selective recomputation in every unit of the pipeline (not the reference): the aten ops or
+    groups whose outputs are kept, every other op recomputed (``pipert.models.recompute``)."""
 
 
 @dataclass
@@ -152,6 +155,9 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
     schedule = _schedule(case)
     units = tiny_units(schedule.num_units, case.dtype, fine=case.fine)
     ref_units = copy.deepcopy(units)
+    if case.save_ops:
+        from .models.recompute import selective_recompute
+        units = [selective_recompute(u, case.save_ops) for u in units]
     ref_opt = optimizer([p for u in ref_units for p in u.parameters()])
     pipe = Pipeline(units, schedule, optimizer=optimizer, backend=backend, timeout=timeout)
     gather = gather or (lambda d: d)

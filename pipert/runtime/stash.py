@@ -110,6 +110,10 @@ class StashLedger:
         """:func:`tensor_key` of every live, on-device tensor of the stash of (unit, mb)."""
         return {tensor_key(h.tensor) for h in list(self._held.get((unit, mb), ())) if h.tensor is not None}
 
+    def live(self) -> list[tuple[int, int]]:
+        """(unit, micro-batch) of every stash that still holds an on-device saved tensor."""
+        return [k for k in list(self._held) if self.keys(*k)]
+
     def total_bytes(self) -> int:
         """Sum over stashes of :meth:`live_bytes` (bytes shared by two stashes count twice)."""
         return sum(self.live_bytes(u, m) for (u, m) in list(self._held))

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..ir import Action, Op, Schedule
+from ..ir import Action, Op, Payload, Schedule
 from .registry import PipelineConfig, assemble
 
-__all__ = ["pipemesh", "check_pipemesh", "sequences", "warmup", "peak_live_passes", "pass_orders"]
+__all__ = ["pipemesh", "check_pipemesh", "sequences", "warmup", "peak_live_passes", "pass_orders", "overlap_collectives"]
 
 
 def _seq(name: str, value: Sequence[int] | str | None, stages: int, total: int) -> tuple[int, ...]:
@@ -137,3 +137,115 @@ def pipemesh(config: PipelineConfig, enqueue: Sequence[int] | str | None = None,
         raise ValueError(f"pipemesh: enqueue {list(e)} / dequeue {list(d)} with P={P}, V={V}, B={B} cannot run: "
                          f"{errors[0]} [{errors[0].reason}]")
     return sched
+
+
+# --- the communication schedule over D replicas --------------------------------------------------
+
+_READERS = frozenset({Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE})
+
+
+def _passes(acts: list[Action], k: int) -> list[tuple[int, int, str, int]]:
+    """(first index, last index, side "F"/"B", chunk) of each pass: consecutive computes of one
+    chunk, one side and the same micro-batches."""
+    out: list[list] = []
+    prev = None
+    for i, a in enumerate(acts):
+        if a.op not in _READERS or a.unit is None:
+            continue
+        side = "F" if a.op is Op.F else "B"
+        key = (side, a.unit // k, a.mb)
+        if key == prev:
+            out[-1][1] = i
+        else:
+            out.append([i, i, side, a.unit // k])
+        prev = key
+    return [tuple(p) for p in out]
+
+
+def _runs(passes: list[tuple[int, int, str, int]], side: str) -> list[tuple[int, int, int]]:
+    """(chunk, first pass, last pass) of each maximal run of one chunk among the passes of ``side``."""
+    runs: list[list[int]] = []
+    for j, (_, _, s, c) in enumerate(passes):
+        if s != side:
+            continue
+        if runs and runs[-1][0] == c:
+            runs[-1][2] = j
+        else:
+            runs.append([c, j, j])
+    return [tuple(r) for r in runs]
+
+
+def overlap_collectives(acts: list[Action], zeros: Sequence[int], groups: Sequence[tuple[int, ...]],
+                        held: Sequence[int], units_per_chunk: int = 1
+                        ) -> tuple[dict[int, list[Action]], list[Action]]:
+    """PipeMesh's collectives for one base rank's program ``acts`` (its OPTs are dropped by the
+    caller): ``(before, tail)``, where ``before[i]`` goes right before action i and ``tail`` after
+    the last action. With passes = consecutive computes of one chunk, side and micro-batch, and
+    runs = maximal runs of one chunk among the forward (or the backward) passes:
+
+    - ZeRO-3 weights are gathered for every run that uses them (overlapping runs merge) and freed
+      after it; the gathers of a chunk's n ZeRO-3 units go one before each of the n passes before
+      the run starts (bucket b before pass start-n+b, never before the previous FREE);
+    - ZeRO-2/3 gradients are reduce-scattered after every backward run of their chunk, ZeRO-0/1
+      ones (ALLREDUCE/REDUCESCATTER) after the chunk's last backward run; bucket b (of the chunk's
+      units, last-finished first) goes before the (b+1)-th backward pass after the run (the tail
+      when there is none); the shards accumulate;
+    - the tail steps the optimizer of every held unit after all reductions, then gathers the
+      whole weights of ZeRO-1/2 units.
+    """
+    k = units_per_chunk
+    passes = _passes(acts, k)
+    held_set = set(held)
+    items: list[tuple[int, int, int, Action]] = []  # (index, 0 after / 1 before, seq, action)
+    tail_red: list[Action] = []
+
+    def chunk_units(c: int) -> list[int]:
+        return [u for u in range(c * k, c * k + k) if u in held_set]
+
+    def put(index: int, prio: int, a: Action) -> None:
+        items.append((index, prio, len(items), a))
+
+    # weights of ZeRO-3 units
+    for c in sorted({p[3] for p in passes}):
+        spans = sorted((passes[a][0], passes[b][1], a, b, side) for side in "FB"
+                       for cc, a, b in _runs(passes, side) if cc == c)
+        merged: list[list] = []
+        for s, e, a, b, side in spans:
+            if merged and s <= merged[-1][1]:
+                merged[-1][1], merged[-1][3] = max(merged[-1][1], e), max(merged[-1][3], b)
+            else:
+                merged.append([s, e, a, b, side])
+        z3 = [u for u in chunk_units(c) if zeros[u] == 3]
+        prev_free = -1
+        for s, e, a, b, side in merged:
+            order = z3 if side == "F" else z3[::-1]
+            for j, u in enumerate(order):
+                target = max(a - len(order) + j, prev_free + 1, 0)
+                put(passes[target][0], 1, Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u]))
+            for u in order:
+                put(e + 1, 0, Action(Op.FREE, unit=u, payload=Payload.WEIGHT))
+            prev_free = b
+    # weight gradients
+    bwd = [j for j, p in enumerate(passes) if p[2] == "B"]
+    for c in sorted({p[3] for p in passes}):
+        runs = [r for r in _runs(passes, "B") if r[0] == c]
+        for n, (_, _, last) in enumerate(runs):
+            final = n == len(runs) - 1
+            units = [u for u in chunk_units(c)[::-1] if zeros[u] >= 2 or final]
+            after = [j for j in bwd if j > last]
+            for b, u in enumerate(units):
+                op = Op.ALLREDUCE if zeros[u] == 0 else Op.REDUCESCATTER
+                a = Action(op, unit=u, payload=Payload.WGRAD, group=groups[u])
+                if b < len(after):
+                    put(passes[after[b]][0], 1, a)
+                else:
+                    tail_red.append(a)
+    before: dict[int, list[Action]] = {}
+    for index, _, _, a in sorted(items, key=lambda t: t[:3]):
+        before.setdefault(index, []).append(a)
+    tail = list(tail_red)
+    for u in sorted(held_set):
+        tail.append(Action(Op.OPT, unit=u))
+        if zeros[u] in (1, 2):
+            tail.append(Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u]))
+    return before, tail

@@ -71,3 +71,39 @@ def test_sequences_that_cannot_run_are_rejected(opts, words):
 def test_fewer_microbatches_than_stages_is_rejected():
     with pytest.raises(ValueError, match="microbatches >= stages"):
         build_schedule("pipemesh", stages=4, microbatches=3)
+
+
+# --- over D replicas: PipeMesh's collectives -----------------------------------------------------
+
+MIXED = (3, 2, 1, 3, 3, 2, 1, 3, 2, 3, 2, 3)
+"""ZeRO stage per unit of a P=2, V=2 model with 3 units per chunk: every chunk mixes stages."""
+
+
+def _mesh(**opts):
+    from pipert.schedules.data_parallel import replicate
+    s = build_schedule("pipemesh", stages=2, microbatches=4, chunks=2, units_per_chunk=3, **opts)
+    return replicate(s, 2, MIXED)
+
+
+def test_mixed_zero_collectives_sit_beside_passes_and_conform():
+    """ZeRO-3 units are gathered before each run of their chunk and freed after it, ZeRO-2/3
+    gradients are reduce-scattered after each backward run, ZeRO-1 ones once; the executor's
+    order, values, measured memory (action by action) and training agree with the engine."""
+    from test_conformance import check_conforms
+    s = _mesh(enqueue=(4,), dequeue=(2, 2))
+    acts = s.actions[0]
+
+    def count(op, u):
+        return sum(1 for a in acts if a.op is op and a.unit == u)
+    # rank 0: chunk 0 = units 0-2 (ZeRO 3, 2, 1), chunk 2 = units 6-8 (ZeRO 1, 3, 2). Chunk 0 has one
+    # forward run and two backward runs apart from it: 3 gathers of u0; chunk 2's forward run
+    # overlaps its first backward run: 2 gathers of u7.
+    assert (count(Op.ALLGATHER, 0), count(Op.FREE, 0), count(Op.ALLGATHER, 7), count(Op.FREE, 7)) == (3, 3, 2, 2)
+    assert [count(Op.REDUCESCATTER, u) for u in (0, 1, 2, 6, 7, 8)] == [2, 2, 1, 1, 2, 2]  # ZeRO-2/3 per run
+    assert [count(Op.ALLGATHER, u) for u in (1, 2, 6, 8)] == [1, 1, 1, 1]  # ZeRO-1/2: after the OPT
+    i_opt = min(i for i, a in enumerate(acts) if a.op is Op.OPT)
+    assert all(a.op is not Op.REDUCESCATTER for a in acts[i_opt:])
+    # a reduce-scatter of a chunk left by the backward passes is posted before a later backward pass
+    first_rs = next(i for i, a in enumerate(acts) if a.op is Op.REDUCESCATTER)
+    assert any(a.op is Op.B for a in acts[first_rs:i_opt])
+    check_conforms(s)
