@@ -39,6 +39,8 @@ class TrainConfig:
     """Units per rank for interleaved schedules."""
     ranks_per_node: int | None = None
     """Ranks per node, for topology-aware schedules (tawpipe)."""
+    options: str = ""
+    """Generator options as name=value pairs separated by ';' (pipemesh: "enqueue=4,4;dequeue=2,2,2,2")."""
     dp: int = 1
     """Data-parallel replicas D of the pipeline (stages x dp processes)."""
     zero: int = 0
@@ -96,6 +98,19 @@ class TrainConfig:
             raise ValueError(f"--backend {self.backend!r} unknown; allowed: auto, gloo, nccl, local")
 
 
+    def option_dict(self) -> dict:
+        """--options as {name: int or text}; a pair without '=' is an error naming it."""
+        out: dict = {}
+        for pair in (p.strip() for p in self.options.split(";")):
+            if not pair:
+                continue
+            name, eq, value = pair.partition("=")
+            if not eq or not name.strip():
+                raise ValueError(f"--options: {pair!r} is not name=value (pairs separated by ';')")
+            value = value.strip()
+            out[name.strip().replace("-", "_")] = int(value) if value.lstrip("-").isdigit() else value
+        return out
+
     def pass_names(self) -> list[str]:
         return [p for p in self.passes.split(",") if p]
 
@@ -112,6 +127,7 @@ def build_program(cfg: TrainConfig):
     from .schedules import build_schedule
     from .schedules.data_parallel import replicate
     opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
+    opts.update(cfg.option_dict())
     s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp, chunks=cfg.chunks,
                        **opts)
     s = apply_passes(s, cfg.pass_names())

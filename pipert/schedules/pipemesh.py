@@ -34,6 +34,8 @@ def _seq(name: str, value: Sequence[int] | str | None, stages: int, total: int) 
             raise ValueError(f"pipemesh: {total} micro-batches do not split into groups of P={stages}; give "
                              f"{name} explicitly (positive integers >= {stages} summing to {total})")
         return (stages,) * (total // stages)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
     if isinstance(value, str):
         try:
             value = [int(x) for x in value.split(",") if x.strip()]
