@@ -44,8 +44,8 @@ class Case:
     zero: int | tuple = 0
     """ZeRO stage of every unit over its replicas (with dp > 1), or one per unit."""
     save_ops: tuple = ()
-    """Selective recomputation in every unit of the pipeline (not the reference): the aten ops or
-    groups whose outputs are kept, every other op recomputed (``pipert.models.recompute``)."""
+    """Selective recomputation in every unit of the pipeline (not the reference): the op groups
+    whose outputs are kept, every other op recomputed (``pipert.models.recompute.SAVE_GROUPS``)."""
 
 
 @dataclass

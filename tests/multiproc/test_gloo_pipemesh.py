@@ -16,7 +16,7 @@ MIXED = (3, 2, 1, 3, 3, 2, 1, 3, 2, 3, 2, 3)  # per unit; 3 units per chunk, P=2
 _PM = (("units_per_chunk", 3), ("enqueue", (4,)), ("dequeue", (2, 2)))
 PIPEMESH = [
     Case("pipemesh", 2, 8, chunks=2, dp=2, zero=MIXED, options=_PM, steps=2),
-    Case("pipemesh", 2, 8, chunks=2, dp=2, zero=MIXED, options=_PM, save_ops=("projections", "attention")),
+    Case("pipemesh", 2, 8, chunks=2, dp=2, zero=MIXED, options=_PM, save_ops=("projection", "attention")),
     Case("pipemesh", 2, 8, chunks=2, dp=2, zero=3, passes=("recompute",)),
 ]
 

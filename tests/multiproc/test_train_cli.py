@@ -70,8 +70,24 @@ def test_pipemesh_on_a_two_by_two_mesh():
     assert abs(step["loss"] - step["ref_loss"]) <= 1e-12 * abs(step["ref_loss"])
 
 
+def test_train_gpt_with_chunked_mlp_and_recompute_matches_its_reference():
+    """The GPT model with the chunked MLP (recompute mode) and recomputation without attention
+    trains under a schedule; the pipeline equals the single-process reference in float64."""
+    out = _train("--model", "gpt-tiny", "--stages", "2", "--microbatches", "4", "--batch-size", "4", "--seq", "16",
+                 "--steps", "2", "--json", "--check", "--backend", "local", "--dtype", "float64",
+                 "--mlp-chunk", "8", "--mlp-recompute", "--recompute", "no_attention")
+    assert out.returncode == 0, out.stderr[-2000:]
+    steps = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(steps) == 2 and steps[1]["loss"] < steps[0]["loss"]
+    for s in steps:
+        assert s["max_grad_rel_err"] <= 1e-10 and s["max_param_rel_err"] <= 1e-10, s
+
+
 @pytest.mark.parametrize("args, message", [
     (("--stages", "8"), "needs 8 units but model 'tiny' has only 4 layers"),
+    (("--model", "gpt-huge"), "--model 'gpt-huge' unknown; allowed: tiny"),
+    (("--recompute", "most"), "--recompute 'most' unknown; allowed: none, no_attention, full"),
+    (("--mlp-recompute",), "--mlp-recompute applies to the chunked MLP; give --mlp-chunk N > 0"),
     (("--batch-size", "10"), "not divisible into 8 micro-batches"),
     (("--schedule", "zb-v", "--chunks", "3"), "zb-v needs chunks == 2"),
     (("--schedule", "nope"), "unknown schedule 'nope'"),

@@ -110,7 +110,7 @@ def test_mixed_zero_collectives_sit_beside_passes_and_conform():
 
 
 @pytest.mark.parametrize("P,B,e,d,k,dp,save", [
-    (2, 4, (4,), (2, 2), 3, 2, ("projections", "attention")),   # P x D mesh, mixed ZeRO, SAC
+    (2, 4, (4,), (2, 2), 3, 2, ("projection", "attention")),   # P x D mesh, mixed ZeRO, SAC
     (2, 6, (2, 2, 2), (2, 2, 2), 1, 1, ()),                      # Megatron
     (3, 6, (6,), (3, 3), 1, 1, ()),                              # breadth-first enqueue
 ])
