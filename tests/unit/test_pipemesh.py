@@ -143,3 +143,21 @@ def test_measured_live_passes_peak_is_algorithm_1s(P, B, e, d, k, dp, save):
     assert abs(loss - float(ref.loss)) <= 1e-12 * abs(loss)
     assert rel_err(pipe.named_grads(), ref.grads) <= 1e-10
     assert rel_err(pipe.named_parameters(), ref.params_after) <= 1e-10
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_simulator_times_the_collectives_on_the_links_and_pipemesh_hides_more(zero):
+    """Replicas on two nodes, each ring step of a collective costs 1 on the inter-node link. The
+    same compute program (Megatron's sequences) with PipeMesh's placement ends earlier than with
+    every reduction before the optimizer, and both later than with free links."""
+    from pipert.cost.topology import Links, LinkSpec, Topology
+    from pipert.cost.uniform import UniformCost
+    from pipert.schedules.data_parallel import replicate
+    from pipert.sim.simulate import simulate
+    topo = Topology(4, ranks_per_node=2)
+    links = Links(topo, {"inter_node": LinkSpec(0.0, float("inf"), 1.0)})
+    cost = UniformCost(tf=1.0, tb=2.0)
+    pm = replicate(build_schedule("pipemesh", stages=2, microbatches=4, chunks=2), 2, zero)
+    mt = replicate(build_schedule("interleaved-1f1b", stages=2, microbatches=4, chunks=2), 2, zero)
+    free = simulate(pm, cost, Links.free(topo)).makespan
+    assert free < simulate(pm, cost, links).makespan < simulate(mt, cost, links).makespan
