@@ -61,9 +61,11 @@ def test_each_rank_materialises_only_the_units_it_computes_or_holds():
 
 
 def test_pipemesh_on_a_two_by_two_mesh():
-    """pipemesh over P=2 stages x D=2 replicas with ZeRO-3 and its own sequences trains exactly."""
+    """pipemesh over P=2 stages x D=2 replicas with ZeRO-3, its own sequences and selective
+    recomputation trains exactly."""
     out = _train("--schedule", "pipemesh", "--stages", "2", "--dp", "2", "--zero", "3", "--options",
-                 "enqueue=4;dequeue=2,2", "--steps", "1", "--json", "--check", "--dtype", "float64")
+                 "enqueue=4;dequeue=2,2", "--recompute", "no_attention", "--steps", "1", "--json", "--check",
+                 "--dtype", "float64")
     assert out.returncode == 0, out.stderr[-2000:]
     step = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")][0]
     assert step["max_grad_rel_err"] <= 1e-10 and step["max_param_rel_err"] <= 1e-10, step

@@ -161,3 +161,26 @@ def test_simulator_times_the_collectives_on_the_links_and_pipemesh_hides_more(ze
     mt = replicate(build_schedule("interleaved-1f1b", stages=2, microbatches=4, chunks=2), 2, zero)
     free = simulate(pm, cost, Links.free(topo)).makespan
     assert free < simulate(pm, cost, links).makespan < simulate(mt, cost, links).makespan
+
+
+def test_a_zero3_stash_refers_to_the_gathered_weights_instead_of_keeping_them():
+    """Between a ZeRO-3 unit's FREE and its next ALLGATHER its stashes hold no copy of the
+    weights: the backward reads whatever storage the parameter has then (here a new buffer with
+    other values, so the gradient shows which one was read); other parameters keep theirs."""
+    import torch
+
+    from pipert.runtime.stash import StashLedger
+    lin = torch.nn.Linear(3, 2, bias=False).double()
+    other = torch.nn.Linear(3, 2, bias=False).double()
+    for refs, expect_new in (([lin.weight], True), ([], False)):
+        ledger = StashLedger(lambda: [lin.weight], lambda u: refs)
+        x = torch.ones(1, 3, dtype=torch.float64, requires_grad=True)
+        old = lin.weight.detach().clone()
+        with ledger.capture(0, 0):
+            y = lin(x).sum()
+        new = torch.full_like(old, 2.0)
+        lin.weight.data = new.clone()          # FREE, then ALLGATHER into a new buffer
+        y.backward()
+        assert torch.equal(x.grad[0], (new if expect_new else old).sum(0))
+        lin.weight.data = old
+    assert other.weight.grad is None
