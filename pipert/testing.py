@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["Case", "CaseResult", "tiny_units", "make_batch", "run_case", "run_cases_dist", "rel_err", "sgd", "build_case_schedule"]
+__all__ = ["Case", "CaseResult", "tiny_units", "make_batch", "run_case", "run_cases_dist", "rel_err", "sgd", "build_case_schedule",
+           "assert_exact"]
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,8 @@ class Case:
     zero: int | tuple = 0
     """ZeRO stage of every unit over its replicas (with dp > 1), or one per unit."""
     save_ops: tuple = ()
-    """Selective recomputation in every unit of the pipeline (not the reference): the aten ops or
-    groups whose outputs are kept, every other op recomputed (``pipert.models.recompute``)."""
+    """Selective recomputation in every unit of the pipeline (not the reference): the op groups
+    whose outputs are kept, every other op recomputed (``pipert.models.recompute.SAVE_GROUPS``)."""
 
 
 @dataclass
@@ -82,6 +83,17 @@ IR_OP_TORCH_CASES = [
     Case("torch:ScheduleInterleavedZeroBubble", 3, 4, chunks=2, steps=2),
     Case("torch:ScheduleInterleavedZeroBubble", 3, 4, chunks=2, options=(("comms", True),), steps=2),
 ]
+
+
+def assert_exact(results: Sequence[dict], loss_tol: float = 1e-12, tol: float = 1e-10) -> None:
+    """Every result of ``run_cases_dist`` ran and matched the reference: loss within ``loss_tol``,
+    gradients and updated parameters within ``tol`` (relative)."""
+    for r in results:
+        assert "error" not in r, r
+        label = str(r["case"])
+        assert r["loss_err"] <= loss_tol, label
+        assert r["grad_err"] <= tol, label
+        assert r["param_err"] <= tol, label
 
 
 def sgd(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:

@@ -39,6 +39,8 @@ class TrainConfig:
     """Units per rank for interleaved schedules."""
     ranks_per_node: int | None = None
     """Ranks per node, for topology-aware schedules (tawpipe)."""
+    options: str = ""
+    """Generator options as name=value pairs separated by ';' (pipemesh: "enqueue=4,4;dequeue=2,2,2,2")."""
     dp: int = 1
     """Data-parallel replicas D of the pipeline (stages x dp processes)."""
     zero: int = 0
@@ -52,7 +54,14 @@ class TrainConfig:
     seq: int = 64
     """Tokens per sequence."""
     model: str = "tiny"
-    """Model preset of pipert.models (tiny, small)."""
+    """Model preset of pipert.models (tiny, small, ... ; gpt-tiny, gpt-small, ...)."""
+    mlp_chunk: int = 0
+    """Token rows per chunk of the chunked MLP of pipert.kernels (0: the plain MLP)."""
+    mlp_recompute: bool = False
+    """Chunked MLP: save only its input, recompute the pre-activations in backward."""
+    recompute: str = "none"
+    """Activation recomputation inside every unit: none, no_attention (keep attention output and
+    softmax statistics), full (keep the unit's inputs only)."""
     dtype: str = "float32"
     """Parameter and activation dtype: float32, float64, bfloat16."""
     lr: float = 3e-3
@@ -88,6 +97,15 @@ class TrainConfig:
         if self.microbatches % self.dp:
             raise ValueError(f"--microbatches {self.microbatches} do not split over --dp {self.dp} replicas; use a "
                              f"multiple of {self.dp}")
+        if self.mlp_chunk < 0:
+            raise ValueError(f"--mlp-chunk must be >= 0 (0: the plain MLP), got {self.mlp_chunk}")
+        if self.mlp_recompute and not self.mlp_chunk:
+            raise ValueError("--mlp-recompute applies to the chunked MLP; give --mlp-chunk N > 0 as well")
+        from .models import RECOMPUTE_MODES, model_names
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"--recompute {self.recompute!r} unknown; allowed: {', '.join(RECOMPUTE_MODES)}")
+        if self.model not in model_names():
+            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(model_names())}")
         from .ir.passes import PASSES
         unknown = [p for p in self.pass_names() if p not in PASSES]
         if unknown:
@@ -95,6 +113,19 @@ class TrainConfig:
         if self.backend not in ("auto", "gloo", "nccl", "local"):
             raise ValueError(f"--backend {self.backend!r} unknown; allowed: auto, gloo, nccl, local")
 
+
+    def option_dict(self) -> dict:
+        """--options as {name: int or text}; a pair without '=' is an error naming it."""
+        out: dict = {}
+        for pair in (p.strip() for p in self.options.split(";")):
+            if not pair:
+                continue
+            name, eq, value = pair.partition("=")
+            if not eq or not name.strip():
+                raise ValueError(f"--options: {pair!r} is not name=value (pairs separated by ';')")
+            value = value.strip()
+            out[name.strip().replace("-", "_")] = int(value) if value.lstrip("-").isdigit() else value
+        return out
 
     def pass_names(self) -> list[str]:
         return [p for p in self.passes.split(",") if p]
@@ -112,6 +143,7 @@ def build_program(cfg: TrainConfig):
     from .schedules import build_schedule
     from .schedules.data_parallel import replicate
     opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
+    opts.update(cfg.option_dict())
     s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp, chunks=cfg.chunks,
                        **opts)
     s = apply_passes(s, cfg.pass_names())
@@ -131,7 +163,11 @@ def _rank_units(cfg: TrainConfig, schedule, device: torch.device, keep=None) -> 
     model built in one process, whatever ``keep`` is."""
     from .models import build_units
     return build_units(cfg.model, schedule.num_units, seed=cfg.seed, keep=keep, device=device, max_seq=cfg.seq,
-                       dtype=cfg.dtype)
+                       dtype=cfg.dtype, cut=schedule.meta.get("cut"), recompute=cfg.recompute, **_mlp_overrides(cfg))
+
+
+def _mlp_overrides(cfg: TrainConfig) -> dict:
+    return {"mlp_chunk": cfg.mlp_chunk, "mlp_recompute": cfg.mlp_recompute} if cfg.mlp_chunk else {}
 
 
 def _build(cfg: TrainConfig, device: torch.device, schedule, rank: int | None):
@@ -252,7 +288,7 @@ def run_train(cfg: TrainConfig) -> list[float] | None:
     from .models import model_config
     layers = model_config(cfg.model).layers
     schedule = build_program(cfg)  # rejects bad configs before any process starts; shared by every rank
-    if schedule.num_units > layers:
+    if schedule.meta.get("cut", "layers") == "layers" and schedule.num_units > layers:
         raise ValueError(f"schedule {cfg.schedule} needs {schedule.num_units} units but model {cfg.model!r} has "
                          f"only {layers} layers; use fewer stages/chunks or a larger model")
     if backend == "local":

@@ -1,79 +1,183 @@
-"""Selective recomputation per operation inside a unit, with PyTorch's selective activation
-checkpointing (``torch.utils.checkpoint`` + ``create_selective_checkpoint_contexts``).
+"""Selective activation recomputation: a unit keeps the outputs of the ops it is told to save
+and recomputes everything else in backward.
 
-``selective_recompute(unit, save)`` makes the unit's forward a non-reentrant checkpoint whose
-policy keeps the outputs of the aten ops named in ``save`` and recomputes every other op during
-the backward (norms, activations, element-wise products, ...). Names are aten op names
-(``"mm"``, ``"silu"``, ``"rsqrt"``) or the groups of :data:`OP_GROUPS`. The unit's parameters and
-their names are unchanged, so pipelined runs compare with the reference as before; the result is
-exactly the forward without checkpointing (the recomputed ops run on the same inputs).
+Built on PyTorch's selective activation checkpointing: ``torch.utils.checkpoint.checkpoint``
+(non-reentrant) with ``create_selective_checkpoint_contexts`` and a policy that answers
+``MUST_SAVE`` for the ops of the named groups below and ``PREFER_RECOMPUTE`` for the rest.
+A region may be differentiated by several backward passes (D then W): each recomputes
+the region's forward again (W costs one more recomputation).
 
-Invariant: the unit's inputs are saved (the checkpoint needs them to recompute), so every stash
-still holds at least its inputs; what the policy saves lives in the checkpoint's cache.
+Op groups (``SAVE_GROUPS``; an op is matched by its schema name, all overloads):
+
+    attention   the fused scaled-dot-product attention kernels; they return the attention
+                output and the softmax statistics (logsumexp), which is what is kept
+    projection  matrix products (aten mm, addmm, bmm): linear layers
+    activation  GeLU and SiLU outputs
+    norm        LayerNorm (output and statistics); RMSNorm's inverse rms (its statistic)
+
+Recompute modes (``RECOMPUTE_MODES``) name the sets a run can select:
+``none`` (no checkpoint: autograd saves what it saves), ``no_attention`` (HelixPipe: keep
+``{"attention"}``), ``full`` (keep nothing; the unit's inputs only).
+
+What a checkpointed region holds between forward and backward: its inputs (kept by the
+checkpoint for the recomputation) and the cached outputs of the saved ops. The cached outputs
+are outside autograd's saved-tensor hooks; ``collect_caches`` hands them to a meter
+(``pipert.models.memory``).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Iterable
+import threading
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-__all__ = ["OP_GROUPS", "selective_recompute", "resolve_ops"]
+__all__ = ["SAVE_GROUPS", "RECOMPUTE_MODES", "save_set", "recompute_save_set", "save_policy",
+           "selective_context", "selective_checkpoint", "collect_caches", "cached_tensors", "selective_recompute"]
 
-OP_GROUPS: dict[str, frozenset[str]] = {
-    "projections": frozenset({"mm", "addmm", "bmm", "linear"}),
-    "attention": frozenset({"_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-                            "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-                            "scaled_dot_product_attention"}),
-    "norms": frozenset({"pow", "mean", "rsqrt", "native_layer_norm", "_fused_rms_norm"}),
-    "activations": frozenset({"silu", "gelu", "relu"}),
+SAVE_GROUPS: dict[str, frozenset[str]] = {
+    "attention": frozenset({
+        "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention",
+        "flash_attn::_flash_attn_forward"}),
+    "projection": frozenset({"aten::mm", "aten::addmm", "aten::bmm"}),
+    "activation": frozenset({"aten::gelu", "aten::silu"}),
+    "norm": frozenset({"aten::native_layer_norm", "aten::rsqrt"}),
 }
-"""Named groups of aten ops (``save={"projections", "attention"}`` recomputes the rest)."""
+
+RECOMPUTE_MODES: dict[str, frozenset[str] | None] = {
+    "none": None,
+    "no_attention": frozenset({"attention"}),
+    "full": frozenset(),
+}
+
+_local = threading.local()
 
 
-def resolve_ops(save: Iterable[str]) -> frozenset[str]:
-    """Aten op names of ``save`` (groups expanded); unknown names are an error naming them."""
-    out: set[str] = set()
-    bad = []
-    for name in save:
-        if name in OP_GROUPS:
-            out |= OP_GROUPS[name]
-        elif hasattr(torch.ops.aten, name):
-            out.add(name)
-        else:
-            bad.append(name)
+def save_set(save: Iterable[str]) -> frozenset[str]:
+    """The group names of ``save``, checked against ``SAVE_GROUPS``."""
+    names = frozenset(save)
+    bad = sorted(names - set(SAVE_GROUPS))
     if bad:
-        raise ValueError(f"selective recompute: unknown op(s) {bad}; allowed: aten op names (e.g. mm, silu) or "
-                         f"the groups {', '.join(sorted(OP_GROUPS))}")
-    return frozenset(out)
+        raise ValueError(f"unknown op group(s) to save {bad}; allowed: {', '.join(SAVE_GROUPS)}")
+    return names
 
 
-def _policy(save: frozenset[str], ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
-    from torch.utils.checkpoint import CheckpointPolicy
-    name = getattr(getattr(op, "overloadpacket", op), "__name__", str(op))
-    return CheckpointPolicy.MUST_SAVE if name in save else CheckpointPolicy.PREFER_RECOMPUTE
+def recompute_save_set(mode: str) -> frozenset[str] | None:
+    """The op groups recompute mode ``mode`` keeps (None: no recomputation)."""
+    if mode not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute={mode!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
+    return RECOMPUTE_MODES[mode]
+
+
+def _op_name(op: Any) -> str:
+    schema = getattr(op, "_schema", None)
+    return schema.name if schema is not None else str(op)
+
+
+@functools.cache
+def save_policy(save: frozenset[str]) -> Callable[..., CheckpointPolicy]:
+    """The selective-checkpoint policy that saves the outputs of the ops in groups ``save``."""
+    ops = frozenset().union(*(SAVE_GROUPS[g] for g in save_set(save)))
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        return CheckpointPolicy.MUST_SAVE if _op_name(op) in ops else CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
+
+
+class _Replayable:
+    """The recompute context of a selective region, re-enterable by several backward passes.
+
+    PyTorch's cached mode consumes each saved output at its first recomputation, so a second
+    backward through the region (the W pass after the D pass of a zero-bubble split) would fail.
+    The first entry snapshots the cache (references, no copies); every later entry restores it.
+    The snapshot lives as long as the region's graph does."""
+
+    def __init__(self, cached: Any, storage: dict) -> None:
+        self.cached, self.storage, self.snapshot = cached, storage, None
+
+    def __enter__(self) -> Any:
+        if self.snapshot is None:
+            self.snapshot = {k: dict(v) for k, v in self.storage.items()}
+        else:
+            for k, v in self.snapshot.items():
+                self.storage[k] = dict(v)
+        return self.cached.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.cached.__exit__(*exc)
+
+
+def selective_context(save: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
+    """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint`` keeping the op groups ``save``;
+    the cache of every region it opens is reported to the innermost ``collect_caches``."""
+    policy = save_policy(save_set(save))
+
+    def context_fn() -> tuple[Any, Any]:
+        caching, cached = create_selective_checkpoint_contexts(policy)
+        stack = getattr(_local, "collectors", None)
+        if stack:
+            stack[-1].append(caching.storage)
+        return caching, _Replayable(cached, caching.storage)
+    return context_fn
+
+
+def selective_checkpoint(fn: Callable[..., Any], *args: Any, save: Iterable[str]) -> Any:
+    """``fn(*args)`` keeping only the outputs of the op groups ``save`` (and the inputs) for
+    backward; everything else is recomputed when backward first needs it."""
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=selective_context(save))
+
+
+@contextlib.contextmanager
+def collect_caches(into: list) -> Iterator[list]:
+    """Append to ``into`` the cache (a dict) of every selective region opened in the block."""
+    stack = _local.__dict__.setdefault("collectors", [])
+    stack.append(into)
+    try:
+        yield into
+    finally:
+        stack.pop()
+
+
+def cached_tensors(caches: Iterable[dict]) -> list[Tensor]:
+    """The tensors the caches still hold (a cache entry is dropped once backward consumed it)."""
+    out: list[Tensor] = []
+
+    def visit(v: Any) -> None:
+        if isinstance(v, (tuple, list)):
+            for x in v:
+                visit(x)
+        elif isinstance(getattr(v, "val", None), Tensor):
+            out.append(v.val)
+    for cache in caches:
+        for per_op in list(cache.values()):
+            for entry in list(per_op.values()):
+                visit(entry)
+    return out
 
 
 class _Checkpointed:
-    """The unit's own forward run as a selective checkpoint (picklable and deep-copyable: the
-    bound forward follows the module it is copied with)."""
+    """A unit's own forward run as a selective region (deep copies follow the module they are
+    copied with: the bound forward is rebound to the copy; picklable for spawned ranks)."""
 
-    def __init__(self, forward: Any, save: frozenset[str]) -> None:
+    def __init__(self, forward: Callable[..., Any], save: frozenset[str]) -> None:
         self.forward = forward
         self.save = save
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
-        if not torch.is_grad_enabled():  # nothing is saved: nothing to recompute
-            return self.forward(*args, **kwargs)
-        context = functools.partial(create_selective_checkpoint_contexts, functools.partial(_policy, self.save))
-        return checkpoint(self.forward, *args, use_reentrant=False, context_fn=context, **kwargs)
+    def __call__(self, *args: Any) -> Any:
+        if not torch.is_grad_enabled():  # nothing is saved, nothing to recompute
+            return self.forward(*args)
+        return selective_checkpoint(self.forward, *args, save=self.save)
 
 
 def selective_recompute(unit: nn.Module, save: Iterable[str]) -> nn.Module:
-    """``unit`` with its forward selectively recomputed (module doc); returns the same module."""
-    ops = resolve_ops(save)
+    """``unit`` (returned, changed in place) with its whole forward one selective region keeping
+    the op groups ``save``: for any unit of a partition, whatever model it was cut from; its
+    parameters and their names are unchanged."""
+    groups = save_set(save)
     forward = unit.forward.forward if isinstance(unit.forward, _Checkpointed) else unit.forward
-    unit.forward = _Checkpointed(forward, ops)
+    unit.forward = _Checkpointed(forward, groups)
     return unit

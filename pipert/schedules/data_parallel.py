@@ -24,9 +24,10 @@ from __future__ import annotations
 
 from ..ir import Action, Op, Payload, Placement, Schedule
 
-__all__ = ["replicate", "replica_groups"]
+__all__ = ["replicate", "replica_groups", "WEIGHT_READERS"]
 
-_WEIGHT_READERS = frozenset({Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE})
+WEIGHT_READERS = frozenset({Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE})
+"""Computes that read a unit's weights."""
 
 
 def replica_groups(base: Schedule, dp: int) -> list[tuple[int, ...]]:
@@ -55,7 +56,7 @@ def replicate(base: Schedule, dp: int, zero: int | list[int] = 0) -> Schedule:
     first_use: dict[tuple[int, int], int] = {}
     last_use: dict[tuple[int, int], int] = {}
     for r, i, a in base:
-        if a.unit is not None and (a.op in _WEIGHT_READERS or a.op is Op.SEND and a.payload is Payload.WEIGHT):
+        if a.unit is not None and (a.op in WEIGHT_READERS or a.op is Op.SEND and a.payload is Payload.WEIGHT):
             first_use.setdefault((r, a.unit), i)
             last_use[(r, a.unit)] = i
     overlap = base.meta.get("family") == "pipemesh"
@@ -93,7 +94,7 @@ def _overlapped(base: Schedule, r: int, d: int, dp: int, zeros: list[int], group
     """Replica d's copy of base rank r with PipeMesh's collectives (module doc)."""
     from .pipemesh import overlap_collectives
     acts = base.actions[r]
-    bad = [a for a in acts if a.unit is not None and a.op in _WEIGHT_READERS and base.placement.weight_owner[a.unit] != r]
+    bad = [a for a in acts if a.unit is not None and a.op in WEIGHT_READERS and base.placement.weight_owner[a.unit] != r]
     if bad:
         raise ValueError(f"schedule {base.name!r}: rank {r} computes {bad[0]} of a unit it does not hold; "
                          f"PipeMesh's communication schedule needs activation passing")

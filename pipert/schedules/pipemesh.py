@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..ir import Action, Op, Payload, Schedule
+from .data_parallel import WEIGHT_READERS
 from .registry import PipelineConfig, assemble
 
 __all__ = ["pipemesh", "check_pipemesh", "sequences", "warmup", "peak_live_passes", "pass_orders", "overlap_collectives"]
@@ -34,6 +35,8 @@ def _seq(name: str, value: Sequence[int] | str | None, stages: int, total: int) 
             raise ValueError(f"pipemesh: {total} micro-batches do not split into groups of P={stages}; give "
                              f"{name} explicitly (positive integers >= {stages} summing to {total})")
         return (stages,) * (total // stages)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
     if isinstance(value, str):
         try:
             value = [int(x) for x in value.split(",") if x.strip()]
@@ -141,16 +144,13 @@ def pipemesh(config: PipelineConfig, enqueue: Sequence[int] | str | None = None,
 
 # --- the communication schedule over D replicas --------------------------------------------------
 
-_READERS = frozenset({Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE})
-
-
 def _passes(acts: list[Action], k: int) -> list[tuple[int, int, str, int]]:
     """(first index, last index, side "F"/"B", chunk) of each pass: consecutive computes of one
     chunk, one side and the same micro-batches."""
     out: list[list] = []
     prev = None
     for i, a in enumerate(acts):
-        if a.op not in _READERS or a.unit is None:
+        if a.op not in WEIGHT_READERS or a.unit is None:
             continue
         side = "F" if a.op is Op.F else "B"
         key = (side, a.unit // k, a.mb)

@@ -107,3 +107,80 @@ def test_mixed_zero_collectives_sit_beside_passes_and_conform():
     first_rs = next(i for i, a in enumerate(acts) if a.op is Op.REDUCESCATTER)
     assert any(a.op is Op.B for a in acts[first_rs:i_opt])
     check_conforms(s)
+
+
+@pytest.mark.parametrize("P,B,e,d,k,dp,save", [
+    (2, 4, (4,), (2, 2), 3, 2, ("projection", "attention")),   # P x D mesh, mixed ZeRO, SAC
+    (2, 6, (2, 2, 2), (2, 2, 2), 1, 1, ()),                      # Megatron
+    (3, 6, (6,), (3, 3), 1, 1, ()),                              # breadth-first enqueue
+])
+def test_measured_live_passes_peak_is_algorithm_1s(P, B, e, d, k, dp, save):
+    """Live forward passes per stage, seen by the saved-tensor hooks after every action of a real
+    step (a pass: a chunk of one micro-batch whose units hold saved tensors), peak at
+    e_1(V-1) + 2(P-i) + 1 (i = stage + 1); training stays equal to the reference."""
+    import copy
+
+    from pipert.models.recompute import selective_recompute
+    from pipert.runtime.pipeline import Pipeline
+    from pipert.runtime.reference import reference_step
+    from pipert.schedules.data_parallel import replicate
+    from pipert.testing import make_batch, rel_err, sgd, tiny_units
+    V = 2
+    s = build_schedule("pipemesh", stages=P, microbatches=B, chunks=V, enqueue=e, dequeue=d, units_per_chunk=k)
+    if dp > 1:
+        s = replicate(s, dp, MIXED)
+    units = tiny_units(s.num_units, "float64")
+    ref_units = copy.deepcopy(units)
+    units = [selective_recompute(u, save) for u in units] if save else units
+    pipe = Pipeline(units, s, optimizer=sgd, measure_memory=True)
+    x, y = make_batch(B * dp)
+    loss = pipe.step(x, y)
+    for r, res in pipe.last_results.items():
+        stage = r % P
+        peak = max(len({(u // k, m) for u, m in live}) for live in res.stashes)
+        assert peak == (V - 1) * e[0] + 2 * (P - (stage + 1)) + 1, f"rank {r} (stage {stage})"
+    ref = reference_step(ref_units, x, y, B * dp, optimizer=sgd([p for u in ref_units for p in u.parameters()]))
+    assert abs(loss - float(ref.loss)) <= 1e-12 * abs(loss)
+    assert rel_err(pipe.named_grads(), ref.grads) <= 1e-10
+    assert rel_err(pipe.named_parameters(), ref.params_after) <= 1e-10
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_simulator_times_the_collectives_on_the_links_and_pipemesh_hides_more(zero):
+    """Replicas on two nodes, each ring step of a collective costs 1 on the inter-node link. The
+    same compute program (Megatron's sequences) with PipeMesh's placement ends earlier than with
+    every reduction before the optimizer, and both later than with free links."""
+    from pipert.cost.topology import Links, LinkSpec, Topology
+    from pipert.cost.uniform import UniformCost
+    from pipert.schedules.data_parallel import replicate
+    from pipert.sim.simulate import simulate
+    topo = Topology(4, ranks_per_node=2)
+    links = Links(topo, {"inter_node": LinkSpec(0.0, float("inf"), 1.0)})
+    cost = UniformCost(tf=1.0, tb=2.0)
+    pm = replicate(build_schedule("pipemesh", stages=2, microbatches=4, chunks=2), 2, zero)
+    mt = replicate(build_schedule("interleaved-1f1b", stages=2, microbatches=4, chunks=2), 2, zero)
+    free = simulate(pm, cost, Links.free(topo)).makespan
+    assert free < simulate(pm, cost, links).makespan < simulate(mt, cost, links).makespan
+
+
+def test_a_zero3_stash_refers_to_the_gathered_weights_instead_of_keeping_them():
+    """Between a ZeRO-3 unit's FREE and its next ALLGATHER its stashes hold no copy of the
+    weights: the backward reads whatever storage the parameter has then (here a new buffer with
+    other values, so the gradient shows which one was read); other parameters keep theirs."""
+    import torch
+
+    from pipert.runtime.stash import StashLedger
+    lin = torch.nn.Linear(3, 2, bias=False).double()
+    other = torch.nn.Linear(3, 2, bias=False).double()
+    for refs, expect_new in (([lin.weight], True), ([], False)):
+        ledger = StashLedger(lambda: [lin.weight], lambda u: refs)
+        x = torch.ones(1, 3, dtype=torch.float64, requires_grad=True)
+        old = lin.weight.detach().clone()
+        with ledger.capture(0, 0):
+            y = lin(x).sum()
+        new = torch.full_like(old, 2.0)
+        lin.weight.data = new.clone()          # FREE, then ALLGATHER into a new buffer
+        y.backward()
+        assert torch.equal(x.grad[0], (new if expect_new else old).sum(0))
+        lin.weight.data = old
+    assert other.weight.grad is None
