@@ -174,6 +174,15 @@ def sweep_report(rows: list[dict], ctx: dict, seconds: float) -> str:
                      f"(median {sorted(speedup_mt)[len(speedup_mt) // 2]:.3f}) over {len(speedup_mt)} settings where "
                      f"both fit; breadth-first / PipeMesh: {min(speedup_bf, default=float('nan')):.3f}-"
                      f"{max(speedup_bf, default=float('nan')):.3f} over {len(speedup_bf)}.")
+    split = defaultdict(Counter)
+    for key, by in cells.items():
+        if by["megatron"]["fits"] and by["breadth-first"]["fits"]:
+            frac = key[3] * GiB / DeviceSpec.preset(key[1]).memory
+            split[(key[1], round(frac, 2))][min(("megatron", "breadth-first"), key=lambda k: by[k]["t_iter"])] += 1
+    if split:
+        prose.append("Faster baseline by device and budget (share of device memory), where both fit: " + "; ".join(
+            f"{dev} {frac:.0%}: Megatron {n['megatron']}, breadth-first {n['breadth-first']}"
+            for (dev, frac), n in sorted(split.items())) + ".")
     by_bw = defaultdict(list)
     for key, by in cells.items():
         if by["pipemesh"]["fits"] and by["megatron"]["fits"]:
