@@ -179,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 _TRAIN_HELP = {
     "schedule": "registered schedule name or a schedule file (.json, torch's .csv)", "stages": "pipeline ranks P", "microbatches": "micro-batches per step M",
     "chunks": "units per rank for interleaved schedules", "ranks_per_node": "ranks per node (tawpipe)",
+    "options": "generator options name=value;... (pipemesh: enqueue=4,4;dequeue=2,2,2,2;units_per_chunk=1)",
     "dp": "data-parallel replicas D of the pipeline (stages x dp processes)",
     "zero": "ZeRO stage 0-3 of every unit over its replicas (needs --dp > 1)",
     "passes": "comma-separated lowering passes: recompute, offload_stashes, offload_weights, expand_folds, ...",

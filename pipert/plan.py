@@ -1,5 +1,6 @@
-"""``pipert plan``: rank static and CrossPipe schedules for a scenario, and compare cross-DC
-pipeline parallelism with cross-DC data parallelism (CrossPipe §5.2)."""
+"""``pipert plan``: rank static and CrossPipe schedules for a scenario, compare cross-DC
+pipeline parallelism with cross-DC data parallelism (CrossPipe §5.2), and plan PipeMesh
+(``--pipemesh``, pipert/planner)."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .scenario import scenario_from_args
     from .schedules.crosspipe.select import (CROSSPIPE, STATIC, compare_pp_dp, format_pp_dp, format_ranking,
                                              llama3_405b, rank_schedules)
+    if args.pipemesh:
+        from .planner.cli import cmd_pipemesh
+        return cmd_pipemesh(args)
     if args.pp_vs_dp:
         rows = []
         for lat in args.latencies:
@@ -35,7 +39,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     from .scenario import add_scenario_args
-    p = sub.add_parser("plan", help="rank static and CrossPipe schedules; cross-DC PP vs DP")
+    p = sub.add_parser("plan", help="rank static and CrossPipe schedules; cross-DC PP vs DP; PipeMesh plans")
     add_scenario_args(p)
     p.add_argument("--optimal", action="store_true", help="also solve the CP-SAT optimum (crosspipe-optimal)")
     p.add_argument("--time-limit", type=float, default=30.0, help="CP-SAT time limit in seconds")
@@ -43,4 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="compare cross-DC pipeline and data parallelism for Llama-3-405B (CrossPipe §5.2)")
     p.add_argument("--latencies", type=float, nargs="+", default=[4.0, 32.0, 128.0], help="ms, with --pp-vs-dp")
     p.add_argument("--bandwidths", type=float, nargs="+", default=[4.0, 64.0, 1024.0], help="GB/s, with --pp-vs-dp")
+    from .planner.cli import add_pipemesh_args
+    add_pipemesh_args(p)
     p.set_defaults(fn=cmd_plan)

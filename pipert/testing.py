@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["Case", "CaseResult", "tiny_units", "make_batch", "run_case", "run_cases_dist", "rel_err", "sgd", "build_case_schedule"]
+__all__ = ["Case", "CaseResult", "tiny_units", "make_batch", "run_case", "run_cases_dist", "rel_err", "sgd", "build_case_schedule",
+           "assert_exact"]
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ class Case:
     """Micro-batches per op (``pipert.ir.passes.fold_microbatches``)."""
     dp: int = 1
     """Data-parallel replicas (``pipert.schedules.data_parallel.replicate``); ranks = stages * dp."""
-    zero: int = 0
-    """ZeRO stage of every unit over its replicas (with dp > 1)."""
+    zero: int | tuple = 0
+    """ZeRO stage of every unit over its replicas (with dp > 1), or one per unit."""
     links: tuple = ()
     """Emulated links as (name, value) pairs of ``pipert.linkflags.LinkOptions.parse``
     (e.g. ``(("dcs", 2), ("dc_latency", "2ms"))``); empty: messages are not delayed."""
@@ -54,6 +55,9 @@ class Case:
     mlp_chunk: int = 0
     """Rows per chunk of the chunked MLP (0: the plain MLP); ``mlp_recompute`` selects its mode."""
     mlp_recompute: bool = False
+    save_ops: tuple = ()
+    """Selective recomputation in every unit of the pipeline (not the reference): the op groups
+    whose outputs are kept, every other op recomputed (``pipert.models.recompute.SAVE_GROUPS``)."""
 
 
 @dataclass
@@ -106,6 +110,17 @@ IR_OP_TORCH_CASES = [
     Case("torch:ScheduleInterleavedZeroBubble", 3, 4, chunks=2, steps=2),
     Case("torch:ScheduleInterleavedZeroBubble", 3, 4, chunks=2, options=(("comms", True),), steps=2),
 ]
+
+
+def assert_exact(results: Sequence[dict], loss_tol: float = 1e-12, tol: float = 1e-10) -> None:
+    """Every result of ``run_cases_dist`` ran and matched the reference: loss within ``loss_tol``,
+    gradients and updated parameters within ``tol`` (relative)."""
+    for r in results:
+        assert "error" not in r, r
+        label = str(r["case"])
+        assert r["loss_err"] <= loss_tol, label
+        assert r["grad_err"] <= tol, label
+        assert r["param_err"] <= tol, label
 
 
 def sgd(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
@@ -198,6 +213,9 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
                        cut=case.cut or schedule.meta.get("cut"),
                        recompute=case.recompute, mlp_chunk=case.mlp_chunk, mlp_recompute=case.mlp_recompute)
     ref_units = copy.deepcopy(units)
+    if case.save_ops:
+        from .models.recompute import selective_recompute
+        units = [selective_recompute(u, case.save_ops) for u in units]
     ref_opt = optimizer([p for u in ref_units for p in u.parameters()])
     links = None
     if case.links:

@@ -43,6 +43,8 @@ class TrainConfig:
     """Units per rank for interleaved schedules."""
     ranks_per_node: int | None = None
     """Ranks per node, for topology-aware schedules (tawpipe)."""
+    options: str = ""
+    """Generator options as name=value pairs separated by ';' (pipemesh: "enqueue=4,4;dequeue=2,2,2,2")."""
     dp: int = 1
     """Data-parallel replicas D of the pipeline (stages x dp processes)."""
     zero: int = 0
@@ -202,6 +204,19 @@ class TrainConfig:
             raise ValueError(f"{what}, but model {self.model!r} has {layers} layers (one unit needs at least one); "
                              f"allowed: --stages x chunks <= {layers}")
 
+    def option_dict(self) -> dict:
+        """--options as {name: int or text}; a pair without '=' is an error naming it."""
+        out: dict = {}
+        for pair in (p.strip() for p in self.options.split(";")):
+            if not pair:
+                continue
+            name, eq, value = pair.partition("=")
+            if not eq or not name.strip():
+                raise ValueError(f"--options: {pair!r} is not name=value (pairs separated by ';')")
+            value = value.strip()
+            out[name.strip().replace("-", "_")] = int(value) if value.lstrip("-").isdigit() else value
+        return out
+
     def pass_names(self) -> list[str]:
         return [p for p in self.passes.split(",") if p]
 
@@ -223,6 +238,7 @@ def build_program(cfg: TrainConfig):
     if is_schedule_file(cfg.schedule):
         s = load_schedule(cfg.schedule)
     else:
+        opts.update(cfg.option_dict())
         chunks = _layers_per_stage(cfg) if cfg.schedule in LAYER_PER_CHUNK else cfg.chunks
         s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp,
                            chunks=chunks, **opts)

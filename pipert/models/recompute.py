@@ -31,11 +31,12 @@ import functools
 import threading
 from typing import Any, Callable, Iterable, Iterator
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 __all__ = ["SAVE_GROUPS", "RECOMPUTE_MODES", "save_set", "recompute_save_set", "save_policy",
-           "selective_context", "selective_checkpoint", "collect_caches", "cached_tensors"]
+           "selective_context", "selective_checkpoint", "collect_caches", "cached_tensors", "selective_recompute"]
 
 SAVE_GROUPS: dict[str, frozenset[str]] = {
     "attention": frozenset({
@@ -156,3 +157,27 @@ def cached_tensors(caches: Iterable[dict]) -> list[Tensor]:
             for entry in list(per_op.values()):
                 visit(entry)
     return out
+
+
+class _Checkpointed:
+    """A unit's own forward run as a selective region (deep copies follow the module they are
+    copied with: the bound forward is rebound to the copy; picklable for spawned ranks)."""
+
+    def __init__(self, forward: Callable[..., Any], save: frozenset[str]) -> None:
+        self.forward = forward
+        self.save = save
+
+    def __call__(self, *args: Any) -> Any:
+        if not torch.is_grad_enabled():  # nothing is saved, nothing to recompute
+            return self.forward(*args)
+        return selective_checkpoint(self.forward, *args, save=self.save)
+
+
+def selective_recompute(unit: nn.Module, save: Iterable[str]) -> nn.Module:
+    """``unit`` (returned, changed in place) with its whole forward one selective region keeping
+    the op groups ``save``: for any unit of a partition, whatever model it was cut from; its
+    parameters and their names are unchanged."""
+    groups = save_set(save)
+    forward = unit.forward.forward if isinstance(unit.forward, _Checkpointed) else unit.forward
+    unit.forward = _Checkpointed(forward, groups)
+    return unit

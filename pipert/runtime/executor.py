@@ -71,6 +71,9 @@ class StepResult:
     """If traced: (op, unit, seconds) of every compute per micro-batch and of OPT, the unit's work
     alone (waits for received values excluded)."""
     memory: list[int] = field(default_factory=list)  # bytes held after each action, if measured
+    stashes: list[list[tuple[int, int]]] = field(default_factory=list)
+    """If measured: after each action, the (unit, micro-batch) stashes holding saved tensors
+    (seen by the saved-tensor hooks of ``pipert.runtime.stash``)."""
     order: list[tuple] = field(default_factory=list)
     """If recorded: (action index, op, unit, micro-batch, digest of the value read, digest of the value
     written) per micro-batch of every compute, in the order they ran."""
@@ -206,6 +209,7 @@ class RankExecutor:
                 self.result.trace.append((str(a), t0, time.perf_counter()))
             if self.measure:
                 self.result.memory.append(self.held_bytes())
+                self.result.stashes.append(self.state.stash.live())
         return run
 
     def _trip(self) -> None:

@@ -15,7 +15,11 @@ live tensors too (they stay on the device: OFFLOAD moves only what the hooks pac
 
 Parameters are never packed into holders (they are the unit's weights, not its activations);
 they are saved as detached aliases, so a graph keeps the weights it was built with even when the
-parameter is rebound to new storage afterwards.
+parameter is rebound to new storage afterwards. The exception are the parameters ``by_reference``
+names for the unit being captured (a ZeRO-3 unit's, whose values do not change within a step):
+they are saved as a :class:`_ParamView` of the parameter, resolved against its storage when the
+backward reads it, so a FREE of the gathered weights frees them while stashes are alive, and the
+next ALLGATHER's buffer is what the backward reads.
 """
 from __future__ import annotations
 
@@ -36,6 +40,20 @@ class _Held:
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
         self.host: Any = None
+
+
+class _ParamView:
+    """A saved view of a parameter, kept as (parameter, shape, strides, offset in the parameter)."""
+
+    __slots__ = ("param", "shape", "stride", "offset")
+
+    def __init__(self, param: torch.Tensor, t: torch.Tensor) -> None:
+        self.param, self.shape, self.stride = param, t.shape, t.stride()
+        self.offset = t.storage_offset() - param.storage_offset()
+
+    def resolve(self) -> torch.Tensor:
+        base = self.param.detach()
+        return base.as_strided(self.shape, self.stride, base.storage_offset() + self.offset)
 
 
 def _region(t: torch.Tensor) -> tuple[torch.Tensor, tuple]:
@@ -60,9 +78,12 @@ def tensor_key(t: torch.Tensor) -> tuple:
 class StashLedger:
     """Holders of saved tensors per (unit, micro-batch); see the module doc."""
 
-    def __init__(self, excluded: Callable[[], list[torch.Tensor]]) -> None:
+    def __init__(self, excluded: Callable[[], list[torch.Tensor]],
+                 by_reference: Callable[[int], list[torch.Tensor]] | None = None) -> None:
         self._excluded_fn = excluded
+        self._by_reference_fn = by_reference
         self._excluded: set[int] | None = None
+        self._refs: dict[int, torch.Tensor] = {}
         self._current: tuple[int, int] | None = None
         self._held: dict[tuple[int, int], weakref.WeakSet] = {}
         self._staged: dict[tuple[int, int], tuple[dict, list]] = {}
@@ -77,6 +98,8 @@ class StashLedger:
         """Track what autograd saves while the block runs as the stash of (unit, mb)."""
         self._current = (unit, mb)
         self._excluded = self._excluded_ptrs()
+        refs = self._by_reference_fn(unit) if self._by_reference_fn is not None else []
+        self._refs = {p.untyped_storage().data_ptr(): p for p in refs}
         self._held.setdefault((unit, mb), weakref.WeakSet())
         from ..models.recompute import collect_caches
         try:
@@ -86,12 +109,19 @@ class StashLedger:
         finally:
             self._current = None
             self._excluded = None
+            self._refs = {}
 
     def _pack(self, t: torch.Tensor) -> Any:
         # a detached alias: the graph keeps this storage even when the parameter (or a buffer)
         # is later rebound to another one (received weights, FREE, OFFLOAD)
         t = t.detach()
-        if self._current is None or t.untyped_storage().data_ptr() in self._excluded:
+        if self._current is None:
+            return t
+        ptr = t.untyped_storage().data_ptr()
+        param = self._refs.get(ptr)
+        if param is not None:
+            return _ParamView(param, t)
+        if ptr in self._excluded:
             return t
         h = _Held(t)
         self._held[self._current].add(h)
@@ -99,6 +129,8 @@ class StashLedger:
 
     @staticmethod
     def _unpack(h: Any) -> torch.Tensor:
+        if isinstance(h, _ParamView):
+            return h.resolve()
         if not isinstance(h, _Held):
             return h
         if h.tensor is None:
@@ -116,6 +148,10 @@ class StashLedger:
         from ..models.recompute import cached_tensors
         keys = {tensor_key(h.tensor) for h in list(self._held.get((unit, mb), ())) if h.tensor is not None}
         return keys | {tensor_key(t) for t in cached_tensors(self._caches.get((unit, mb), ()))}
+
+    def live(self) -> list[tuple[int, int]]:
+        """(unit, micro-batch) of every stash that still holds an on-device saved tensor."""
+        return [k for k in list(self._held) if self.keys(*k)]
 
     def total_bytes(self) -> int:
         """Sum over stashes of :meth:`live_bytes` (bytes shared by two stashes count twice)."""

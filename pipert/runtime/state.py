@@ -72,7 +72,14 @@ class UnitState:
         for u in runners:
             if u not in self.held:  # another rank's weights arrive before they are used
                 self.free(u, -1)
-        self.stash = StashLedger(self._static_tensors)
+        self.stash = StashLedger(self._static_tensors, self._gathered_params)
+
+    def _gathered_params(self, u: int) -> list[torch.Tensor]:
+        """Parameters a stash of unit u refers to rather than keeps: a held ZeRO-3 unit's, gathered
+        again (same values within a step) before every use that the validator allows."""
+        if u in self.held and self.zero.get(u, 0) >= 3:
+            return list(self.runners[u].module.parameters())
+        return []
 
     def _static_tensors(self) -> list[torch.Tensor]:
         out = []

@@ -29,3 +29,9 @@ register("zb-v", zb_v, "Zero Bubble V: 2 chunks per rank in a V shape, D/W split
 from . import tawpipe, weipipe  # noqa: E402,F401  (registers weipipe-* and tawpipe)
 from . import crosspipe  # noqa: E402,F401  (registers crosspipe-greedy, crosspipe-wave, crosspipe-optimal)
 from . import helixpipe  # noqa: E402,F401  (registers helixpipe and helixpipe-2fold)
+from .pipemesh import check_pipemesh, pipemesh  # noqa: E402
+
+register("pipemesh", pipemesh, "PipeMesh elastic schedule: enqueue/dequeue group sequences over V chunks per rank "
+         "(options enqueue, dequeue, units_per_chunk, max_live_passes)", default_chunks=2, min_chunks=1,
+         max_chunks=None, check=check_pipemesh,
+         constraints="any V >= 1; M >= P; enqueue/dequeue: integers >= P summing to M (default P, P, ...)")

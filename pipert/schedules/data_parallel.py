@@ -11,6 +11,11 @@ gradients right before each ``OPT u`` over the unit's replica group:
 - ZeRO 3: also ``ALLGATHER weight u`` before the unit's first compute of the step and
   ``FREE weight u`` after its last, so only the shard is kept between steps.
 
+A ``pipemesh`` schedule instead gets PipeMesh's communication schedule
+(``pipert.schedules.pipemesh.overlap_collectives``): ZeRO-3 gathers and frees around every run of
+a chunk, ZeRO-2/3 reduce-scatters after every backward run (accumulated on the shard), all of
+them bucketed one per pass beside the passes they overlap; the optimizer steps at the end.
+
 The process layout (replica-major: rank = d*P + stage) is the one
 ``torch.distributed.device_mesh.init_device_mesh(..., (D, P), mesh_dim_names=("dp", "pp"))``
 gives; ``pipert.runtime.mesh`` builds that mesh for a torch.distributed job.
@@ -19,7 +24,10 @@ from __future__ import annotations
 
 from ..ir import Action, Op, Payload, Placement, Schedule
 
-__all__ = ["replicate", "replica_groups"]
+__all__ = ["replicate", "replica_groups", "WEIGHT_READERS"]
+
+WEIGHT_READERS = frozenset({Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE})
+"""Computes that read a unit's weights."""
 
 
 def replica_groups(base: Schedule, dp: int) -> list[tuple[int, ...]]:
@@ -48,12 +56,16 @@ def replicate(base: Schedule, dp: int, zero: int | list[int] = 0) -> Schedule:
     first_use: dict[tuple[int, int], int] = {}
     last_use: dict[tuple[int, int], int] = {}
     for r, i, a in base:
-        if a.unit is not None and a.op in (Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE):
+        if a.unit is not None and (a.op in WEIGHT_READERS or a.op is Op.SEND and a.payload is Payload.WEIGHT):
             first_use.setdefault((r, a.unit), i)
             last_use[(r, a.unit)] = i
+    overlap = base.meta.get("family") == "pipemesh"
     actions = []
     for d in range(dp):
         for r in range(P):
+            if overlap:
+                actions.append(_overlapped(base, r, d, dp, zeros, groups))
+                continue
             prog = []
             for i, a in enumerate(base.actions[r]):
                 a = _relabel(a, d, dp, P)
@@ -75,6 +87,24 @@ def replicate(base: Schedule, dp: int, zero: int | list[int] = 0) -> Schedule:
     meta = dict(base.meta, dp=dp, zero=zeros, pp_stages=P)
     return Schedule(f"{base.name}-dp{dp}" + (f"-zero{zero}" if isinstance(zero, int) and zero else ""),
                     P * dp, U, M * dp, placement, actions, meta)
+
+
+def _overlapped(base: Schedule, r: int, d: int, dp: int, zeros: list[int], groups: list[tuple[int, ...]]
+                ) -> list[Action]:
+    """Replica d's copy of base rank r with PipeMesh's collectives (module doc)."""
+    from .pipemesh import overlap_collectives
+    acts = base.actions[r]
+    bad = [a for a in acts if a.unit is not None and a.op in WEIGHT_READERS and base.placement.weight_owner[a.unit] != r]
+    if bad:
+        raise ValueError(f"schedule {base.name!r}: rank {r} computes {bad[0]} of a unit it does not hold; "
+                         f"PipeMesh's communication schedule needs activation passing")
+    before, tail = overlap_collectives(acts, zeros, groups, base.units_owned(r), base.meta.get("units_per_chunk", 1))
+    prog: list[Action] = []
+    for i, a in enumerate(acts):
+        prog += before.get(i, [])
+        if a.op is not Op.OPT:
+            prog.append(_relabel(a, d, dp, base.num_ranks))
+    return prog + before.get(len(acts), []) + tail
 
 
 def _relabel(a: Action, d: int, dp: int, P: int) -> Action:

@@ -60,6 +60,18 @@ def test_each_rank_materialises_only_the_units_it_computes_or_holds():
     assert first["max_grad_rel_err"] <= 1e-5 and first["max_param_rel_err"] <= 1e-5, first
 
 
+def test_pipemesh_on_a_two_by_two_mesh():
+    """pipemesh over P=2 stages x D=2 replicas with ZeRO-3, its own sequences and selective
+    recomputation trains exactly."""
+    out = _train("--schedule", "pipemesh", "--stages", "2", "--dp", "2", "--zero", "3", "--options",
+                 "enqueue=4;dequeue=2,2", "--recompute", "no_attention", "--steps", "1", "--json", "--check",
+                 "--dtype", "float64")
+    assert out.returncode == 0, out.stderr[-2000:]
+    step = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")][0]
+    assert step["max_grad_rel_err"] <= 1e-10 and step["max_param_rel_err"] <= 1e-10, step
+    assert abs(step["loss"] - step["ref_loss"]) <= 1e-12 * abs(step["ref_loss"])
+
+
 def test_train_gpt_with_chunked_mlp_and_recompute_matches_its_reference():
     """The GPT model with the chunked MLP (recompute mode) and recomputation without attention
     trains under a schedule; the pipeline equals the single-process reference in float64."""
@@ -98,6 +110,9 @@ def test_train_helixpipe_on_gloo_matches_its_reference():
     (("--batch-size", "10"), "not divisible into 8 micro-batches"),
     (("--schedule", "zb-v", "--chunks", "3"), "zb-v needs chunks == 2"),
     (("--schedule", "nope"), "unknown schedule 'nope'"),
+    (("--schedule", "pipemesh", "--stages", "2", "--dp", "2", "--options", "enqueue=2,2;dequeue=4"),
+     "enqueue [2, 2] / dequeue [4] with P=2, V=2, B=4 cannot run"),
+    (("--schedule", "pipemesh", "--options", "enqueue"), "--options: 'enqueue' is not name=value"),
 ])
 def test_train_rejects_bad_configs_before_starting_processes(args, message):
     t0 = time.monotonic()

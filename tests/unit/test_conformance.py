@@ -51,6 +51,7 @@ CONFIGS = {
     "crosspipe-optimal": dict(stages=2, microbatches=3),
     "helixpipe": dict(stages=2, microbatches=4),
     "helixpipe-2fold": dict(stages=2, microbatches=4),
+    "pipemesh": dict(stages=2, microbatches=4, enqueue=(4,), dequeue=(2, 2), units_per_chunk=2),
 }
 
 

@@ -1,0 +1,126 @@
+"""``pipert plan --pipemesh``: PipeMesh's plan (q, sequences, ZeRO mix, recomputation), its
+predicted iteration time and per-component memory, beside Megatron and breadth-first under
+the same budget."""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from typing import Any
+
+from .pipemesh import Components
+from .search import GiB, Plan, plan, plan_fixed
+from .workload import PAPER_MODELS, Cluster, chunk_ops, workload
+
+__all__ = ["add_pipemesh_args", "cmd_pipemesh", "choose_chunks", "build_problem"]
+
+
+def add_pipemesh_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("PipeMesh planner (with --pipemesh; -P, -V = M, --model, --device, "
+                             "--ranks-per-node = GPUs per node also apply)")
+    g.add_argument("--pipemesh", action="store_true", help="plan PipeMesh (q, ZeRO mix, recomputation) for a model")
+    g.add_argument("--paper", default=None, help="a Table IV configuration with the paper's measured times: "
+                   "gpt3-a100, gpt3-v100, llama2-v100, falcon-v100")
+    g.add_argument("--dp", type=int, default=3, help="data-parallel replicas D")
+    g.add_argument("--tp", type=int, default=8, help="tensor-parallel size T (inside a node)")
+    g.add_argument("--batch", type=int, default=None, help="global batch in sequences; B = batch / D "
+                   "(default: D x --microbatches)")
+    g.add_argument("--memory-budget", type=float, default=None, help="GiB per device (default: the device's memory)")
+    g.add_argument("--inter-node-gbps", type=float, default=100.0, help="network bandwidth of one node, Gbit/s")
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def choose_chunks(model_layers: int, stages: int, make: Any) -> int:
+    """The paper's rule: the largest M (dividing layers / P) with C_PP <= C^fwd; ``make(M)``
+    returns the Components for M."""
+    best = 1
+    for m in range(1, model_layers // stages + 1):
+        if model_layers % (stages * m):
+            continue
+        c = make(m)
+        if c.pp_comm <= c.fwd:
+            best = m
+    return best
+
+
+def build_problem(args: argparse.Namespace) -> tuple[Components, int, list, float, str]:
+    """(components, kept bytes per pass, chunk ops, budget in bytes, description) from the flags."""
+    from ..cost.devices import DeviceSpec
+    if args.paper:
+        from .paper import TABLE_IV, components, megatron_activation
+        if args.paper not in TABLE_IV:
+            raise ValueError(f"--paper {args.paper!r}; allowed: {', '.join(TABLE_IV)}")
+        cfg = TABLE_IV[args.paper]
+        c = components(cfg, "pipemesh")
+        cluster = Cluster(DeviceSpec.preset(cfg.cluster), 8, 400.0 if cfg.cluster == "a100" else 100.0)
+        base, ops = chunk_ops(cfg.model, cfg.tp, cluster, cfg.model.layers // (cfg.stages * c.chunks))
+        ops = [replace(o, time=o.time * 1e3) for o in ops]            # seconds -> ms, the table's unit
+        if args.memory_budget is not None:
+            budget = args.memory_budget * GiB
+        else:   # the paper's budget: Megatron's usage, here as the memory model gives it
+            mt = components(cfg, "megatron")
+            budget = 12 * mt.params / mt.dp + 4 * mt.params + megatron_activation(cfg)
+        return c, base, ops, budget, (f"{cfg.model.name} on {cfg.cluster.upper()} (Table IV: B={cfg.batch}, "
+                                      f"T,P,D={cfg.tp},{cfg.stages},{cfg.dp}); times in ms")
+    name = args.model or "gpt3-58b"
+    if name not in PAPER_MODELS:
+        raise ValueError(f"--model {name!r} with --pipemesh; allowed: {', '.join(PAPER_MODELS)}")
+    m = PAPER_MODELS[name]
+    dev = DeviceSpec.preset(args.device)
+    if args.inter_node_gbps <= 0:
+        raise ValueError(f"--inter-node-gbps {args.inter_node_gbps}: must be > 0")
+    cluster = Cluster(dev, args.ranks_per_node or 8, args.inter_node_gbps)
+    if args.batch is not None and (args.batch < 1 or args.batch % args.dp):
+        raise ValueError(f"--batch {args.batch}: must be a positive multiple of --dp {args.dp}")
+    B = args.batch // args.dp if args.batch is not None else args.microbatches
+
+    def make(M: int) -> tuple:
+        return workload(m, cluster, tp=args.tp, stages=args.stages, dp=args.dp, chunks=M, microbatches=B)
+
+    M = args.chunks or choose_chunks(m.layers, args.stages, lambda k: make(k)[0])
+    c, base, ops = make(M)
+    budget = (args.memory_budget * GiB) if args.memory_budget is not None else dev.memory
+    return c, base, ops, budget, (f"{m.name} on {dev.name}, {cluster.gpus_per_node} GPUs/node, "
+                                  f"{cluster.inter_node_gbps:g} Gb/s per node; T={args.tp}; times in s")
+
+
+def _line(p: Plan) -> str:
+    t, mem = p.time, p.memory
+    return (f"{p.name:<14} q={p.queue.q:<3} T_iter {t['total']:.6g} (compute {t['compute']:.6g}, bubble "
+            f"{t['bubble']:.6g}, PP {t['pp_crit']:.6g}, DP {t['dp_crit']:.6g})  memory {mem['total'] / GiB:.2f} GiB")
+
+
+def cmd_pipemesh(args: argparse.Namespace) -> int:
+    c, base, ops, budget, what = build_problem(args)
+    best = plan(c, ops, budget, base)
+    others: dict[str, Any] = {}
+    for kind in ("megatron", "breadth-first"):
+        try:
+            others[kind] = plan_fixed(kind, c, ops, budget, base)
+        except ValueError as e:
+            others[kind] = str(e)
+    if args.json:
+        print(json.dumps({"setting": what, "plan": best.as_dict(),
+                          "baselines": {k: (v.as_dict() if isinstance(v, Plan) else {"error": v})
+                                        for k, v in others.items()}}))
+        return 0
+    q = best.queue
+    sh = q.sharding
+    print(what)
+    print(f"P={c.stages} D={c.dp} M={c.chunks} B={c.microbatches}; C_fwd {c.fwd:.4g}, C_bwd {c.bwd:.4g}, "
+          f"C_DP {c.dp_comm:.4g}, C_PP {c.pp_comm:.4g}; budget {budget / GiB:.2f} GiB")
+    print(f"buffer size q={q.q}  enqueue {list(q.enqueue)}  dequeue {list(q.dequeue)}  (case {q.case})")
+    share = (lambda x: x / c.params if c.params else 0.0)
+    print(f"sharding: ZeRO-3 {share(sh.zero_param):.1%}, ZeRO-2 {share(sh.zero_grad - sh.zero_param):.1%}, "
+          f"ZeRO-1 {share(c.params - sh.zero_grad):.1%}; buckets B_Z2={sh.bz2} B_Z3 fwd={sh.bz3_fwd} bwd={sh.bz3_bwd}")
+    rec = best.recomputed
+    print(f"recompute {len(rec)} of {len(ops)} operations per chunk ({best.recompute.recompute_time:.4g} per pass): "
+          + (", ".join(rec[:12]) + (" ..." if len(rec) > 12 else "") if rec else "none"))
+    t = best.time
+    print("iteration   " + ", ".join(f"{k} {v:.6g}" for k, v in t.items()))
+    print("exposed DP  " + ", ".join(f"{k} {v:.6g}" for k, v in q.exposed.items()))
+    print("memory GiB  " + ", ".join(f"{k} {v / GiB:.3f}" for k, v in best.memory.items()))
+    print("same budget:")
+    for kind, p in [("pipemesh", best), *others.items()]:
+        print("  " + (_line(p) if isinstance(p, Plan) else f"{kind:<14} does not fit: {p}"))
+    return 0

@@ -1,0 +1,59 @@
+"""Selective recomputation of a whole unit (pipert.models.recompute.selective_recompute, PyTorch SAC): the ops not kept run
+again in the backward, the kept ones do not, and results equal the plain unit exactly."""
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from pipert.models.recompute import selective_recompute
+from pipert.testing import make_batch, tiny_units
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _backward_calls(unit, x, y):
+    x = x.detach().clone().requires_grad_(True)
+    loss = unit(x, y)
+    with _Count() as c:
+        loss.backward()
+    return loss.detach(), x.grad, [p.grad for p in unit.parameters()], c.calls
+
+
+def test_norms_and_activations_recomputed_projections_kept():
+    plain = tiny_units(2, "float64")[1]   # the last unit: a decoder layer, norm, head, loss
+    sac = selective_recompute(copy.deepcopy(plain), {"projection", "attention"})
+    x = torch.randn(2, 8, 32, dtype=torch.float64)
+    _, y = make_batch(1)
+    l0, g0, p0, c0 = _backward_calls(plain, x, y)
+    l1, g1, p1, c1 = _backward_calls(sac, x, y)
+    assert c0.get("silu", 0) == 0 and c0.get("rsqrt", 0) == 0
+    assert c1["silu"] == 1 and c1["rsqrt"] == 3        # SwiGLU's SiLU; attention, MLP and final RMSNorm
+    assert c1["mm"] == c0["mm"]                        # no projection runs again
+    assert torch.equal(l0, l1) and torch.equal(g0, g1)
+    assert all(torch.equal(a, b) for a, b in zip(p0, p1))
+    assert [n for n, _ in sac.named_parameters()] == [n for n, _ in plain.named_parameters()]
+
+
+def test_copies_follow_their_module_and_pickle():
+    unit = selective_recompute(tiny_units(2, "float64")[0], {"projection"})
+    twin = copy.deepcopy(unit)
+    assert twin.forward.forward.__self__ is twin
+    pickle.loads(pickle.dumps(unit))
+
+
+def test_unknown_op_groups_are_rejected():
+    with pytest.raises(ValueError, match=r"unknown op group\(s\) to save \['projections'\]; allowed: attention"):
+        selective_recompute(tiny_units(2, "float64")[0], {"projections"})
