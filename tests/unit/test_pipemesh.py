@@ -100,7 +100,11 @@ def test_mixed_zero_collectives_sit_beside_passes_and_conform():
     # overlaps its first backward run: 2 gathers of u7.
     assert (count(Op.ALLGATHER, 0), count(Op.FREE, 0), count(Op.ALLGATHER, 7), count(Op.FREE, 7)) == (3, 3, 2, 2)
     assert [count(Op.REDUCESCATTER, u) for u in (0, 1, 2, 6, 7, 8)] == [2, 2, 1, 1, 2, 2]  # ZeRO-2/3 per run
-    assert [count(Op.ALLGATHER, u) for u in (1, 2, 6, 8)] == [1, 1, 1, 1]  # ZeRO-1/2: after the OPT
+    # ZeRO-1/2: gathered once (the shards were stepped), before the unit's first forward; never freed
+    first_f = {u: next(i for i, a in enumerate(acts) if a.op is Op.F and a.unit == u) for u in (1, 2, 6, 8)}
+    for u in (1, 2, 6, 8):
+        gathers = [i for i, a in enumerate(acts) if a.op is Op.ALLGATHER and a.unit == u]
+        assert len(gathers) == 1 and gathers[0] < first_f[u] and count(Op.FREE, u) == 0
     i_opt = min(i for i, a in enumerate(acts) if a.op is Op.OPT)
     assert all(a.op is not Op.REDUCESCATTER for a in acts[i_opt:])
     # a reduce-scatter of a chunk left by the backward passes is posted before a later backward pass
