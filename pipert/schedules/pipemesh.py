@@ -138,8 +138,26 @@ def pipemesh(config: PipelineConfig, enqueue: Sequence[int] | str | None = None,
     errors = validate(sched, all_errors=True)
     if errors:
         raise ValueError(f"pipemesh: enqueue {list(e)} / dequeue {list(d)} with P={P}, V={V}, B={B} cannot run: "
-                         f"{errors[0]} [{errors[0].reason}]")
+                         f"{_early_backward(config, e, d)}validator: {errors[0]} [{errors[0].reason}]")
     return sched
+
+
+def _early_backward(config: PipelineConfig, e: tuple[int, ...], d: tuple[int, ...]) -> str:
+    """Where Algorithm 1 puts a backward before its own forward (the usual reason a sequence
+    cannot run), as a sentence; empty if nowhere."""
+    ends = [sum(d[:j + 1]) for j in range(len(d))]
+    for s, passes in enumerate(pass_orders(config, e, d)):
+        done = set()
+        for op, c, m in passes:
+            if op == "F":
+                done.add((c, m))
+            elif (c, m) not in done:
+                j = next(i for i, end in enumerate(ends) if m < end)
+                w = warmup(config.stages, config.chunks, config.microbatches, e[0], s)
+                return (f"stage {s} would run the backward of its chunk {c}, micro-batch {m} (dequeue group {j + 1} "
+                        f"of {d[j]}) before its forward: {w} warm-up forwards ((V-1)e_1 + 2(P-1-{s})) do not reach "
+                        f"it; ")
+    return ""
 
 
 # --- the communication schedule over D replicas --------------------------------------------------

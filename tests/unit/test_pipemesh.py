@@ -59,7 +59,9 @@ def test_units_per_chunk_keeps_a_chunk_on_one_rank():
     (dict(enqueue=(4, 3)), ["enqueue", "sums to 7", "B=8"]),
     (dict(dequeue=(2, 6)), ["dequeue", "< P=4"]),
     (dict(enqueue="4,x"), ["enqueue", "comma-separated"]),
-    (dict(enqueue=(4, 4), dequeue=(8,)), ["cannot run", "enqueue [4, 4] / dequeue [8]", "input_later"]),
+    (dict(enqueue=(4, 4), dequeue=(8,)), ["cannot run", "enqueue [4, 4] / dequeue [8]", "input_later",
+                                          "stage 2 would run the backward of its chunk 1, micro-batch 4 (dequeue "
+                                          "group 1 of 8) before its forward: 6 warm-up forwards"]),
     (dict(enqueue=(8,), max_live_passes=12), ["e_1=8", "15 live forward passes", "max_live_passes=12", "e_1 <= 5"]),
     (dict(units_per_chunk=0), ["units_per_chunk"]),
 ])
