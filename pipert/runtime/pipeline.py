@@ -300,8 +300,8 @@ class Pipeline:
         return 0 if self.links is None else sum(self.links.delivered(r) for r in self.ranks)
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
-        """Parameters of the units this process holds, named ``unit{u}.{name}``. ZeRO-3 units
-        are assembled from their shards (in a torch.distributed job every rank must call this:
+        """Parameters of the units this process holds, named ``unit{u}.{name}``. ZeRO units are
+        assembled from their shards (in a torch.distributed job every rank must call this:
         the holders of a unit gather its shards)."""
         return self._named(grads=False)
 
@@ -317,7 +317,7 @@ class Pipeline:
             st = self._executors[r].state
             for u in self.schedule.units_owned(r):
                 module = self.modules[r][u]
-                sharded = st.zero[u] >= 1 if grads else st.zero[u] >= 3
+                sharded = st.zero[u] >= 1  # the shards are current (whole weights may be stale after OPT)
                 flat = self._assemble(r, u, grads) if sharded else None
                 off = 0
                 for n, p in module.named_parameters():

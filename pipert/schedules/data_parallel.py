@@ -14,7 +14,8 @@ gradients right before each ``OPT u`` over the unit's replica group:
 A ``pipemesh`` schedule instead gets PipeMesh's communication schedule
 (``pipert.schedules.pipemesh.overlap_collectives``): ZeRO-3 gathers and frees around every run of
 a chunk, ZeRO-2/3 reduce-scatters after every backward run (accumulated on the shard), all of
-them bucketed one per pass beside the passes they overlap; the optimizer steps at the end.
+them bucketed one per pass beside the passes they overlap; the optimizer steps at the end, and
+the ZeRO-1/2 weights are gathered at the start of the next step, before each chunk's first run.
 
 The process layout (replica-major: rank = d*P + stage) is the one
 ``torch.distributed.device_mesh.init_device_mesh(..., (D, P), mesh_dim_names=("dp", "pp"))``

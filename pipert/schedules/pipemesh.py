@@ -138,8 +138,26 @@ def pipemesh(config: PipelineConfig, enqueue: Sequence[int] | str | None = None,
     errors = validate(sched, all_errors=True)
     if errors:
         raise ValueError(f"pipemesh: enqueue {list(e)} / dequeue {list(d)} with P={P}, V={V}, B={B} cannot run: "
-                         f"{errors[0]} [{errors[0].reason}]")
+                         f"{_early_backward(config, e, d)}validator: {errors[0]} [{errors[0].reason}]")
     return sched
+
+
+def _early_backward(config: PipelineConfig, e: tuple[int, ...], d: tuple[int, ...]) -> str:
+    """Where Algorithm 1 puts a backward before its own forward (the usual reason a sequence
+    cannot run), as a sentence; empty if nowhere."""
+    ends = [sum(d[:j + 1]) for j in range(len(d))]
+    for s, passes in enumerate(pass_orders(config, e, d)):
+        done = set()
+        for op, c, m in passes:
+            if op == "F":
+                done.add((c, m))
+            elif (c, m) not in done:
+                j = next(i for i, end in enumerate(ends) if m < end)
+                w = warmup(config.stages, config.chunks, config.microbatches, e[0], s)
+                return (f"stage {s} would run the backward of its chunk {c}, micro-batch {m} (dequeue group {j + 1} "
+                        f"of {d[j]}) before its forward: {w} warm-up forwards ((V-1)e_1 + 2(P-1-{s})) do not reach "
+                        f"it; ")
+    return ""
 
 
 # --- the communication schedule over D replicas --------------------------------------------------
@@ -184,14 +202,16 @@ def overlap_collectives(acts: list[Action], zeros: Sequence[int], groups: Sequen
     runs = maximal runs of one chunk among the forward (or the backward) passes:
 
     - ZeRO-3 weights are gathered for every run that uses them (overlapping runs merge) and freed
-      after it; the gathers of a chunk's n ZeRO-3 units go one before each of the n passes before
-      the run starts (bucket b before pass start-n+b, never before the previous FREE);
+      after it; ZeRO-1/2 weights (stale since the last step's OPT stepped the shards) are gathered
+      once, for the first run of their chunk, and kept (the optimizer's all-gather of the paper,
+      overlapped with the step's first passes); a run's n gathers go one before each of the n
+      passes before the run starts (bucket b before pass start-n+b, never before the previous FREE);
     - ZeRO-2/3 gradients are reduce-scattered after every backward run of their chunk, ZeRO-0/1
       ones (ALLREDUCE/REDUCESCATTER) after the chunk's last backward run; bucket b (of the chunk's
       units, last-finished first) goes before the (b+1)-th backward pass after the run (the tail
       when there is none); the shards accumulate;
-    - the tail steps the optimizer of every held unit after all reductions, then gathers the
-      whole weights of ZeRO-1/2 units.
+    - the tail steps the optimizer of every held unit after all reductions. Between steps the
+      whole weights of ZeRO-1/2 units are those the step started with; the shards are current.
     """
     k = units_per_chunk
     passes = _passes(acts, k)
@@ -217,12 +237,13 @@ def overlap_collectives(acts: list[Action], zeros: Sequence[int], groups: Sequen
                 merged.append([s, e, a, b, side])
         z3 = [u for u in chunk_units(c) if zeros[u] == 3]
         prev_free = -1
-        for s, e, a, b, side in merged:
-            order = z3 if side == "F" else z3[::-1]
+        for n, (s, e, a, b, side) in enumerate(merged):
+            gathered = z3 + ([u for u in chunk_units(c) if zeros[u] in (1, 2)] if n == 0 else [])
+            order = gathered if side == "F" else gathered[::-1]
             for j, u in enumerate(order):
                 target = max(a - len(order) + j, prev_free + 1, 0)
                 put(passes[target][0], 1, Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u]))
-            for u in order:
+            for u in z3:
                 put(e + 1, 0, Action(Op.FREE, unit=u, payload=Payload.WEIGHT))
             prev_free = b
     # weight gradients
@@ -243,9 +264,5 @@ def overlap_collectives(acts: list[Action], zeros: Sequence[int], groups: Sequen
     before: dict[int, list[Action]] = {}
     for index, _, _, a in sorted(items, key=lambda t: t[:3]):
         before.setdefault(index, []).append(a)
-    tail = list(tail_red)
-    for u in sorted(held_set):
-        tail.append(Action(Op.OPT, unit=u))
-        if zeros[u] in (1, 2):
-            tail.append(Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u]))
+    tail = list(tail_red) + [Action(Op.OPT, unit=u) for u in sorted(held_set)]
     return before, tail

@@ -3,6 +3,8 @@ special cases, Algorithm 1's warm-up and activation peak, and sequences that can
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipert.ir import Op
 from pipert.schedules import PipelineConfig, build_schedule
@@ -57,7 +59,9 @@ def test_units_per_chunk_keeps_a_chunk_on_one_rank():
     (dict(enqueue=(4, 3)), ["enqueue", "sums to 7", "B=8"]),
     (dict(dequeue=(2, 6)), ["dequeue", "< P=4"]),
     (dict(enqueue="4,x"), ["enqueue", "comma-separated"]),
-    (dict(enqueue=(4, 4), dequeue=(8,)), ["cannot run", "enqueue [4, 4] / dequeue [8]", "input_later"]),
+    (dict(enqueue=(4, 4), dequeue=(8,)), ["cannot run", "enqueue [4, 4] / dequeue [8]", "input_later",
+                                          "stage 2 would run the backward of its chunk 1, micro-batch 4 (dequeue "
+                                          "group 1 of 8) before its forward: 6 warm-up forwards"]),
     (dict(enqueue=(8,), max_live_passes=12), ["e_1=8", "15 live forward passes", "max_live_passes=12", "e_1 <= 5"]),
     (dict(units_per_chunk=0), ["units_per_chunk"]),
 ])
@@ -100,7 +104,11 @@ def test_mixed_zero_collectives_sit_beside_passes_and_conform():
     # overlaps its first backward run: 2 gathers of u7.
     assert (count(Op.ALLGATHER, 0), count(Op.FREE, 0), count(Op.ALLGATHER, 7), count(Op.FREE, 7)) == (3, 3, 2, 2)
     assert [count(Op.REDUCESCATTER, u) for u in (0, 1, 2, 6, 7, 8)] == [2, 2, 1, 1, 2, 2]  # ZeRO-2/3 per run
-    assert [count(Op.ALLGATHER, u) for u in (1, 2, 6, 8)] == [1, 1, 1, 1]  # ZeRO-1/2: after the OPT
+    # ZeRO-1/2: gathered once (the shards were stepped), before the unit's first forward; never freed
+    first_f = {u: next(i for i, a in enumerate(acts) if a.op is Op.F and a.unit == u) for u in (1, 2, 6, 8)}
+    for u in (1, 2, 6, 8):
+        gathers = [i for i, a in enumerate(acts) if a.op is Op.ALLGATHER and a.unit == u]
+        assert len(gathers) == 1 and gathers[0] < first_f[u] and count(Op.FREE, u) == 0
     i_opt = min(i for i, a in enumerate(acts) if a.op is Op.OPT)
     assert all(a.op is not Op.REDUCESCATTER for a in acts[i_opt:])
     # a reduce-scatter of a chunk left by the backward passes is posted before a later backward pass
@@ -184,3 +192,42 @@ def test_a_zero3_stash_refers_to_the_gathered_weights_instead_of_keeping_them():
         assert torch.equal(x.grad[0], (new if expect_new else old).sum(0))
         lin.weight.data = old
     assert other.weight.grad is None
+
+
+@st.composite
+def _configs(draw):
+    P = draw(st.integers(2, 3))
+    V = draw(st.integers(1, 3))
+    B = draw(st.integers(P, 4 * P))
+
+    def parts() -> tuple[int, ...]:  # g groups of P, the other B - gP micro-batches spread at random
+        g = draw(st.integers(1, B // P))
+        out = [P] * g
+        for j in draw(st.lists(st.integers(0, g - 1), min_size=B - g * P, max_size=B - g * P)):
+            out[j] += 1
+        return tuple(out)
+    return P, V, B, parts(), parts(), draw(st.integers(1, 2)), draw(st.lists(st.integers(0, 3), min_size=12,
+                                                                             max_size=12))
+
+
+@settings(max_examples=40, deadline=None)
+@given(_configs())
+def test_every_sequence_builds_a_valid_mesh_program_or_is_rejected_before_running(cfg):
+    """Random sequences (groups >= P): either the program and its P x 2 mesh with random ZeRO
+    stages per unit validate and the live-pass peak follows Algorithm 1, or the generator refuses
+    with the validator's reason; nothing else happens."""
+    from pipert.schedules.data_parallel import replicate
+    P, V, B, e, d, k, zeros = cfg
+    try:
+        s = build_schedule("pipemesh", stages=P, microbatches=B, chunks=V, enqueue=e, dequeue=d, units_per_chunk=k)
+    except ValueError as err:
+        assert "cannot run" in str(err) and f"enqueue {list(e)} / dequeue {list(d)}" in str(err)
+        return
+    c = PipelineConfig(P, B, V)
+    for stage, passes in enumerate(pass_orders(c, e, d)):
+        live = peak = 0
+        for op, _, _ in passes:
+            live += 1 if op == "F" else -1
+            peak = max(peak, live)
+        assert peak == peak_live_passes(P, V, B, e[0], stage)
+    validate(replicate(s, 2, zeros[:s.num_units] + [1] * (s.num_units - len(zeros))))
