@@ -19,7 +19,6 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-import torch
 
 __all__ = ["OverlapResult", "measure_overlap", "register"]
 
@@ -65,6 +64,7 @@ def measure_overlap(gemm: int = 512, computes: int = 8, message_bytes: int = 4 <
                     latency: float = 0.0, bandwidth: float = math.inf, device: str = "cpu", repeats: int = 5,
                     backend: str | None = None) -> OverlapResult:
     """Time compute alone, messages alone and both together (module doc)."""
+    import torch
     from .cost.topology import LinkSpec
     from .runtime.links import LinkEmulator
     from .runtime.streams import StreamSet
