@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,15 +42,15 @@ class Case:
     """Data-parallel replicas (``pipert.schedules.data_parallel.replicate``); ranks = stages * dp."""
     zero: int = 0
     """ZeRO stage of every unit over its replicas (with dp > 1)."""
+    links: tuple = ()
+    """Emulated links as (name, value) pairs of ``pipert.linkflags.LinkOptions.parse``
+    (e.g. ``(("dcs", 2), ("dc_latency", "2ms"))``); empty: messages are not delayed."""
     model: str = "llama"
-    """Model family of the tiny test model: llama or gpt (``tiny_units``)."""
-    cut: str | None = None
-    """Partition cut (``pipert.models.partition``): None follows ``fine``; "helix" gives 2L+1 units."""
+    """Tiny model family: "llama" or "gpt" (``tiny_units``)."""
     recompute: str = "none"
-    """Recompute mode inside every unit (``pipert.models.recompute.RECOMPUTE_MODES``)."""
+    """Recompute mode of every unit (``pipert.models.recompute.RECOMPUTE_MODES``)."""
     mlp_chunk: int = 0
-    """Rows per chunk of the chunked MLP (0: the plain MLP); ``mlp_recompute`` selects its mode."""
-    mlp_recompute: bool = False
+    """Token rows per chunk of the chunked MLP (0: the plain MLP)."""
 
 
 @dataclass
@@ -60,6 +60,8 @@ class CaseResult:
     grad_err: float
     param_err: float
     sent_bytes: dict
+    delayed: dict = field(default_factory=dict)
+    """With ``case.links``: the link emulator's backend and the messages it delayed (all ranks)."""
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -84,6 +86,19 @@ IR_OP_DP_CASES = [
     Case("1f1b", 2, 8, dp=2, zero=1, steps=2),                        # REDUCESCATTER + ALLGATHER
     Case("zb-h1", 2, 8, dp=2, zero=3, steps=2),                       # ZeRO-3: gather before use, free after
 ]
+# HelixPipe (2L+1 units, attention placed by micro-batch, QKV weights travel): p in {2, 4}, one and
+# two folds, with and without recomputation without attention, with and without the chunked MLP.
+HELIX_CASES = [
+    Case("helixpipe", 2, 4, chunks=2, steps=2),
+    Case("helixpipe-2fold", 2, 8, model="gpt", recompute="no_attention", steps=2),
+    Case("helixpipe-2fold", 2, 4, chunks=2, mlp_chunk=4, recompute="no_attention"),
+    Case("helixpipe", 2, 4, model="gpt", mlp_chunk=4),
+    Case("helixpipe-2fold", 2, 4, passes=("expand_folds", "send_early")),
+]
+HELIX_P4_CASES = [
+    Case("helixpipe", 4, 4, model="gpt", recompute="no_attention", mlp_chunk=4, steps=2),
+    Case("helixpipe-2fold", 4, 8),
+]
 IR_OP_TORCH_CASES = [
     Case("torch:ScheduleInterleavedZeroBubble", 3, 4, chunks=2, steps=2),
     Case("torch:ScheduleInterleavedZeroBubble", 3, 4, chunks=2, options=(("comms", True),), steps=2),
@@ -95,26 +110,25 @@ def sgd(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
-def tiny_units(num_units: int, dtype: str, seed: int = 0, fine: bool = False, *, model: str = "llama",
-               cut: str | None = None, recompute: str = "none", mlp_chunk: int = 0,
-               mlp_recompute: bool = False) -> list[nn.Module]:
-    """``num_units`` units of a tiny LLaMA (or GPT, ``model="gpt"``) model with as many layers
-    as the cut needs: one per unit, three units per layer (``fine``) or 2L+1 units (``cut="helix"``)."""
+def tiny_units(num_units: int, dtype: str, seed: int = 0, fine: bool = False, *, cut: str | None = None,
+               model: str = "llama", recompute: str = "none", mlp_chunk: int = 0) -> list[nn.Module]:
+    """``num_units`` units of a tiny LLaMA (or GPT with ``model="gpt"``) model: chunks of layers,
+    three units per layer (``fine``) or the 2L+1 HelixPipe units (``cut="helix"``)."""
     from .models import GPTConfig, LlamaConfig, model_from_config, partition
-    cut = "fine" if fine else (cut or "layers")
-    per, extra = {"layers": (1, 0), "fine": (3, 0), "helix": (2, 1)}.get(cut, (1, 0))
-    if (num_units - extra) % per or num_units <= extra:
-        raise ValueError(f"a {cut} partition has {per} units per layer (+{extra}); {num_units} units do not fit")
-    layers = (num_units - extra) // per
-    mlp = {"mlp_chunk": mlp_chunk, "mlp_recompute": mlp_recompute}
+    if fine and num_units % 3:
+        raise ValueError(f"a fine partition has 3 units per layer; {num_units} units is not a multiple of 3")
+    if cut == "helix" and num_units % 2 == 0:
+        raise ValueError(f"the helix cut has 2L+1 units; {num_units} units is even")
+    layers = num_units // 3 if fine else (num_units - 1) // 2 if cut == "helix" else num_units
+    kw = dict(vocab=64, hidden=32, layers=layers, heads=4, max_seq=16, dtype=dtype, mlp_chunk=mlp_chunk)
     if model == "llama":
-        cfg = LlamaConfig(vocab=64, hidden=32, layers=layers, heads=4, kv_heads=2, ffn=48, max_seq=16, dtype=dtype,
-                          **mlp)
+        cfg = LlamaConfig(kv_heads=2, ffn=48, **kw)
     elif model == "gpt":
-        cfg = GPTConfig(vocab=64, hidden=32, layers=layers, heads=4, ffn=64, max_seq=16, dtype=dtype, **mlp)
+        cfg = GPTConfig(ffn=128, **kw)
     else:
-        raise ValueError(f"tiny_units: model={model!r}; allowed: llama, gpt")
-    return partition(model_from_config(cfg, seed=seed), num_units, cut=cut, recompute=recompute)
+        raise ValueError(f"tiny model {model!r} unknown; allowed: llama, gpt")
+    return partition(model_from_config(cfg, seed=seed), None if cut == "helix" else num_units, fine=fine, cut=cut,
+                     recompute=recompute)
 
 
 def make_batch(microbatches: int, seed: int = 0, mb_size: int = 2, seq: int = 8, vocab: int = 64):
@@ -124,14 +138,18 @@ def make_batch(microbatches: int, seed: int = 0, mb_size: int = 2, seq: int = 8,
 
 
 def rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """max over tensors of max|a-b| / max|b| (b is the reference); keys must agree."""
+    """max over tensors of max|a-b| / scale, scale = max(max|b|, 1e-4 * the largest max|b| of all
+    tensors) (b is the reference; keys must agree). The floor keeps a tensor whose exact value is
+    zero (e.g. the gradient of a key bias, which softmax cancels) from dividing rounding noise by
+    rounding noise."""
     if set(a) != set(b):
         missing, extra = sorted(set(b) - set(a))[:3], sorted(set(a) - set(b))[:3]
         raise AssertionError(f"parameter names differ: missing {missing}, unexpected {extra}")
+    largest = max((ref.double().abs().max().item() for ref in b.values() if ref.numel()), default=0.0)
     worst = 0.0
     for k, ref in b.items():
         diff = (a[k].double().cpu() - ref.double().cpu()).abs().max().item()
-        worst = max(worst, diff / max(ref.double().abs().max().item(), 1e-300))
+        worst = max(worst, diff / max(ref.double().abs().max().item(), 1e-4 * largest, 1e-300))
     return worst
 
 
@@ -172,11 +190,15 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
     from .runtime.pipeline import Pipeline
     from .runtime.reference import grouped_reference_step
     schedule = _schedule(case)
-    units = tiny_units(schedule.num_units, case.dtype, fine=case.fine, model=case.model, cut=case.cut,
-                       recompute=case.recompute, mlp_chunk=case.mlp_chunk, mlp_recompute=case.mlp_recompute)
+    units = tiny_units(schedule.num_units, case.dtype, fine=case.fine, cut=schedule.meta.get("cut"),
+                       model=case.model, recompute=case.recompute, mlp_chunk=case.mlp_chunk)
     ref_units = copy.deepcopy(units)
     ref_opt = optimizer([p for u in ref_units for p in u.parameters()])
-    pipe = Pipeline(units, schedule, optimizer=optimizer, backend=backend, timeout=timeout)
+    links = None
+    if case.links:
+        from .linkflags import LinkOptions
+        links = LinkOptions.parse(**dict(case.links))
+    pipe = Pipeline(units, schedule, optimizer=optimizer, backend=backend, timeout=timeout, links=links)
     gather = gather or (lambda d: d)
     worst = [0.0, 0.0, 0.0]
     sent: dict = {}
@@ -195,6 +217,7 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
         worst[0] = max(worst[0], abs(loss - ref_loss) / max(abs(ref_loss), 1e-300))
         worst[1] = max(worst[1], rel_err(grads, ref.grads))
         worst[2] = max(worst[2], rel_err(params, ref.params_after))
+    delayed = _delayed(pipe, backend)
     if backend == "dist":
         parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(sent, parts, dst=0)
@@ -204,7 +227,19 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
         for part in parts:
             for k, v in part.items():
                 sent[k] = sent.get(k, 0) + v
-    return CaseResult(case, worst[0], worst[1], worst[2], sent)
+    return CaseResult(case, worst[0], worst[1], worst[2], sent, delayed)
+
+
+def _delayed(pipe: Any, backend: str) -> dict:
+    """The link emulator's backend and the messages it delayed, summed over every rank."""
+    if pipe.links is None:
+        return {}
+    n = pipe.links_delayed()
+    if backend == "dist":
+        t = torch.tensor([n])
+        dist.all_reduce(t)
+        n = int(t)
+    return {"backend": pipe.links.backend, "messages": n}
 
 
 def run_cases_dist(rank: int, world: int, cases: Sequence[Case], out_path: str, timeout: float = 60.0) -> None:

@@ -17,12 +17,14 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["TrainConfig", "run_train", "resolve_backend"]
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+_DTYPES = ("float32", "float64", "bfloat16")
 
 
 @dataclass
@@ -30,7 +32,8 @@ class TrainConfig:
     """Settings of one training run."""
 
     schedule: str = "1f1b"
-    """Registered schedule name (see `pipert simulate --help` for the list)."""
+    """Registered schedule name (see `pipert simulate --help` for the list), or a schedule file
+    (pipert's .json, torch.pipelining's .csv or orders .json) whose shape the other fields match."""
     stages: int = 4
     """Pipeline ranks P."""
     microbatches: int = 8
@@ -74,13 +77,42 @@ class TrainConfig:
     """Print one JSON object per step instead of a progress bar."""
     timeout: float = 120.0
     """Seconds any communication may wait before the run fails."""
+    dcs: int = 1
+    """Datacenters the ranks split into (equal consecutive blocks); messages between them are delayed."""
+    dc_latency: str = ""
+    """Latency of a link between datacenters, with a unit: 20ms, 150us (pipert.linkflags)."""
+    dc_bandwidth: str = ""
+    """Bandwidth of a link between datacenters: 10Gbps, 400MB/s (empty: unlimited)."""
+    node_latency: str = ""
+    """Latency of a link between nodes of one datacenter (with --ranks-per-node)."""
+    node_bandwidth: str = ""
+    """Bandwidth of a link between nodes of one datacenter (with --ranks-per-node)."""
+    profile: bool = False
+    """Measure every unit's compute times on the running job and print the simulator's step time beside the
+    measured one."""
+    save: str = ""
+    """Folder of checkpoints (``DIR/step-N``, pipert.checkpoint); one after the last step."""
+    save_every: int | None = None
+    """Also write a checkpoint after every N steps (with --save)."""
+    resume: str = ""
+    """Checkpoint folder to resume from (a step-N folder, or a --save folder: its newest); --steps
+    counts the steps already run."""
 
     def validate(self) -> None:
+        """Every setting, checked before any work (no schedule built, no model materialised):
+        ValueError naming the flag, its value and what is allowed."""
         if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} unknown; allowed: {', '.join(_DTYPES)}")
+            raise ValueError(f"--dtype {self.dtype!r} unknown; allowed: {', '.join(_DTYPES)}")
         for name in ("stages", "microbatches", "steps", "batch_size", "seq", "dp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("chunks", "ranks_per_node"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        self._validate_model()
+        self._validate_schedule()
         if not self.lr > 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if not self.timeout > 0:
@@ -110,7 +142,59 @@ class TrainConfig:
             raise ValueError(f"--passes: unknown pass(es) {', '.join(unknown)}; allowed: {', '.join(PASSES)}")
         if self.backend not in ("auto", "gloo", "nccl", "local"):
             raise ValueError(f"--backend {self.backend!r} unknown; allowed: auto, gloo, nccl, local")
+        links = self.link_options()
+        if links.active and self.dp > 1:
+            raise ValueError(f"--dcs/--node-* emulate the links of one pipeline; with --dp {self.dp} they are not "
+                             f"supported (use --dp 1)")
+        links.links(self.world)
+        if self.save_every is not None and (self.save_every < 1 or not self.save):
+            raise ValueError(f"--save-every {self.save_every}: give a step count >= 1 and a --save folder")
+        if self.zero and (self.save or self.resume):
+            raise ValueError(f"--save/--resume with --zero {self.zero}: checkpoints hold whole units; allowed: --zero 0")
 
+    def link_options(self):
+        """The emulated links (``pipert.linkflags.LinkOptions``) of the link flags."""
+        from .linkflags import LinkOptions
+        return LinkOptions.parse(self.dcs, self.dc_latency, self.dc_bandwidth, self.ranks_per_node,
+                                 self.node_latency, self.node_bandwidth)
+
+    def _validate_model(self) -> None:
+        """The model preset, and the sequence length against its positions."""
+        from .models import PRESETS
+        if self.model not in PRESETS:
+            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(PRESETS)}")
+        positions = PRESETS[self.model].max_seq
+        if self.seq > positions:
+            raise ValueError(f"--seq {self.seq} exceeds the {positions} positions of model {self.model!r}; "
+                             f"allowed: 1..{positions}")
+
+    def _validate_schedule(self) -> None:
+        """The schedule name (or file) and its shape against the flags and the model's layers,
+        from the family's constraints alone (building a schedule can take long)."""
+        from .ir.files import is_schedule_file, load_schedule
+        from .models import PRESETS
+        layers = PRESETS[self.model].layers
+        if is_schedule_file(self.schedule):
+            from .scenario import file_shape
+            sched = load_schedule(self.schedule)
+            file_shape(sched, {"--stages": self.stages, "--microbatches": self.microbatches // self.dp,
+                               "--chunks": self.chunks})
+            units = sched.num_units
+            what = f"schedule file {self.schedule!r} has {units} units"
+        else:
+            from .schedules import PipelineConfig, family
+            fam = family(self.schedule)
+            chunks = self.chunks if self.chunks is not None else fam.default_chunks
+            try:
+                fam.validate(PipelineConfig(self.stages, self.microbatches // self.dp, chunks))
+            except ValueError as e:
+                raise ValueError(f"--schedule {self.schedule} --stages {self.stages} --microbatches "
+                                 f"{self.microbatches // self.dp} (per replica) --chunks {chunks}: {e}") from None
+            units = self.stages * chunks
+            what = f"--stages {self.stages} x {chunks} chunks of {self.schedule} = {units} units"
+        if units > layers:
+            raise ValueError(f"{what}, but model {self.model!r} has {layers} layers (one unit needs at least one); "
+                             f"allowed: --stages x chunks <= {layers}")
 
     def pass_names(self) -> list[str]:
         return [p for p in self.passes.split(",") if p]
@@ -127,9 +211,13 @@ def build_program(cfg: TrainConfig):
     from .ir.passes import apply_passes
     from .schedules import build_schedule
     from .schedules.data_parallel import replicate
+    from .ir.files import is_schedule_file, load_schedule
     opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
-    s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp, chunks=cfg.chunks,
-                       **opts)
+    if is_schedule_file(cfg.schedule):
+        s = load_schedule(cfg.schedule)
+    else:
+        s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp,
+                           chunks=cfg.chunks, **opts)
     s = apply_passes(s, cfg.pass_names())
     return replicate(s, cfg.dp, cfg.zero) if cfg.dp > 1 else s
 
@@ -137,6 +225,7 @@ def build_program(cfg: TrainConfig):
 def resolve_backend(name: str) -> str:
     if name != "auto":
         return name
+    import torch
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return "nccl" if n > 1 else ("local" if n == 1 else "gloo")
 
@@ -183,6 +272,7 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     from .runtime.pipeline import Pipeline
     from .runtime.reference import grouped_reference_step
     from .testing import rel_err
+    import torch
     schedule, units, corpus = _build(cfg, device, schedule, None if backend == "local" else rank)
     opt = lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=0.0)  # noqa: E731
     # The reference keeps its own whole model, built in one process, and a persistent optimizer
@@ -191,16 +281,25 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     ref_opt = opt([p for u in ref_units for p in u.parameters()]) if ref_units else None
     sizes = _per_rank(backend, rank, _param_bytes(units))
     start = {"rank_param_bytes": sizes, "model_param_bytes": _param_bytes(units, materialized_only=False)}
+    link_opts = cfg.link_options()
+    links = link_opts.links(cfg.world) if link_opts.active else None
+    if links is not None:
+        start["links"] = link_opts.as_dict()
     pipe = Pipeline(units, schedule, optimizer=opt, backend="local" if backend == "local" else "dist",
-                    timeout=cfg.timeout)
+                    timeout=cfg.timeout, links=links, trace=cfg.profile)
     bar = None
     if rank == 0 and not cfg.json:
         from tqdm import tqdm
+        if links is not None:
+            print(f"pipert train: emulated links: {link_opts.describe()}", file=sys.stderr)
         dp = f" D={cfg.dp}" + (f" ZeRO-{cfg.zero}" if cfg.zero else "") if cfg.dp > 1 else ""
         bar = tqdm(total=cfg.steps, desc=f"pipert train {cfg.schedule} P={cfg.stages}{dp} M={cfg.microbatches}",
                    file=sys.stderr)
+    first = _resume(cfg, pipe, ref_units, ref_opt)
+    if bar is not None:
+        bar.update(first)
     losses = []
-    for step, (x, y) in enumerate(corpus.batches(cfg.batch_size, cfg.steps)):
+    for step, (x, y) in enumerate(corpus.batches(cfg.batch_size, cfg.steps - first, start=first), first):
         x, y = x.to(device), y.to(device)
         before = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()}) \
             if cfg.check else None
@@ -208,6 +307,8 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         loss = pipe.step(x, y)
         dt = time.perf_counter() - t0
         extra = dict(start) if step == 0 and cfg.json else {}
+        if cfg.profile:
+            extra.update(_predicted(pipe, backend, rank, links, dt))
         if cfg.check:
             grads = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_grads().items()})
             after = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()})
@@ -223,9 +324,40 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         losses.append(loss)
         if rank == 0:
             _report(cfg, step, loss, cfg.batch_size * cfg.seq / dt, extra, bar)
+        if cfg.save and (step + 1 == cfg.steps or cfg.save_every and (step + 1) % cfg.save_every == 0):
+            from . import checkpoint
+            checkpoint.save(pipe, checkpoint.step_dir(cfg.save, step + 1), checkpoint.train_meta(cfg, step + 1))
     if bar is not None:
         bar.close()
     return losses
+
+
+def _predicted(pipe, backend: str, rank: int, links, measured: float) -> dict:
+    """The simulator's step time from this step's measured compute times, beside the measured one
+    (every rank of a dist job must call this; rank 0 gets the numbers)."""
+    from .runtime.fidelity import local_measurements, predict_step, profile_from_measurements
+    mine = local_measurements(pipe)
+    parts = [mine]
+    if backend != "local":
+        import torch.distributed as dist
+        parts = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+    if rank != 0:
+        return {}
+    prof = profile_from_measurements(parts, pipe.schedule.num_units)
+    predicted = predict_step(pipe.program, prof, links)
+    return {"measured_step_s": measured, "predicted_step_s": predicted,
+            "predicted_rel_err": (predicted - measured) / measured, "max_forward_s": prof.max_forward,
+            "compute_s_all_ranks": prof.busy}
+def _resume(cfg: TrainConfig, pipe, ref_units, ref_opt) -> int:
+    """The first step to run: 0, or the checkpoint's step after loading it (and, with --check,
+    the reference's weights and optimizer)."""
+    if not cfg.resume:
+        return 0
+    from . import checkpoint
+    if ref_units is not None:
+        checkpoint.load_units(ref_units, ref_opt, cfg.resume)
+    return checkpoint.load(pipe, cfg.resume)["step"]
 
 
 def _gather(pipe, fn) -> dict:
@@ -252,6 +384,7 @@ def _named(units) -> dict:
 
 
 def _copy_into(units, named: dict) -> None:
+    import torch
     with torch.no_grad():
         for i, u in enumerate(units):
             for n, p in u.named_parameters():
@@ -260,6 +393,7 @@ def _copy_into(units, named: dict) -> None:
 
 
 def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, schedule) -> None:
+    import torch
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     torch.set_num_threads(1)
     _loop(cfg, rank, backend, device, schedule)
@@ -268,12 +402,16 @@ def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, schedule) -> No
 def run_train(cfg: TrainConfig) -> list[float] | None:
     """Run training; returns the losses when run in this process (local backend)."""
     cfg.validate()
+    import torch
     backend = resolve_backend(cfg.backend)
     from .models import model_config
     from .models.partition import check_unit_count
     layers = model_config(cfg.model).layers
     schedule = build_program(cfg)  # rejects bad configs before any process starts; shared by every rank
     check_unit_count(cfg.schedule, schedule.num_units, cfg.model, layers, schedule.meta.get("cut"))
+    if cfg.resume:  # a checkpoint that does not fit is refused before any process starts
+        from .checkpoint import check_resume
+        cfg.resume = str(check_resume(cfg, _rank_units(cfg, schedule, torch.device("meta"), keep=[])))
     if backend == "local":
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         return _loop(cfg, 0, backend, device, schedule)

@@ -50,10 +50,18 @@ def _best(setup, op, reps: int) -> float:
     best = float("inf")
     for _ in range(reps):
         setup()
+        _sync()
         t0 = time.perf_counter()
         op()
+        _sync()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def _sync() -> None:
+    """Waits for queued GPU work (a no-op without CUDA), so a timing covers the kernels, not their launch."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def profile_units(units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, reps: int = 5) -> ProfiledCost:

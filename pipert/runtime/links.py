@@ -221,6 +221,7 @@ class LinkEmulator:
         else:
             raise ValueError(f"backend {self.backend!r} unknown; allowed: ext, python")
         self._cuda: dict[torch.device, _CudaLinkState] = {}
+        self._delivered = [0] * num_ranks  # per source rank: messages of deliver()
         for (s, t), spec in (links or {}).items():
             self.set_link(s, t, spec)
 
@@ -306,7 +307,12 @@ class LinkEmulator:
         timer thread at its arrival deadline. Returns (depart, arrive)."""
         ready = clock() if ready_time is None else float(ready_time)
         depart, _, arrive = self._core.deliver(src, dst, float(nbytes), ready, fn)
+        self._delivered[src] += 1  # only src's sender thread delivers from src
         return depart, arrive
+
+    def delivered(self, src: int) -> int:
+        """Messages :meth:`deliver` scheduled from rank ``src`` so far."""
+        return self._delivered[src]
 
     def drain(self) -> None:
         """Host waits until every delivered callback ran; raises the first callback error."""

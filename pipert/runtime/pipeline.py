@@ -130,6 +130,26 @@ def _built_once(name: str, options: dict) -> Schedule:
     return Schedule.from_json(box[0])
 
 
+def _link_emulator(links: Any, num_ranks: int) -> Any:
+    """``links`` as a LinkEmulator of ``num_ranks`` ranks: a LinkEmulator, a ``pipert.cost.Links``
+    (the simulator's numbers) or a ``pipert.linkflags.LinkOptions``; None stays None."""
+    if links is None:
+        return None
+    from ..cost.topology import Links
+    from ..linkflags import LinkOptions
+    from .links import LinkEmulator
+    if isinstance(links, LinkOptions):
+        links = links.links(num_ranks)
+    if isinstance(links, Links):
+        links = LinkEmulator.from_links(links)
+    if not isinstance(links, LinkEmulator):
+        raise TypeError(f"links must be a LinkEmulator, pipert.cost.Links or pipert.linkflags.LinkOptions, got "
+                        f"{type(links).__name__}")
+    if links.num_ranks != num_ranks:
+        raise ValueError(f"links cover {links.num_ranks} ranks but the schedule has {num_ranks}")
+    return links
+
+
 def _root_cause(errors: dict[int, BaseException]) -> int:
     """The failed rank to report: one that waited on a peer which did not fail itself (that
     peer is the stalled one); ranks waiting on other waiting ranks are echoes."""
@@ -166,7 +186,8 @@ class Pipeline:
                  optimizer: OptimizerFactory = default_optimizer, backend: str = "local",
                  timeout: float = 60.0, schedule_options: dict | None = None, fault: Fault | None = None,
                  trace: bool = False, links: Any = None, measure_memory: bool = False, record: bool = False,
-                 pool: Any = None, dp: int = 1, zero: int | Sequence[int] = 0, queues: str = "streams") -> None:
+                 pool: Any = None, dp: int = 1, zero: int | Sequence[int] = 0, queues: str = "streams",
+                 staging: bool | None = None) -> None:
         if backend not in ("local", "dist"):
             raise ValueError(f"backend {backend!r} unknown; allowed: 'local', 'dist'")
         if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
@@ -202,10 +223,8 @@ class Pipeline:
             raise ValueError(f"queues {queues!r} unknown; allowed: 'streams', 'host'")
         # a snapshot after every action needs the actions to run one at a time
         self.queues = "host" if (measure_memory or record) else queues
-        self.links = links  # a LinkEmulator delaying the local transport's messages (emulation)
-        if links is not None and backend != "local":
-            raise ValueError("links (delay injection) applies to the local backend; for torch.distributed "
-                             "runs put LinkEmulator.dist_isend in front of the sends")
+        self.links = _link_emulator(links, schedule.num_ranks)
+        """The LinkEmulator every point-to-point message crosses (None: messages are not delayed)."""
         self._all_units = list(units)
         self._boundary: dict[tuple[int, int], BoundarySpec] = {}
         self.last_results: dict[int, StepResult] = {}
@@ -219,10 +238,17 @@ class Pipeline:
                                  f"the job has {dist.get_world_size()}")
             self.ranks = [dist.get_rank()]
             check_same_program(self.program)
-        if pool is None and any(a.op in (Op.OFFLOAD, Op.PREFETCH) for _, _, a in self.program):
+        if staging is None:  # gloo cannot read GPU memory: stage GPU tensors in host buffers
+            from .staging import needs_staging
+            staging = backend == "dist" and needs_staging(
+                dist.get_backend(), _device_of(units[u] for u in units_needed(schedule, self.ranks[0])))
+        self.staging = staging
+        """Whether point-to-point messages go through host buffers of ``pool`` (pipert.runtime.staging)."""
+        if pool is None and (staging or any(a.op in (Op.OFFLOAD, Op.PREFETCH) for _, _, a in self.program)):
             from .pinned import PinnedPool
             pool = PinnedPool()
         self.pool = pool
+        """The pinned pool of OFFLOAD/PREFETCH and of staged messages (None when nothing needs one)."""
         self.modules: dict[int, dict[int, nn.Module]] = {}
         self.optimizers: dict[int, dict[int, torch.optim.Optimizer]] = {}
         pl = schedule.placement
@@ -247,13 +273,25 @@ class Pipeline:
                 local = self.modules[self.ranks[0]].values()
                 made = replica_process_groups(pipeline_mesh(stages_, schedule.num_ranks // stages_,
                                                             _device_of(local).type))
-            dist_transport = DistTransport(groups, process_groups=made)
+            dist_transport = self._staged(DistTransport(groups, process_groups=made))
+            if self.links is not None:
+                dist_transport = DelayedTransport(dist_transport, self.links)
         # Built once: runners and the executor's per-program tables do not depend on the step.
         # The local backend gives each step a fresh hub (set as the executor's transport).
         self._closers: list = []
         self._executors = {r: self._executor(r, dist_transport) for r in self.ranks}
 
+    def _staged(self, transport: Any) -> Any:
+        if not self.staging:
+            return transport
+        from .staging import StagedTransport
+        return StagedTransport(transport, self.pool)
+
     # ------------------------------------------------------------------ queries
+    def links_delayed(self) -> int:
+        """Messages this process's ranks sent over a delaying emulated link, since the start."""
+        return 0 if self.links is None else sum(self.links.delivered(r) for r in self.ranks)
+
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Parameters of the units this process holds, named ``unit{u}.{name}``. ZeRO-3 units
         are assembled from their shards (in a torch.distributed job every rank must call this:
@@ -367,7 +405,7 @@ class Pipeline:
         def work(rank: int) -> None:
             try:
                 executor = self._executors[rank]
-                executor.transport = hub.transport(rank)
+                executor.transport = self._staged(hub.transport(rank))
                 if self.links is not None:
                     executor.transport = DelayedTransport(executor.transport, self.links)
                 results[rank] = executor.run(xs, ys)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 from typing import Any, Protocol, Sequence
 
 import torch
@@ -322,20 +323,76 @@ class LocalTransport:
         return self.hub._collective(self.rank, op, tensor, key, root, out)
 
 
+class _Deferred:
+    """The handle of a message the link emulator hands to the inner transport later: complete
+    once it was handed over (the emulated arrival) and the inner send completed."""
+
+    def __init__(self) -> None:
+        self._handed = _Future()
+        self.inner: Handle | None = None
+
+    def hand_over(self, post) -> None:
+        try:
+            self.inner = post()
+        except BaseException as e:  # noqa: BLE001 - raised by wait()
+            self._handed.set(e if isinstance(e, (CommTimeout, PeerFailure)) else PeerFailure(str(e)))
+            return
+        self._handed.set()
+
+    def wait(self, timeout: float) -> None:
+        t0 = time.monotonic()
+        self._handed.wait(timeout)
+        self.inner.wait(max(timeout - (time.monotonic() - t0), 0.0))
+
+    def done(self) -> bool:
+        return self._handed.done() and (self._handed.error is not None or self.inner.done())
+
+
+def _copied_event(t: torch.Tensor) -> Any:
+    """A CUDA event after the work queued so far on the current stream (None on a CPU)."""
+    if t.device.type != "cuda":
+        return None
+    ev = torch.cuda.Event()
+    ev.record()
+    return ev
+
+
 class DelayedTransport:
-    """A transport whose point-to-point messages cross an emulated link: each message is
-    handed to the inner transport when the LinkEmulator says it arrives (latency +
-    bandwidth per directed link, FIFO). Collectives are not delayed."""
+    """A transport whose point-to-point messages cross emulated links (``emulator``: a
+    ``pipert.runtime.links.LinkEmulator``, the numbers of ``pipert.cost.Links``).
+
+    A send is the message's ready time: the message occupies its directed link for
+    ``bytes / bandwidth`` after the previous message of that link (FIFO per link, kept by the
+    sender, which alone sends on it) and is handed to the inner transport when it arrives, one
+    latency after its occupancy ends (the emulator's timer thread: C++ with pipert._C, Python
+    without). The receiver posts an ordinary receive and waits at its first reader only for
+    what is left of the delay: latency its own compute already covered is not paid again
+    (CrossPipe's receiver-side rule), and no clock is shared between processes. A free link
+    (no latency, unlimited bandwidth) sends at once. The payload is copied at the send, so the
+    sender may change or free its tensor (weights after an OPT) while the message travels.
+    Collectives are not delayed."""
 
     def __init__(self, inner: Transport, emulator: Any) -> None:
+        if emulator.num_ranks != inner.world_size:
+            raise ValueError(f"the link emulator has {emulator.num_ranks} ranks, the transport {inner.world_size}")
         self.inner, self.emulator = inner, emulator
         self.rank, self.world_size = inner.rank, inner.world_size
 
     def isend(self, tensor: torch.Tensor, peer: int) -> Handle:
+        spec = self.emulator.link(self.rank, peer)
+        nbytes = tensor.numel() * tensor.element_size()
+        if spec.latency == 0 and spec.occupancy(nbytes) == 0:
+            return self.inner.isend(tensor, peer)
         data = tensor.detach().clone()
-        nbytes = data.numel() * data.element_size()
-        self.emulator.deliver(self.rank, peer, nbytes, lambda: self.inner.isend(data, peer))
-        return _Done()
+        copied = _copied_event(data)
+        handle = _Deferred()
+
+        def post() -> Handle:
+            if copied is not None:  # the timer thread's stream waits for the copy on the send stream
+                torch.cuda.current_stream(data.device).wait_event(copied)
+            return self.inner.isend(data, peer)
+        self.emulator.deliver(self.rank, peer, nbytes, lambda: handle.hand_over(post))
+        return handle
 
     def irecv(self, tensor: torch.Tensor, peer: int) -> Handle:
         return self.inner.irecv(tensor, peer)

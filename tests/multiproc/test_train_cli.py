@@ -74,7 +74,7 @@ def test_train_gpt_with_chunked_mlp_and_recompute_matches_its_reference():
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--stages", "8"), "needs 8 units but model 'tiny' has only 4 layers"),
+    (("--stages", "8"), "--stages 8 x 1 chunks of 1f1b = 8 units, but model 'tiny' has 4 layers"),
     (("--model", "gpt-huge"), "--model 'gpt-huge' unknown; allowed: tiny"),
     (("--recompute", "most"), "--recompute 'most' unknown; allowed: none, no_attention, full"),
     (("--mlp-recompute",), "--mlp-recompute applies to the chunked MLP; give --mlp-chunk N > 0"),

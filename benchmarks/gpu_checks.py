@@ -1,0 +1,151 @@
+"""Every GPU check of the runtime, one command, unchanged on any GPU machine:
+
+    python benchmarks/gpu_checks.py [--quick] [--plan] [--out DIR]
+
+1. delay: injected delays of 10 us to 100 ms on a CUDA stream (the one-thread wait kernels of
+   pipert._C; ``torch.cuda._sleep`` without it) and k back-to-back messages over an emulated
+   link: error against the requested delay (bench_delay's cases and targets);
+2. overlap: GEMMs on the compute stream while messages move on the dedicated send/recv streams
+   (device copies through a LinkEmulator link, without and with injected latency), against
+   max(compute, comm) and the serial sum (``pipert bench overlap --device cuda``);
+3. emulation: 4 ranks on one GPU (local transport, CUDA streams) training real units of the
+   "small" model, 1F1B, ZB-H1 and crosspipe-greedy, without and with a 2-datacenter link of one
+   forward's latency, measured step time against the simulator fed with the units' profiled times.
+
+Writes DIR/gpu_checks.csv and DIR/gpu_checks.md (hardware, date, commit). Without a GPU it says so,
+prints the plan and exits 0; ``--plan`` prints the plan anywhere without measuring.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from _common import RESULTS, context, context_markdown, write_csv
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+EMULATED = ["1f1b", "zb-h1", "crosspipe-greedy"]
+OVERLAP = [dict(gemm=4096, computes=16, message_bytes=64 << 20, messages=16, latency=0.0),
+           dict(gemm=4096, computes=16, message_bytes=64 << 20, messages=16, latency=1e-3)]
+FIELDS = ["check", "case", "expected_s", "measured_s", "error", "target", "pass", "note"]
+
+
+def plan(quick: bool) -> list[str]:
+    """What a run measures, one line per check group."""
+    from bench_delay import BANDWIDTH_CASES, DELAYS
+    return [f"delay: {len(DELAYS)} delays from {DELAYS[0] * 1e6:g} us to {DELAYS[-1] * 1e3:g} ms and "
+            f"{len(BANDWIDTH_CASES)} bandwidth cases on cuda:0 streams" + (" (few repeats)" if quick else ""),
+            f"overlap: {len(OVERLAP)} cases, GEMM {OVERLAP[0]['gemm']} x {OVERLAP[0]['computes']} against "
+            f"{OVERLAP[0]['messages']} messages of {OVERLAP[0]['message_bytes'] >> 20} MiB, injected latency "
+            + ", ".join(f"{c['latency'] * 1e3:g} ms" for c in OVERLAP),
+            f"emulation: 4 ranks on cuda:0, model small, {', '.join(EMULATED)}, M=8, without and with a 2-DC link "
+            f"of latency T_F"]
+
+
+def check_delay(quick: bool) -> list[dict]:
+    from bench_delay import bench_bandwidth, bench_delays
+    from pipert.runtime.streams import StreamSet
+    rows = []
+    with StreamSet("cuda:0", "r0") as a, StreamSet("cuda:0", "r1") as b:
+        for r in bench_delays(a, quick) + bench_bandwidth(a, b, "cuda", quick):
+            rows.append({"check": r["section"], "case": r["case"], "expected_s": r["expected_s"],
+                         "measured_s": r["measured_s"], "error": r["median_err_s"], "target": r["target_s"],
+                         "pass": r["pass"], "note": f"p95 |err| {r['p95_abs_err_s'] * 1e6:.1f} us"})
+    return rows
+
+
+def check_overlap(quick: bool) -> list[dict]:
+    from pipert.bench import measure_overlap
+    rows = []
+    for c in OVERLAP:
+        r = measure_overlap(device="cuda:0", repeats=3 if quick else 7, **c)
+        rows.append({"check": "overlap", "case": f"GEMM {r.gemm} x {r.computes} + {r.messages} x "
+                     f"{r.message_bytes >> 20} MiB, latency {r.latency * 1e3:g} ms", "expected_s": r.limit_s,
+                     "measured_s": r.both_s, "error": r.both_s / r.limit_s - 1, "target": 0.03,
+                     "pass": r.both_s <= 1.03 * r.limit_s,
+                     "note": f"compute {r.compute_s * 1e3:.2f} ms, comm {r.comm_s * 1e3:.2f} ms, serial "
+                             f"{r.serial_s * 1e3:.2f} ms, overlap {r.overlap:.0%} of the possible saving"})
+    return rows
+
+
+def check_emulation(quick: bool) -> list[dict]:
+    from pipert.cost import Links, LinkSpec, Topology
+    from pipert.emulate.real import emulate_real, profile_units
+    from pipert.models import build_units
+    from pipert.runtime.pipeline import split_microbatches
+    from pipert.schedules import build_schedule
+    P, M = 4, 8
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 256, (2 * M, 257), generator=g).cuda()
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    probe = build_units("small", P, seed=0, device="cuda", max_seq=256)
+    cost = profile_units(probe, split_microbatches(x, M)[0], split_microbatches(y, M)[0])
+    tf = max(t for (op, _), t in cost.times.items() if op.value == "F")  # T_F: the longest unit forward
+    del probe
+    rows = []
+    for name in EMULATED[:1] if quick else EMULATED:
+        for lat in (0.0, tf):
+            links = Links(Topology(P, num_dcs=2), {"inter_dc": LinkSpec(lat)}) if lat else None
+            units = build_units("small", P, seed=0, device="cuda", max_seq=256)
+            res = emulate_real(build_schedule(name, stages=P, microbatches=M), units, x, y, links=links,
+                               steps=3 if quick else 5)
+            rows.append({"check": "emulation", "case": f"{name}, 2-DC latency {lat * 1e3:.2f} ms",
+                         "expected_s": res.predicted, "measured_s": res.step_seconds, "error": res.error,
+                         "target": 0.10, "pass": abs(res.error) <= 0.10, "note": f"T_F {tf * 1e3:.2f} ms"})
+    return rows
+
+
+def report(rows: list[dict], ctx: dict) -> str:
+    lines = ["# GPU checks", "", context_markdown(ctx), "",
+             "| check | case | expected (ms) | measured (ms) | error | target | result | note |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        unit = "s" if r["check"] in ("delay", "bandwidth") else "rel"
+        err = f"{r['error'] * 1e6:.1f} us" if unit == "s" else f"{r['error']:+.1%}"
+        tgt = f"{r['target'] * 1e6:.0f} us" if unit == "s" else f"{r['target']:.0%}"
+        lines.append(f"| {r['check']} | {r['case']} | {r['expected_s'] * 1e3:.3f} | {r['measured_s'] * 1e3:.3f} | "
+                     f"{err} | {tgt} | {'PASS' if r['pass'] else 'MISS'} | {r['note']} |")
+    by = {}
+    for r in rows:
+        by.setdefault(r["check"], []).append(r["pass"])
+    lines += [""] + [f"- {k}: {sum(v)} of {len(v)} within target" for k, v in by.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="few repeats, one emulated schedule")
+    ap.add_argument("--plan", action="store_true", help="print what would be measured and exit")
+    ap.add_argument("--out", default=str(RESULTS), help="folder of the CSV and the report")
+    args = ap.parse_args(argv)
+    steps = plan(args.quick)
+    if args.plan or not torch.cuda.is_available():
+        if not args.plan:
+            print("gpu_checks: no GPU here (torch.cuda.is_available() is False); nothing measured. "
+                  "Run this command unchanged on a GPU machine. The plan:")
+        print("\n".join(f"  {i + 1}. {s}" for i, s in enumerate(steps)))
+        return 0
+    from pipert import _ext
+    ctx = context({"pipert._C": f"{_ext.HAVE_EXT} (CUDA {_ext.HAVE_EXT_CUDA})"})
+    t0 = time.time()
+    rows = []
+    for check in (check_delay, check_overlap, check_emulation):
+        part = check(args.quick)
+        for r in part:
+            print(f"{r['check']:9s} {r['case']:55s} {'PASS' if r['pass'] else 'MISS'}  {r['note']}", flush=True)
+        rows += part
+    ctx["run time"] = f"{time.time() - t0:.0f} s"
+    out = Path(args.out)
+    write_csv(out / "gpu_checks.csv", rows, FIELDS)
+    (out / "gpu_checks.md").write_text(report(rows, ctx))
+    print(f"wrote {out / 'gpu_checks.md'}; {sum(r['pass'] for r in rows)} of {len(rows)} within target")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

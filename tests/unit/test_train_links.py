@@ -1,0 +1,34 @@
+"""`pipert train` with emulated links and --profile, on the local backend (threads)."""
+import json
+
+import pytest
+
+from pipert.cli import main
+
+
+def test_train_with_links_and_profile_reports_prediction_and_stays_exact(capsys):
+    code = main(["train", "--backend", "local", "--stages", "2", "--microbatches", "4", "--batch-size", "4",
+                 "--seq", "16", "--steps", "2", "--dtype", "float64", "--json", "--check", "--profile",
+                 "--dcs", "2", "--dc-latency", "2ms", "--dc-bandwidth", "1Gbps"])
+    assert code == 0
+    steps = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(steps) == 2
+    assert steps[0]["links"]["text"] == "2 DCs: 2 ms, 1 Gbit/s between them"
+    assert steps[0]["links"]["dc_bandwidth_Bps"] == 1.25e8
+    for s in steps:
+        assert s["max_grad_rel_err"] <= 1e-10 and s["max_param_rel_err"] <= 1e-10, s
+        # the critical path crosses the DC boundary at least twice (first forward, last backward)
+        assert s["predicted_step_s"] > 2 * 2e-3, s
+        assert s["measured_step_s"] > 0
+        assert s["predicted_rel_err"] == pytest.approx((s["predicted_step_s"] - s["measured_step_s"]) /
+                                                       s["measured_step_s"])
+
+
+@pytest.mark.parametrize("flags,needle", [(["--dc-latency", "2 hours", "--dcs", "2"], "unknown time unit"),
+                                          (["--dc-latency", "2ms"], "give --dcs >= 2"),
+                                          (["--dcs", "3", "--dc-latency", "2ms"], "--dcs 3 does not divide"),
+                                          (["--dcs", "2", "--dc-latency", "1ms", "--dp", "2", "--microbatches", "8"],
+                                           "not supported")])
+def test_bad_link_flags_fail_before_training(flags, needle, capsys):
+    assert main(["train", "--backend", "local", "--stages", "4", "--steps", "1", *flags]) == 2
+    assert needle in capsys.readouterr().err
