@@ -131,11 +131,9 @@ class TrainConfig:
             raise ValueError(f"--mlp-chunk must be >= 0 (0: the plain MLP), got {self.mlp_chunk}")
         if self.mlp_recompute and not self.mlp_chunk:
             raise ValueError("--mlp-recompute applies to the chunked MLP; give --mlp-chunk N > 0 as well")
-        from .models import RECOMPUTE_MODES, model_names
+        from .models import RECOMPUTE_MODES
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"--recompute {self.recompute!r} unknown; allowed: {', '.join(RECOMPUTE_MODES)}")
-        if self.model not in model_names():
-            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(model_names())}")
         from .ir.passes import PASSES
         unknown = [p for p in self.pass_names() if p not in PASSES]
         if unknown:
@@ -160,10 +158,10 @@ class TrainConfig:
 
     def _validate_model(self) -> None:
         """The model preset, and the sequence length against its positions."""
-        from .models import PRESETS
-        if self.model not in PRESETS:
-            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(PRESETS)}")
-        positions = PRESETS[self.model].max_seq
+        from .models import model_config, model_names
+        if self.model not in model_names():
+            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(model_names())}")
+        positions = model_config(self.model).max_seq
         if self.seq > positions:
             raise ValueError(f"--seq {self.seq} exceeds the {positions} positions of model {self.model!r}; "
                              f"allowed: 1..{positions}")
@@ -172,8 +170,8 @@ class TrainConfig:
         """The schedule name (or file) and its shape against the flags and the model's layers,
         from the family's constraints alone (building a schedule can take long)."""
         from .ir.files import is_schedule_file, load_schedule
-        from .models import PRESETS
-        layers = PRESETS[self.model].layers
+        from .models import model_config
+        layers = model_config(self.model).layers
         if is_schedule_file(self.schedule):
             from .scenario import file_shape
             sched = load_schedule(self.schedule)
