@@ -134,11 +134,9 @@ class TrainConfig:
             raise ValueError(f"--mlp-chunk must be >= 0 (0: the plain MLP), got {self.mlp_chunk}")
         if self.mlp_recompute and not self.mlp_chunk:
             raise ValueError("--mlp-recompute applies to the chunked MLP; give --mlp-chunk N > 0 as well")
-        from .models import RECOMPUTE_MODES, model_names
+        from .models import RECOMPUTE_MODES
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"--recompute {self.recompute!r} unknown; allowed: {', '.join(RECOMPUTE_MODES)}")
-        if self.model not in model_names():
-            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(model_names())}")
         from .ir.passes import PASSES
         unknown = [p for p in self.pass_names() if p not in PASSES]
         if unknown:

@@ -51,9 +51,9 @@ def check_emulate_flags(args: argparse.Namespace) -> None:
     if args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
     if args.real:
-        from ..models import PRESETS
-        if args.real_model not in PRESETS:
-            raise ValueError(f"--real-model {args.real_model!r} unknown; allowed: {', '.join(PRESETS)}")
+        from ..models import model_names
+        if args.real_model not in model_names():
+            raise ValueError(f"--real-model {args.real_model!r} unknown; allowed: {', '.join(model_names())}")
 
 
 def _real(args: argparse.Namespace, sc, sched) -> int:
