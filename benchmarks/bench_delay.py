@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from _common import RESULTS, context, context_markdown, write_csv
+from _common import RESULTS, context, rebuild, report_header, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -206,7 +206,11 @@ def main() -> None:
     ap.add_argument("--backend", nargs="*", default=None, help="CPU backends (ext, python); default both")
     ap.add_argument("--quick", action="store_true", help="few repetitions (smoke run)")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--from-csv", action="store_true", help="rebuild the report from the stored CSV and context")
     args = ap.parse_args()
+    if args.from_csv:
+        print(f"wrote {rebuild(f'delay_{args.device}', report, Path(args.out))} from the stored CSV")
+        return
     if args.device == "cuda":
         backends = ["cuda"]
     else:
@@ -226,19 +230,28 @@ def main() -> None:
                       f"err {r['median_err_s'] * 1e6:9.1f} us  target {tgt}  "
                       f"{'PASS' if r['pass'] else 'MISS'} {r.get('note', '')}", flush=True)
 
-    out = Path(args.out)
     ctx = context(extra={"pipert._C": f"{_ext.HAVE_EXT} (CUDA {_ext.HAVE_EXT_CUDA})"})
-    fields = ["backend", "section", "case", "expected_s", "measured_s", "median_err_s", "p95_abs_err_s",
-              "max_abs_err_s", "target_s", "n", "pass", "note"]
-    write_csv(out / f"delay_{args.device}.csv", rows, fields)
+    write_results(f"delay_{args.device}", [{k: r.get(k, "") for k in FIELDS} for r in rows], ctx,
+                  report, Path(args.out))
+    judged = [r for r in rows if r["section"] != "issue"]
+    print(f"{sum(r['pass'] for r in judged)}/{len(judged)} within target; wrote {args.out}/delay_{args.device}.md")
+
+
+FIELDS = ["backend", "section", "case", "expected_s", "measured_s", "median_err_s", "p95_abs_err_s",
+          "max_abs_err_s", "target_s", "n", "pass", "note"]
+
+
+def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
+    """The markdown report from the CSV rows and the context."""
     us = lambda x: f"{x * 1e6:.1f}" if isinstance(x, float) else ""  # noqa: E731
-    lines = [f"# Delay injection benchmark ({args.device})", "", context_markdown(ctx)]
+    device = "cuda" if any(r["backend"] == "cuda" for r in rows) else "cpu"
+    lines = report_header(f"Delay injection benchmark ({device})", ctx, rebuilt)
     lines += ["", "Targets: error <= max(100 us, 2%); overlap step <= 1.03 x max(compute, comm). "
               "Delay rows pass on p95 |error|, the others on the median.",
               "Reading: the median error is the bias of the mechanism; p95/max include preemptions of the "
-              "timing threads by other processes (see the load average above: on a shared 2-core machine "
-              "a busy moment costs milliseconds). Overlap compares medians of interleaved runs of compute "
-              "alone, communication alone and both; compute is real matmuls on one thread.", "",
+              "timing threads by other processes (see the load average above). Overlap compares medians of "
+              "interleaved runs of compute alone, communication alone and both; compute is real matmuls on one "
+              "thread.", "",
               "| backend | section | case | expected (ms) | median err (us) | p95 abs err (us) | max abs err (us) "
               "| target (us) | result | note |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -250,9 +263,7 @@ def main() -> None:
                      f"{us(r['target_s'])} | {'pass' if r['pass'] else 'MISS'} | {r.get('note', '')} |")
     judged = [r for r in rows if r["section"] != "issue"]
     passed = sum(r["pass"] for r in judged)
-    lines += ["", f"{passed} of {len(judged)} rows within target.", ""]
-    (out / f"delay_{args.device}.md").write_text("\n".join(lines))
-    print(f"{passed}/{len(judged)} within target; wrote {out / f'delay_{args.device}.md'}")
+    return "\n".join(lines + ["", f"{passed} of {len(judged)} rows within target.", ""])
 
 
 if __name__ == "__main__":

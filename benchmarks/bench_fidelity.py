@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 
-from _common import RESULTS, context, context_markdown, write_csv
+from _common import context, rebuild, report_header, write_results
 
 from pipert.cost import Links, Topology, UniformCost
 from pipert.emulate import emulate
@@ -54,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unit", type=float, default=2e-3, help="seconds per time unit (tf = 1 unit)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="P = 4 only, one repeat")
+    ap.add_argument("--from-csv", action="store_true", help="rebuild the report from the stored CSV and context")
     args = ap.parse_args(argv)
+    if args.from_csv:
+        print(f"wrote {rebuild('fidelity', report)} from the stored CSV")
+        return 0
     reps = 1 if args.quick else args.repeats
     rows = []
     t0 = time.time()
@@ -69,19 +73,17 @@ def main(argv: list[str] | None = None) -> int:
             for name in SWEEP:
                 rows.append(run_case("crosspipe-sweep", name, 4, 8, lat, tr, args.unit, reps))
                 print(rows[-1], file=sys.stderr)
-    ctx = context()
-    write_csv(RESULTS / "fidelity.csv", rows)
-    (RESULTS / "fidelity.md").write_text(report(rows, ctx, args, time.time() - t0))
-    print(f"wrote {RESULTS / 'fidelity.md'}")
+    ctx = context(extra={"time unit": f"{args.unit} s (tf = 1 unit); median of {reps} runs; "
+                                      f"total {time.time() - t0:.0f} s"})
+    write_results("fidelity", rows, ctx, report)
+    print("wrote benchmarks/results/fidelity.md")
     return 0
 
 
-def report(rows: list[dict], ctx: dict, args, elapsed: float) -> str:
+def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
     fid = [r for r in rows if r["part"] == "fidelity"]
     worst = max(abs(r["rel_error"]) for r in fid)
-    lines = ["# Emulator fidelity: measured vs simulated makespan", "", context_markdown(ctx),
-             f"- time unit: {args.unit} s (tf = 1 unit); median of {1 if args.quick else args.repeats} runs; "
-             f"total {elapsed:.0f} s", "",
+    lines = report_header("Emulator fidelity: measured vs simulated makespan", ctx, rebuilt) + ["",
              "Compute actions are timed waits on per-rank CPU streams (pipert._C when built), messages go",
              "through the LinkEmulator with the same link model as the simulator.", "",
              "## Static schedules (target on a CPU host: |error| <= 10%)", "",

@@ -13,7 +13,7 @@ import math
 import sys
 import time
 
-from _common import RESULTS, context, context_markdown, write_csv
+from _common import context, rebuild, report_header, write_results
 
 from pipert.cost import UniformCost
 from pipert.ir import Schedule
@@ -47,7 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small grid only (smoke run)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per point; the best wall time is kept")
+    ap.add_argument("--from-csv", action="store_true", help="rebuild the report from the stored CSV and context")
     args = ap.parse_args(argv)
+    if args.from_csv:
+        print(f"wrote {rebuild('sim_speed', report)} from the stored CSV")
+        return 0
     grid = QUICK if args.quick else GRID
     rows = []
     for P, M in grid:
@@ -58,14 +62,13 @@ def main(argv: list[str] | None = None) -> int:
                      "makespan": makespan, "expected_makespan": 3.0 * (M + P - 1), "source": source})
         print(f"P={P:3d} M={M:4d} actions={n:7d} wall={wall:.3f}s cpu={cpu:.3f}s "
               f"{1e6 * wall / n:.2f} us/action", flush=True)
-    write_csv(RESULTS / "sim_speed.csv", rows)
-    (RESULTS / "sim_speed.md").write_text(report(rows, context()))
+    write_results("sim_speed", rows, context(), report)
     target = next((r for r in rows if (r["P"], r["M"]) == TARGET_PM), None)
     return 0 if target is None or target["wall_s"] < TARGET_S else 1
 
 
-def report(rows: list[dict], ctx: dict[str, str]) -> str:
-    lines = ["# Simulator speed (1F1B, uniform cost, free links)", "", context_markdown(ctx)]
+def report(rows: list[dict], ctx: dict[str, str], rebuilt: bool = False) -> str:
+    lines = report_header("Simulator speed (1F1B, uniform cost, free links)", ctx, rebuilt)
     lines += ["", "| P | M | actions | wall s (best) | CPU s | us / action | makespan ok |",
               "|---:|---:|---:|---:|---:|---:|:---:|"]
     for r in rows:

@@ -15,9 +15,11 @@ against a plain loop doing the same gradient accumulation and SGD step, alternat
 A short cProfile pass per configuration splits one step into forward, backward,
 optimizer, communication waits and the rest (runtime overhead, inflated by the profiler).
 
-Writes benchmarks/results/vs_torch.csv and vs_torch.md (hardware, date, commit, load).
+Writes benchmarks/results/vs_torch.csv (ratios), vs_torch_profile.csv, vs_torch_sync.csv,
+vs_torch.context.json (hardware, date, commit, load, settings) and vs_torch.md, which is built
+from them alone (``--from-csv`` rebuilds it).
 
-    python benchmarks/bench_vs_torch.py [--steps 40] [--quick]
+    python benchmarks/bench_vs_torch.py [--steps 40] [--quick] [--from-csv]
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +42,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, context, context_markdown, load_average, write_csv  # noqa: E402
+from _common import RESULTS, context, load_average, read_csv, rebuild, report_header, write_csv, write_results  # noqa: E402
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b")
 RATIO_TARGET = 1.0
@@ -399,8 +402,13 @@ def _row(kind: str, r: dict, other: str, target: float) -> dict:
             "steps": len(r["pipert_s"])}
 
 
-def analysis(rows: list[dict], multi: list[dict], single: list[dict]) -> list[str]:
-    """The report's analysis: which targets were met, and where the time goes, from this run."""
+def _key(r: dict) -> tuple:
+    return (r["schedule"], r["P"], r["M"])
+
+
+def analysis(rows: list[dict], profile: list[dict], sync: list[dict] | None) -> list[str]:
+    """Which targets were met and where the time goes; every figure and count is computed from
+    the CSV rows (``vs_torch.csv``, ``vs_torch_profile.csv``, ``vs_torch_sync.csv``)."""
     vs = [r for r in rows if r["kind"] == "vs_torch_pipelining"]
     one = [r for r in rows if r["kind"] == "single_stage_vs_plain"]
     met = [r for r in vs if r["met"] == "yes"]
@@ -412,98 +420,104 @@ def analysis(rows: list[dict], multi: list[dict], single: list[dict]) -> list[st
                 f"({r['ratio']:.3f} [{r['ratio_ci_lo']:.3f}, {r['ratio_ci_hi']:.3f}])")
 
     L = [f"- **vs torch.distributed.pipelining**: {len(met)} of {len(vs)} configurations meet ratio <= 1.0 "
-         f"by the median; {len(noise)} miss it by the median but 1.0 lies inside the 95% interval "
-         f"(not distinguishable from torch on this machine): {', '.join(map(name, noise)) or 'none'}; "
-         f"{len(miss)} miss it outright: {', '.join(map(name, miss)) or 'none'}. "
-         f"Median of all {len(vs)} ratios: {statistics.median(r['ratio'] for r in vs):.3f}; of the CPU-time "
-         f"ratios: {statistics.median(r['cpu_ratio'] for r in vs):.3f}."]
+         f"by the median; {len(noise)} miss it by the median but 1.0 lies inside the 95% interval: "
+         f"{', '.join(map(name, noise)) or 'none'}; {len(miss)} miss it outright: "
+         f"{', '.join(map(name, miss)) or 'none'}. Median of all {len(vs)} ratios: "
+         f"{statistics.median(r['ratio'] for r in vs):.3f}; of the CPU-time ratios: "
+         f"{statistics.median(r['cpu_ratio'] for r in vs):.3f}."]
     over = ", ".join(f"M={r['M']}: {100 * (r['ratio'] - 1):+.1f}%" for r in one)
     L.append(f"- **single stage**: overhead {over} "
              f"(target <= 5%: {'met' if all(r['met'] == 'yes' for r in one) else 'missed'}).")
     same = all(r["same_order"] for r in vs)
     L.append(f"- **Same work**: forward/backward order per rank {'equals' if same else 'DIFFERS from'} torch's in "
-             f"every configuration, the FLOPs are the same (same modules, loss computed once per micro-batch) and "
-             f"losses and parameters agree to {max(r['loss_rel_diff'] for r in vs):.1e} / "
-             f"{max(r['param_rel_diff'] for r in vs):.1e} (relative) after {vs[0]['steps'] + 3} steps, so any "
-             f"gap is runtime overhead: Python per action, communication placement, synchronisation.")
-    keys = ("forward", "backward", "wait", "rest")
-    avg = {n: {k: statistics.mean(statistics.mean(p[n][k] for p in r["profile"]) for r in multi) for k in keys}
-           for n in ("pipert", "torch")}
-    L.append(f"- **Python per action** (profile `rest`, mean over configurations): pipert "
-             f"{avg['pipert']['rest']:.1f} ms/step, torch {avg['torch']['rest']:.1f} ms/step. pipert's interpreter "
-             f"(one dict lookup and call per action, receives completed by their consumer) costs no more than "
-             f"torch's schedule loops; it is not where a gap comes from. Single stage: pipert's own Python is "
-             f"{statistics.mean(r['profile']['pipert']['rest'] - r['profile']['plain']['rest'] for r in single):.1f} "
-             f"ms/step above the plain loop under the profiler (runner bookkeeping, executor construction), "
-             f"well under 5% of a step.")
-    ar = {(r["schedule"], r["P"], r["M"]): r["allreduce_ms"] for r in multi}
-    share = [100 * ar[(r["schedule"], r["P"], r["M"])] / r["other_ms"] for r in vs]
-    L.append(f"- **Synchronisation**: pipert's `step` returns the mean loss on every rank, so it ends with one "
-             f"gloo all-reduce of two numbers; torch returns the losses on the last stage only. Measured here: "
-             f"{statistics.median(ar.values()):.2f} ms median ({min(ar.values()):.2f}-{max(ar.values()):.2f}, "
-             f"load dependent), {min(share):.1f}-{max(share):.1f}% of torch's step time. It is pipert's one "
-             f"systematic extra cost in this comparison (a torch user who wants the loss on every rank pays the "
-             f"same); hiding it (the last stage sending its losses point-to-point when its last forward ends, "
-             f"receivers posting at step start) would change `Pipeline.step`, not the per-action path.")
-    gaps = [(r, (r["ratio"] - 1) * r["other_ms"], ar[(r["schedule"], r["P"], r["M"])]) for r in vs
-            if r["met"] != "yes"]
-    if gaps:
-        L.append("- **Misses**: gap (median ratio - 1, times torch's step) against that all-reduce: "
-                 + "; ".join(f"{r['schedule']} P={r['P']} M={r['M']}: {g:.1f} ms vs {a:.2f} ms" for r, g, a in gaps)
-                 + ". Where the gap is larger than the all-reduce it has no systematic cause we could find "
-                 "(same order, same FLOPs, less Python than torch): those are the noise intervals above. The "
-                 "intervals assume independent steps, but the other jobs' load changes over minutes, so whole runs "
-                 "differ by more than the intervals suggest: during development the same configurations moved by "
-                 "up to +-0.07 between full runs (e.g. 1f1b P=4 M=8: 0.969 in one run, 1.037 in the next). A miss "
-                 "whose interval starts just above 1.0 is not a reproducible miss here.")
-    early = {(r["schedule"], r["P"], r["M"]): r for r in rows if r["kind"] == "early_recv_vs_torch_pipelining"}
-    base = {(r["schedule"], r["P"], r["M"]): r for r in vs}
-    better = [k for k, e in early.items() if e["ratio"] < base[k]["ratio"]]
-    clear = [k for k, e in early.items() if e["ratio_ci_hi"] < base[k]["ratio"]]
-    listed = ", ".join(f"{k[0]} P={k[1]} M={k[2]}: {early[k]['ratio']:.3f} vs {base[k]['ratio']:.3f}"
-                       for k in clear) or "none"
+             f"{'every' if same else 'some'} configuration; losses and parameters agree to "
+             f"{max(r['loss_rel_diff'] for r in vs):.1e} / {max(r['param_rel_diff'] for r in vs):.1e} (relative) "
+             f"after {vs[0]['steps']} measured steps.")
+    prof = defaultdict(dict)
+    for p in profile:
+        prof[(p["schedule"], p["P"], p["M"])][p["system"]] = p
+    multi = [k for k in prof if "torch" in prof[k]]
+    single = [k for k in prof if "plain" in prof[k]]
+    if multi:
+        avg = {n: {k: statistics.mean(prof[c][n][k] for c in multi) for k in ("wait", "rest")}
+               for n in ("pipert", "torch")}
+        d = avg["pipert"]["rest"] - avg["torch"]["rest"]
+        L.append(f"- **Python per action** (profile `rest`, mean over configurations): pipert "
+                 f"{avg['pipert']['rest']:.1f} ms/step, torch {avg['torch']['rest']:.1f} ms/step "
+                 f"({'less' if d <= 0 else 'more'} by {abs(d):.1f} ms/step).")
+        if single:
+            extra = statistics.mean(prof[c]["pipert"]["rest"] - prof[c]["plain"]["rest"] for c in single)
+            share = max(100 * (prof[c]["pipert"]["rest"] - prof[c]["plain"]["rest"]) / prof[c]["plain"]["total"]
+                        for c in single)
+            L[-1] += (f" Single stage: pipert's own Python is {extra:.1f} ms/step above the plain loop under the "
+                      f"profiler, at most {share:.1f}% of the plain loop's profiled step.")
+    if sync:
+        ar = {_key(r): r["allreduce_ms"] for r in sync}
+        share = [100 * ar[_key(r)] / r["other_ms"] for r in vs if _key(r) in ar]
+        L.append(f"- **Synchronisation**: pipert's `step` ends with one gloo all-reduce of two numbers (the mean "
+                 f"loss on every rank); torch returns the losses on the last stage only. Measured: "
+                 f"{statistics.median(ar.values()):.2f} ms median ({min(ar.values()):.2f}-{max(ar.values()):.2f}), "
+                 f"{min(share):.1f}-{max(share):.1f}% of torch's step time.")
+        gaps = [(r, (r["ratio"] - 1) * r["other_ms"], ar[_key(r)]) for r in vs if r["met"] != "yes" and _key(r) in ar]
+        if gaps:
+            L.append("- **Misses**: gap (median ratio - 1, times torch's step) against that all-reduce: "
+                     + "; ".join(f"{r['schedule']} P={r['P']} M={r['M']}: {g:.1f} ms vs {a:.2f} ms"
+                                 for r, g, a in gaps) + ".")
+    else:
+        L.append("- **Synchronisation**: per-configuration barrier and all-reduce times were not stored with "
+                 "this run (ranges in the context above).")
+    early = {_key(r): r for r in rows if r["kind"] == "early_recv_vs_torch_pipelining"}
+    base = {_key(r): r for r in vs}
     if early:
-        L.append(f"- **Where receives are posted** (profile `wait`, includes the closing barrier: pipert "
-                 f"{avg['pipert']['wait']:.1f}, torch {avg['torch']['wait']:.1f} ms/step on average). gloo matches a "
-                 f"send with a receive by rendezvous: a receive posted after the peer's send costs a round trip "
-                 f"through both processes' gloo threads, which on an oversubscribed CPU waits for the scheduler. "
-                 f"pipert posts each receive where the lowering put it, right before its consumer; torch does the "
-                 f"same for GPipe and 1F1B and posts one compute earlier in its interleaved runtime. A/B with "
-                 f"every receive moved one compute earlier (`early_receives`): lower ratio in {len(better)} of "
-                 f"{len(early)} configurations, with its whole 95% interval below the lowered placement's median in "
-                 f"{len(clear)} ({listed}); "
-                 f"median ratio to torch {statistics.median(e['ratio'] for e in early.values()):.3f} against "
-                 f"{statistics.median(r['ratio'] for r in vs):.3f}. This is a change of the lowering pass (the "
-                 f"executor posts actions where they stand, as the simulator models them), so it is a "
-                 f"recommendation here, not an executor edit.")
-    L.append("- **Noise**: 2 cores shared with other engineers' test runs (see the load averages); 2-4 single-"
-             "threaded ranks per run, so every rank is regularly descheduled and a gloo message waits for its "
-             "peer's progress thread to be scheduled. Step times spread by 10-30% (p25-p75) from step to step; "
-             "the paired ratio and its interval are the robust figures, single medians are not.")
+        better = [k for k, e in early.items() if e["ratio"] < base[k]["ratio"]]
+        clear = [k for k, e in early.items() if e["ratio_ci_hi"] < base[k]["ratio"]]
+        listed = ", ".join(f"{k[0]} P={k[1]} M={k[2]}: {early[k]['ratio']:.3f} vs {base[k]['ratio']:.3f}"
+                           for k in clear) or "none"
+        waits = (f" (profile `wait`, with the closing barrier: pipert {avg['pipert']['wait']:.1f}, torch "
+                 f"{avg['torch']['wait']:.1f} ms/step on average)") if multi else ""
+        L.append(f"- **Where receives are posted**{waits}: with every receive moved one compute earlier "
+                 f"(`early_receives`) the ratio is lower in {len(better)} of {len(early)} configurations, with its "
+                 f"whole 95% interval below the lowered placement's median in {len(clear)} ({listed}); median "
+                 f"ratio to torch {statistics.median(e['ratio'] for e in early.values()):.3f} against "
+                 f"{statistics.median(r['ratio'] for r in vs):.3f}.")
+    spread = [100 * (r[f"{s}_p75_ms"] - r[f"{s}_p25_ms"]) / r[f"{s}_ms"] for r in vs for s in ("pipert", "other")]
+    L.append(f"- **Noise**: step times spread by {min(spread):.0f}-{max(spread):.0f}% (p25-p75 over the median) "
+             f"from step to step; the paired ratio and its interval are the robust figures, single medians are "
+             f"not. Load averages are in the context above.")
     return L
 
 
-def write_report(s: Setup, multi: list[dict], single: list[dict], ctx: dict, thread_ms: float = float("nan")
-                 ) -> None:
-    csv_rows = [_row("vs_torch_pipelining", r, "torch", RATIO_TARGET) for r in multi]
-    csv_rows += [_row("early_recv_vs_torch_pipelining", dict(r, pipert_s=r["pipert_early_s"],
-                      pipert_cpu_s=r["pipert_early_cpu_s"]), "torch", RATIO_TARGET)
-                 for r in multi if "pipert_early_s" in r]
-    csv_rows += [_row("single_stage_vs_plain", dict(r, schedule="1f1b", P=1, V=1, param_rel_diff=float("nan")),
-                      "plain", 1 + OVERHEAD_TARGET) for r in single]
-    write_csv(RESULTS / "vs_torch.csv",
-              [{k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()} for row in csv_rows])
+def csv_rows(multi: list[dict], single: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
+    """The three CSVs of a run: ratios, profile (ms per step, mean over ranks and profiled steps),
+    synchronisation costs per configuration."""
+    rows = [_row("vs_torch_pipelining", r, "torch", RATIO_TARGET) for r in multi]
+    rows += [_row("early_recv_vs_torch_pipelining", dict(r, pipert_s=r["pipert_early_s"],
+                  pipert_cpu_s=r["pipert_early_cpu_s"]), "torch", RATIO_TARGET)
+             for r in multi if "pipert_early_s" in r]
+    rows += [_row("single_stage_vs_plain", dict(r, schedule="1f1b", P=1, V=1, param_rel_diff=float("nan")),
+                  "plain", 1 + OVERHEAD_TARGET) for r in single]
+    rows = [{k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()} for row in rows]
+    keys = ("total", "forward", "backward", "optimizer", "wait", "rest")
+    profile = [dict(schedule=r["schedule"], P=r["P"], M=r["M"], system=n,
+                    **{k: round(statistics.mean(p[n][k] for p in r["profile"]), 1) for k in keys})
+               for r in multi for n in ("pipert", "torch")]
+    profile += [dict(schedule="1f1b", P=1, M=r["M"], system=n, **{k: round(r["profile"][n][k], 1) for k in keys})
+                for r in single for n in ("pipert", "plain")]
+    sync = [dict(schedule=r["schedule"], P=r["P"], M=r["M"], barrier_ms=r["barrier_ms"],
+                 allreduce_ms=r["allreduce_ms"]) for r in multi]
+    return rows, profile, sync
 
-    L = ["# pipert vs PyTorch (torch.distributed.pipelining, plain loop)", "", context_markdown(ctx),
-          f"- model: LLaMA-style, hidden {s.hidden}, {s.layers} layers, 4 heads / 2 kv heads, ffn "
-          f"{s.hidden * 8 // 3}, vocab 256, float32; micro-batch {s.mb_size} x {s.seq} tokens; SGD lr {LR}",
-          f"- per configuration (fresh gloo processes each): {s.warmup} warm-up steps, then {s.steps} measured "
-          f"steps per system, alternating "
-          f"pipert/other in ABBA order; a step is timed barrier to barrier on rank 0 (both sides pay the same "
-          f"barrier); ratio = median over steps of pipert_i / other_i (adjacent steps) with a distribution-free "
-          f"95% confidence interval of that median; spread of step times = p25-p75; `no (noise)`: the median "
-          f"misses the target but the target lies inside its 95% interval; CPU ratio: the same with process "
-          f"CPU time summed over ranks (work done; less sensitive to other jobs than wall time)", ""]
+
+def _sibling(name: str) -> list[dict] | None:
+    path = RESULTS / f"{name}.csv"
+    return read_csv(path) if path.is_file() else None
+
+
+def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
+    """The markdown report from ``vs_torch.csv`` (``rows``), its context and the profile and
+    synchronisation CSVs beside it."""
+    profile, sync = _sibling("vs_torch_profile") or [], _sibling("vs_torch_sync")
+    L = report_header("pipert vs PyTorch (torch.distributed.pipelining, plain loop)", ctx, rebuilt) + [""]
     L += ["## pipert vs torch.distributed.pipelining", "",
           "Same units as stage modules; torch's last stage returns the logits and `loss_fn=lm_loss` "
           "computes the same mean cross-entropy pipert's last unit computes internally (same FLOPs). "
@@ -512,7 +526,7 @@ def write_report(s: Setup, multi: list[dict], single: list[dict], ctx: dict, thr
           "| schedule | P | V | M | pipert ms (p25-p75) | torch ms (p25-p75) | ratio [95% CI] | target <= 1.0 | "
           "CPU ratio [95% CI] | same F/B order | loss diff | param diff |",
           "|---|---:|---:|---:|---:|---:|---:|:---:|---:|:---:|---:|---:|"]
-    for r in csv_rows:
+    for r in rows:
         if r["kind"] != "vs_torch_pipelining":
             continue
         L.append(f"| {r['schedule']} | {r['P']} | {r['V']} | {r['M']} | {r['pipert_ms']:.1f} "
@@ -521,7 +535,7 @@ def write_report(s: Setup, multi: list[dict], single: list[dict], ctx: dict, thr
                  f"[{r['ratio_ci_lo']:.3f}, {r['ratio_ci_hi']:.3f}] | {r['met']} | {r['cpu_ratio']:.3f} "
                  f"[{r['cpu_ratio_ci_lo']:.3f}, {r['cpu_ratio_ci_hi']:.3f}] | {'yes' if r['same_order'] else 'NO'} | "
                  f"{r['loss_rel_diff']:.1e} | {r['param_rel_diff']:.1e} |")
-    early = [r for r in csv_rows if r["kind"] == "early_recv_vs_torch_pipelining"]
+    early = [r for r in rows if r["kind"] == "early_recv_vs_torch_pipelining"]
     if early:
         L += ["", "### A/B: receives posted one compute earlier", "",
               "pipert on the same schedule with every RECV moved before the compute that precedes it "
@@ -529,18 +543,18 @@ def write_report(s: Setup, multi: list[dict], single: list[dict], ctx: dict, thr
               "ABBA rotation as the two above.", "",
               "| schedule | P | M | pipert early-recv ms | torch ms | ratio to torch [95% CI] | pipert (as "
               "lowered) ratio | CPU ratio |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        base = {(r["schedule"], r["P"], r["M"]): r["ratio"] for r in csv_rows if r["kind"] == "vs_torch_pipelining"}
+        base = {_key(r): r["ratio"] for r in rows if r["kind"] == "vs_torch_pipelining"}
         for r in early:
             L.append(f"| {r['schedule']} | {r['P']} | {r['M']} | {r['pipert_ms']:.1f} | {r['other_ms']:.1f} | "
                      f"{r['ratio']:.3f} [{r['ratio_ci_lo']:.3f}, {r['ratio_ci_hi']:.3f}] | "
-                     f"{base[(r['schedule'], r['P'], r['M'])]:.3f} | {r['cpu_ratio']:.3f} |")
+                     f"{base[_key(r)]:.3f} | {r['cpu_ratio']:.3f} |")
     L += ["", "## pipert with one stage vs a plain PyTorch loop", "",
           "pipert: `Pipeline(units, '1f1b', stages=1, microbatches=M, backend='local')`; plain: the same "
           "model, per micro-batch `(model(x, y) / M).backward()`, then `SGD.step()` and "
           "`zero_grad(set_to_none=True)`.", "",
           "| M | pipert ms (p25-p75) | plain ms (p25-p75) | overhead [95% CI] | target <= 5% | CPU overhead | "
           "loss diff |", "|---:|---:|---:|---:|:---:|---:|---:|"]
-    for r in csv_rows:
+    for r in rows:
         if r["kind"] != "single_stage_vs_plain":
             continue
         L.append(f"| {r['M']} | {r['pipert_ms']:.1f} ({r['pipert_p25_ms']:.1f}-{r['pipert_p75_ms']:.1f}) | "
@@ -548,35 +562,36 @@ def write_report(s: Setup, multi: list[dict], single: list[dict], ctx: dict, thr
                  f"{100 * (r['ratio'] - 1):+.1f}% [{100 * (r['ratio_ci_lo'] - 1):+.1f}%, "
                  f"{100 * (r['ratio_ci_hi'] - 1):+.1f}%] | {r['met']} | {100 * (r['cpu_ratio'] - 1):+.1f}% | "
                  f"{r['loss_rel_diff']:.1e} |")
-    L += ["", f"The local backend starts and joins one thread per rank and step: "
-              f"{thread_ms:.3f} ms per thread on this machine."]
-    L += ["", "## Where the time goes (cProfile, ms per step, mean over ranks)", "",
-          f"{s.profile_steps} profiled steps per system after the timed ones. forward: the units' forward "
-          "(+ torch's separate `lm_loss`); backward: autograd engine; opt: `SGD.step` + `zero_grad`; wait: "
-          "gloo calls (posting, `Work.wait` on receives and send completion, pipert's loss all-reduce); "
-          "rest: the runtime's own Python (per-action dispatch, buffers), inflated by the profiler's per-call "
-          "cost. The single-stage pipert run is profiled with its rank thread run inline (cProfile sees one "
-          "thread); the thread's start and join are timed apart.", "",
-          "| config | system | total | forward | backward | opt | wait | rest |",
-          "|---|---|---:|---:|---:|---:|---:|---:|"]
-    keys = ("total", "forward", "backward", "optimizer", "wait", "rest")
-    for r in multi:
-        for name in ("pipert", "torch"):
-            avg = {k: statistics.mean(p[name][k] for p in r["profile"]) for k in keys}
-            L.append(f"| {r['schedule']} P={r['P']} M={r['M']} | {name} | "
-                     + " | ".join(f"{avg[k]:.1f}" for k in keys) + " |")
-    for r in single:
-        for name in ("pipert", "plain"):
-            L.append(f"| single stage M={r['M']} | {name} | "
-                     + " | ".join(f"{r['profile'][name][k]:.1f}" for k in keys) + " |")
-    if multi:
-        L += ["", "Synchronisation costs measured after each configuration (median of 20, all ranks arriving "
-                  "together): one gloo barrier (both sides pay one per timed step) "
-                  f"{min(r['barrier_ms'] for r in multi):.2f}-{max(r['barrier_ms'] for r in multi):.2f} ms; "
-                  "pipert's loss all-reduce (two float64) "
-                  f"{min(r['allreduce_ms'] for r in multi):.2f}-{max(r['allreduce_ms'] for r in multi):.2f} ms."]
-    L += ["", "## Analysis", ""] + analysis(csv_rows, multi, single) + [""]
-    (RESULTS / "vs_torch.md").write_text("\n".join(L))
+    if profile:
+        L += ["", "## Where the time goes (cProfile, ms per step, mean over ranks)", "",
+              "forward: the units' forward (+ torch's separate `lm_loss`); backward: autograd engine; opt: "
+              "`SGD.step` + `zero_grad`; wait: gloo calls (posting, `Work.wait` on receives and send completion, "
+              "pipert's loss all-reduce); rest: the runtime's own Python (per-action dispatch, buffers), inflated "
+              "by the profiler's per-call cost. The single-stage pipert run is profiled with its rank thread run "
+              "inline (cProfile sees one thread).", "",
+              "| config | system | total | forward | backward | opt | wait | rest |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for p in profile:
+            config = f"single stage M={p['M']}" if p["P"] == 1 else f"{p['schedule']} P={p['P']} M={p['M']}"
+            L.append(f"| {config} | {p['system']} | " + " | ".join(
+                f"{p[k]:.1f}" for k in ("total", "forward", "backward", "optimizer", "wait", "rest")) + " |")
+    L += ["", "## Analysis", ""] + analysis(rows, profile, sync) + [""]
+    return "\n".join(L)
+
+
+def setup_context(s: Setup) -> dict[str, str]:
+    """The run's settings, as context lines of the report."""
+    return {
+        "model": f"LLaMA-style, hidden {s.hidden}, {s.layers} layers, 4 heads / 2 kv heads, ffn {s.hidden * 8 // 3}, "
+                 f"vocab 256, float32; micro-batch {s.mb_size} x {s.seq} tokens; SGD lr {LR}",
+        "per configuration (fresh gloo processes each)":
+            f"{s.warmup} warm-up steps, then {s.steps} measured steps per system, alternating pipert/other in "
+            f"ABBA order; a step is timed barrier to barrier on rank 0 (both sides pay the same barrier); ratio = "
+            f"median over steps of pipert_i / other_i (adjacent steps) with a distribution-free 95% confidence "
+            f"interval of that median; spread of step times = p25-p75; `no (noise)`: the median misses the target "
+            f"but the target lies inside its 95% interval; CPU ratio: the same with process CPU time summed over "
+            f"ranks (work done; less sensitive to other jobs than wall time)",
+        "profiled steps per system (cProfile, after the timed ones)": str(s.profile_steps)}
 
 
 def main() -> None:
@@ -584,7 +599,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=Setup.steps)
     ap.add_argument("--warmup", type=int, default=Setup.warmup)
     ap.add_argument("--quick", action="store_true", help="P=2 only, 8 steps (smoke test)")
+    ap.add_argument("--from-csv", action="store_true", help="rebuild the report from the stored CSVs and context")
     args = ap.parse_args()
+    if args.from_csv:
+        print(f"wrote {rebuild('vs_torch', report)} from the stored CSVs")
+        return
     s = Setup(steps=8 if args.quick else args.steps, warmup=args.warmup)
     from pipert.runtime.launch import launch
     ctx = context(extra={"run": f"gloo backend, {s.threads} intra-op thread(s) per process"})
@@ -609,10 +628,14 @@ def main() -> None:
               f"plain {1e3 * statistics.median(r['plain_s']):.1f} ms", flush=True)
     thread_ms = thread_cost_ms()
     wall = time.perf_counter() - t0
-    ctx["load average (1, 5, 15 min) after"] = (f"{load_average()} (the machine is shared with other engineers' "
-                                                 f"test runs)")
+    ctx["load average (1, 5, 15 min) after"] = load_average()
     ctx["wall time of the whole benchmark"] = f"{wall:.0f} s"
-    write_report(s, multi, single, ctx, thread_ms)
+    ctx.update(setup_context(s))
+    ctx["local backend: start and join of one rank thread"] = f"{thread_ms:.3f} ms"
+    rows, profile, sync = csv_rows(multi, single)
+    write_csv(RESULTS / "vs_torch_profile.csv", profile)
+    write_csv(RESULTS / "vs_torch_sync.csv", sync)
+    write_results("vs_torch", rows, ctx, report)
     print(f"wrote {RESULTS / 'vs_torch.csv'} and {RESULTS / 'vs_torch.md'} ({wall:.0f} s)")
 
 

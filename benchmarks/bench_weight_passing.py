@@ -14,20 +14,22 @@ Recomputation for 1F1B, WeiPipe and TawPipe (B costs F + B), none for ZB (as Taw
 states). The simulator models links per rank pair; a node's 10 GbE NIC is shared, so the
 prediction is max(makespan, busiest NIC's inter-node bytes / NIC bandwidth).
 
-Writes benchmarks/results/weight_passing.csv and .md (hardware, date, commit).
+Writes benchmarks/results/weight_passing.csv, .context.json and .md (hardware, date, commit);
+``--from-csv`` rebuilds the .md from the first two.
 
-    python benchmarks/bench_weight_passing.py [--quick]
+    python benchmarks/bench_weight_passing.py [--quick] [--from-csv]
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from _common import RESULTS, context, context_markdown, write_csv
+from _common import RESULTS, context, rebuild, report_header, write_results
 
 from pipert.cost.devices import DeviceSpec
 from pipert.cost.topology import Links, LinkSpec, Topology
@@ -217,60 +219,77 @@ def _ratios(rows: list[dict], a: str, b: str, embedding: str = "travels") -> tup
     return pred, pub
 
 
-def discussion(rows: list[dict]) -> list[str]:
-    """Why the predicted order differs from the published one, with the numbers behind it."""
-    def rng(x: list[float]) -> str:
-        return f"{min(x):.2f}-{max(x):.2f}" if x else "-"
+def _span(x: list[float], fmt: str = ".2f") -> str:
+    return f"{min(x):{fmt}}-{max(x):{fmt}}" if x else "-"
 
+
+def _by(rows: list[dict], embedding: str = "travels") -> dict[tuple, dict[str, dict]]:
+    """(paper, H, S) -> schedule -> row."""
+    out: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        if r["embedding"] == embedding:
+            out[(r["paper"], r["hidden"], r["seq"])][r["schedule"]] = r
+    return out
+
+
+def discussion(rows: list[dict]) -> list[str]:
+    """Where the predicted order differs from the published one, with the numbers behind it;
+    every figure and every count below is computed from ``rows``."""
     zb, zb_pub = _ratios(rows, "zb-h1", "1f1b")
     wp, wp_pub = _ratios(rows, "weipipe-interleave", "1f1b")
     tw, tw_pub = _ratios(rows, "tawpipe", "weipipe-interleave")
-    taw = [r for r in rows if r["schedule"] == "tawpipe" and r["paper"] == "tawpipe" and r["embedding"] == "travels"]
-    wei = {(r["hidden"], r["seq"]): r for r in rows if r["schedule"] == "weipipe-interleave"
-           and r["paper"] == "tawpipe" and r["embedding"] == "travels"}
-    nic = [r["nic_bound_s"] / wei[(r["hidden"], r["seq"])]["nic_bound_s"] for r in taw]
+    by = _by(rows)
+    zb_high = sum(a > b for a, b in zip(zb, zb_pub))
+    flips = []  # rows where WeiPipe and 1F1B are ordered differently than published
+    for (paper, h, s), got in sorted(by.items()):
+        pub = published(paper, h, s)
+        if isinstance(pub.get("weipipe-interleave"), float) and isinstance(pub.get("1f1b"), float):
+            if (got["weipipe-interleave"]["tok_s_gpu"] > got["1f1b"]["tok_s_gpu"]) != \
+                    (pub["weipipe-interleave"] > pub["1f1b"]):
+                w = got["weipipe-interleave"]
+                flips.append(f"{paper} H={h} S={s} (WeiPipe's busiest NIC is busy {w['nic_bound_s']:.1f} s, "
+                             f"{100 * w['nic_bound_s'] / w['makespan_s']:.0f}% of its simulated makespan)")
+    taw = {k: g["tawpipe"] for k, g in by.items() if k[0] == "tawpipe" and "tawpipe" in g}
+    wei = {k: g["weipipe-interleave"] for k, g in by.items() if k in taw}
+    nic = [taw[k]["nic_bound_s"] / wei[k]["nic_bound_s"] for k in taw]
+    taw_bubble_higher = sum(taw[k]["bubble"] > wei[k]["bubble"] for k in taw)
+    absolute: dict[int, list[float]] = defaultdict(list)
+    for (paper, h, s), got in by.items():
+        for c, p in published(paper, h, s).items():
+            if isinstance(p, float) and c in got:
+                absolute[h].append(got[c]["tok_s_gpu"] / p)
+    moved = _by(rows, "replicated")
+    change = [abs(moved[k][c]["tok_s_gpu"] / g[c]["tok_s_gpu"] - 1) * 100 for k, g in by.items() if k in moved
+              for c in ("weipipe-interleave", "tawpipe") if c in g and c in moved[k]]
     return [
         "## Where the prediction and the papers disagree", "",
-        f"- **ZB-H1 vs 1F1B**: predicted ZB-H1/1F1B {rng(zb)}, published {rng(zb_pub)}. The model "
-        "keeps GEMM efficiency constant while ZB runs 4-16x more, smaller micro-batches (4 or 1 "
-        "sequences), has no memory limit (the papers report ZB out of memory or at twice 1F1B's "
-        "memory), and in TawPipe's setup ZB runs without recomputation, i.e. 3/4 of the others' "
-        "compute. Both papers attribute ZB's loss to the small micro-batches its memory forces; that "
-        "effect is outside the analytic model, so every row with ZB ranks it too high.",
-        f"- **WeiPipe vs 1F1B**: predicted {rng(wp)}, published {rng(wp_pub)}; same order everywhere "
-        "except TawPipe's H=4096 rows, where the paper measured WeiPipe below 1F1B. There the ring's "
-        "node-crossing links carry 3 chunks of 2 layers (3 x 0.8 GB) per turn, about 2 s at 10 GbE "
-        "against about 1.5 s of compute, so WeiPipe is bandwidth-bound in the model too; the paper's "
-        "63.7% NCCL time for WeiPipe suggests less effective bandwidth or overlap than modelled.",
-        f"- **TawPipe vs WeiPipe**: predicted {rng(tw)}, published {rng(tw_pub)}. TawPipe moves "
-        f"{rng(nic)} of WeiPipe's bytes through the busiest NIC, but with prefetch depth one "
-        "(the paper's CCO) each forward step must fetch a whole remote shard over one rail while "
-        "computing only a forward (1/4 of a recomputed F+B), so its forward steps are fetch-bound "
-        f"(simulated bubble {rng([r['bubble'] for r in taw])} vs WeiPipe "
-        f"{rng([w['bubble'] for w in wei.values()])}); WeiPipe overlaps each transfer with a whole "
-        "F+B turn. A lower effective inter-node bandwidth (`--inter-gbs`) favours TawPipe but also costs "
-        "WeiPipe its lead over 1F1B in WeiPipe's own table, so no single bandwidth reproduces both tables.",
-        "- **Absolute numbers**: at efficiency 0.6 the model over-predicts H=1024 by up to about 2x and "
-        "is close at H=4096 (small GEMMs and the elementwise work run below the preset efficiency); "
-        "the ratios are the comparison that matters.",
-        "- **Embedding and head**: replicating them (the papers' code) instead of moving them with units 0 "
-        "and P-1 changes the weight-passing predictions by a few percent and no conclusion.",
+        f"- **ZB-H1 vs 1F1B**: predicted ZB-H1/1F1B {_span(zb)}, published {_span(zb_pub)}; the prediction is "
+        f"above the published ratio in {zb_high} of {len(zb)} rows. The model keeps GEMM efficiency constant while "
+        "ZB runs smaller micro-batches, and has no memory limit (the papers report ZB out of memory or at twice "
+        "1F1B's memory); in TawPipe's setup ZB runs without recomputation.",
+        f"- **WeiPipe vs 1F1B**: predicted {_span(wp)}, published {_span(wp_pub)}; ordered as published in "
+        f"{len(wp) - len(flips)} of {len(wp)} rows" + (f", differently in {'; '.join(flips)}." if flips else "."),
+        f"- **TawPipe vs WeiPipe**: predicted {_span(tw)}, published {_span(tw_pub)}. TawPipe moves {_span(nic)} of "
+        f"WeiPipe's bytes through the busiest NIC; its simulated bubble (prefetch depth one, the paper's CCO) is "
+        f"{_span([r['bubble'] for r in taw.values()], '.3f')} against WeiPipe's "
+        f"{_span([r['bubble'] for r in wei.values()], '.3f')}, higher in {taw_bubble_higher} of {len(taw)} rows.",
+        "- **Absolute numbers**: predicted / published tokens/s/GPU, by hidden size: "
+        + "; ".join(f"H={h}: {_span(v)}" for h, v in sorted(absolute.items())) + ".",
+        f"- **Embedding and head**: replicating them (the papers' code) instead of moving them with units 0 "
+        f"and P-1 changes the WeiPipe and TawPipe predictions by {_span(change, '.1f')}% "
+        f"(median {statistics.median(change):.1f}%)." if change else "",
     ]
 
 
-def report(rows: list[dict], device: DeviceSpec, quick: bool, wall: float, eth: LinkSpec = ETH) -> str:
-    ctx = context(extra={"wall time of the model runs": f"{wall:.0f} s"})
-    lines = ["# Weight passing on the papers' configurations (analytic model + simulator)", "",
-             context_markdown(ctx),
-             f"- modelled hardware: {device.name}, {device.peak_tflops:g} TFLOP/s x efficiency {device.efficiency}, "
-             f"{GPN} GPUs/node, NVLink {NVLINK.bandwidth / 1e9:g} GB/s per direction, 10 GbE "
-             f"{eth.bandwidth / 1e9:g} GB/s + {eth.latency * 1e6:g} us between nodes (one NIC per node)",
-             f"- quick run (a quarter of the micro-batches): {quick}", "",
-             "Predicted tokens/s/GPU beside the published ones (OOM: the paper ran out of memory; -: no "
-             "published number); ratios are to 1F1B of the same row. `ranking ok`: the predicted ranking of "
-             "the schedules the paper ran equals the paper's. \"travels\": our schedules (embedding in unit 0, "
-             "head in unit P-1, moved like any shard); \"replicated\": the papers' code (only layers move; the "
-             "embedding/head gradients are all-reduced over all GPUs at the end).", ""]
+def report(rows: list[dict], ctx: dict[str, str], rebuilt: bool = False) -> str:
+    """The markdown report: a function of the CSV rows and the stored context only."""
+    lines = report_header("Weight passing on the papers' configurations (analytic model + simulator)", ctx, rebuilt)
+    lines += ["",
+              "Predicted tokens/s/GPU beside the published ones (OOM: the paper ran out of memory; -: no "
+              "published number); ratios are to 1F1B of the same row. `ranking ok`: the predicted ranking of "
+              "the schedules the paper ran equals the paper's. \"travels\": our schedules (embedding in unit 0, "
+              "head in unit P-1, moved like any shard); \"replicated\": the papers' code (only layers move; the "
+              "embedding/head gradients are all-reduced over all GPUs at the end).", ""]
     summary = []
     for embedding in ("travels", "replicated"):
         lines += [f"## Embedding and head {embedding}", ""]
@@ -293,10 +312,14 @@ def report(rows: list[dict], device: DeviceSpec, quick: bool, wall: float, eth: 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a quarter of the micro-batches")
+    ap.add_argument("--from-csv", action="store_true", help="rebuild the report from the stored CSV and context")
     ap.add_argument("--efficiency", type=float, default=None, help="GEMM efficiency (default: the preset's)")
     ap.add_argument("--inter-gbs", type=float, default=ETH.bandwidth / 1e9,
                     help="inter-node bandwidth per NIC in GB/s (default 1.25, 10 GbE)")
     args = ap.parse_args(argv)
+    if args.from_csv:
+        print(f"wrote {rebuild('weight_passing', report)} from the stored CSV")
+        return 0
     eth = LinkSpec(ETH.latency, args.inter_gbs * 1e9)
     device = DeviceSpec.preset("a800", **({"efficiency": args.efficiency} if args.efficiency else {}))
     t0 = time.perf_counter()
@@ -313,8 +336,13 @@ def main(argv: list[str] | None = None) -> int:
                     r = rows[-1]
                     print(f"{paper:8} {embedding:10} H={h:5} S={s:6} {name:19} {r['tok_s_gpu']:9.1f} tok/s/GPU  "
                           f"(makespan {r['makespan_s']:.2f} s, NIC {r['nic_bound_s']:.2f} s)", flush=True)
-    write_csv(RESULTS / "weight_passing.csv", rows)
-    (RESULTS / "weight_passing.md").write_text(report(rows, device, args.quick, time.perf_counter() - t0, eth))
+    ctx = context(extra={
+        "wall time of the model runs": f"{time.perf_counter() - t0:.0f} s",
+        "modelled hardware": f"{device.name}, {device.peak_tflops:g} TFLOP/s x efficiency {device.efficiency}, "
+                             f"{GPN} GPUs/node, NVLink {NVLINK.bandwidth / 1e9:g} GB/s per direction, 10 GbE "
+                             f"{eth.bandwidth / 1e9:g} GB/s + {eth.latency * 1e6:g} us between nodes (one NIC per node)",
+        "quick run (a quarter of the micro-batches)": args.quick})
+    write_results("weight_passing", rows, ctx, report)
     print(f"wrote {RESULTS / 'weight_passing.csv'} and {RESULTS / 'weight_passing.md'}")
     return 0
 

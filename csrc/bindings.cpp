@@ -111,6 +111,11 @@ py::object event_time(const Event& e) {
   return t == 0 ? py::none() : py::cast(to_s(t));
 }
 
+py::object event_ideal_time(const Event& e) {
+  const int64_t t = e.ideal_ns();
+  return t == 0 ? py::none() : py::cast(to_s(t));
+}
+
 std::shared_ptr<Event> event_of(SignalPtr s) {
   auto e = std::make_shared<Event>();
   e->set_signal(std::move(s));
@@ -183,6 +188,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("query", &Event::query)
       .def("synchronize", &Event::synchronize, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("time", &event_time)
+      .def_property_readonly("ideal_time", &event_ideal_time)
       .def("elapsed_time", [](const Event& a, const Event& b) {
         if (!a.query() || !b.query() || a.time_ns() == 0 || b.time_ns() == 0)
           throw std::runtime_error("elapsed_time needs two completed, recorded events");

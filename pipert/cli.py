@@ -1,4 +1,4 @@
-"""The ``pipert`` command: simulate | compare | train | emulate | plan."""
+"""The ``pipert`` command: simulate | compare | export | train | emulate | plan."""
 from __future__ import annotations
 
 import argparse
@@ -15,19 +15,14 @@ def _schedule_names() -> list[str]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from .scenario import scenario_from_args
-    from .sim import simulate, validate
-    from .ir import Schedule
-    sc = scenario_from_args(args)
-    if args.schedule.endswith(".json"):
-        sched = Schedule.load(args.schedule)
-    else:
-        sched = sc.build(args.schedule, strict=True)
+    from .scenario import load_or_build
+    from .sim import simulate
+    sc, sched = load_or_build(args, args.schedule)
     if args.passes:
         from .ir.passes import apply_passes
         sched = apply_passes(sched, [n for n in args.passes.split(",") if n])
-    validate(sched, cost=sc.cost_for(sched), memory_limit=sc.memory_limit)
-    res = simulate(sched, sc.cost_for(sched), links=sc.links, topology=sc.topology)
+    # simulate() runs the validator's engine and raises its first error: one pass does both
+    res = simulate(sched, sc.cost_for(sched), links=sc.links, topology=sc.topology, memory_limit=sc.memory_limit)
     if args.trace:
         from .sim.export import write_chrome_trace
         write_chrome_trace(res, args.trace)
@@ -59,9 +54,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from .compare import compare, print_ranking
-    from .scenario import scenario_from_args
-    sc = scenario_from_args(args)
-    rows = compare(sc, names=args.schedules.split(",") if args.schedules else None)
+    from .scenario import load_or_build, scenario_from_args
+    names = args.schedules.split(",") if args.schedules else None
+    if args.file:
+        sc, sched = load_or_build(args, args.file)
+        rows = compare(sc, names=names, files=[sched])
+    else:
+        sc = scenario_from_args(args)
+        rows = compare(sc, names=names)
     if args.json:
         print(json.dumps([r.as_dict() for r in rows]))
     else:
@@ -74,10 +74,41 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .ir.files import dump_schedule
+    from .scenario import load_or_build
+    _, sched = load_or_build(args, args.schedule)
+    if args.passes:
+        from .ir.passes import apply_passes
+        sched = apply_passes(sched, [n for n in args.passes.split(",") if n])
+    text = dump_schedule(sched, args.format, comms=args.comms)
+    if args.output:
+        with open(args.output, "w", newline="") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+_FILE_SHAPED = ("stages", "microbatches", "chunks")
+"""Train flags a schedule file sets (the parser leaves them None unless given)."""
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    from .ir.files import is_schedule_file, load_schedule
     from .train import TrainConfig, run_train
-    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
-    run_train(cfg)
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
+    defaults = TrainConfig()
+    if is_schedule_file(args.schedule):
+        from .scenario import file_shape
+        given = {"--stages": args.stages, "--microbatches": None if args.microbatches is None else
+                 args.microbatches // max(args.dp, 1), "--chunks": args.chunks}
+        P, M, V = file_shape(load_schedule(args.schedule), given)
+        values.update(stages=P, microbatches=M * max(args.dp, 1), chunks=V)
+    for name in _FILE_SHAPED:
+        if values[name] is None:
+            values[name] = getattr(defaults, name)
+    run_train(TrainConfig(**values))
     return 0
 
 
@@ -91,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("simulate", help="simulate one schedule on one scenario")
-    s.add_argument("schedule", help="registered schedule name, or a schedule .json file")
+    s.add_argument("schedule", help="registered schedule name, or a schedule file: pipert's .json, torch.pipelining's "
+                   ".csv (_dump_csv) or its orders as .json; the file's shape (ranks, units, micro-batches) is kept")
     add_scenario_args(s)
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--trace", help="write a Chrome-trace JSON (open in Perfetto)")
@@ -104,11 +136,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_simulate)
 
     c = sub.add_parser("compare", help="simulate every applicable schedule on one scenario, ranked")
+    c.add_argument("file", nargs="?", default=None, help="a schedule file (as for simulate), ranked against the "
+                   "registered schedules on its shape")
     add_scenario_args(c)
     c.add_argument("--schedules", help="comma-separated names (default: all registered)")
     c.add_argument("--json", action="store_true", help="print a JSON list")
     c.add_argument("--plot", default="pipert-compare.png", help="PNG with one Gantt chart per schedule ('' to skip)")
     c.set_defaults(fn=cmd_compare)
+
+    from .ir.files import EXPORT_FORMATS
+    e = sub.add_parser("export", help="write a schedule as pipert JSON, a text grid, or torch.pipelining's CSV/JSON")
+    e.add_argument("schedule", help="registered schedule name, or a schedule file (converted)")
+    add_scenario_args(e)
+    e.add_argument("--format", default="json", choices=EXPORT_FORMATS,
+                   help="json: pipert's schedule file; text: every action, one column per rank; torch-csv: "
+                   "torch's _dump_csv form (load it with _load_csv); torch-json: the same rows as JSON")
+    e.add_argument("--comms", action="store_true", help="torch formats: include SEND_F/RECV_F/SEND_B/RECV_B "
+                   "(torch's pipeline_order_with_comms form); default: compute only")
+    e.add_argument("--passes", default="", help="comma-separated lowering passes applied before writing")
+    e.add_argument("--output", "-o", default=None, help="file to write (default: standard output)")
+    e.set_defaults(fn=cmd_export)
 
     t = sub.add_parser("train", help="train the built-in model with a pipeline schedule")
     defaults = TrainConfig()
@@ -120,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
             t.add_argument(flag, action="store_true", help=doc)
         else:
             kind = type(default) if default is not None else int
-            t.add_argument(flag, type=kind, default=default, help=doc)
+            t.add_argument(flag, type=kind, default=None if f.name in _FILE_SHAPED else default,
+                           help=doc + (" or a schedule file's" if f.name in _FILE_SHAPED else ""))
     t.set_defaults(fn=cmd_train)
 
     for register in _extra_commands():
@@ -129,13 +177,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _TRAIN_HELP = {
-    "schedule": "registered schedule name", "stages": "pipeline ranks P", "microbatches": "micro-batches per step M",
+    "schedule": "registered schedule name or a schedule file (.json, torch's .csv)", "stages": "pipeline ranks P", "microbatches": "micro-batches per step M",
     "chunks": "units per rank for interleaved schedules", "ranks_per_node": "ranks per node (tawpipe)",
     "dp": "data-parallel replicas D of the pipeline (stages x dp processes)",
     "zero": "ZeRO stage 0-3 of every unit over its replicas (needs --dp > 1)",
     "passes": "comma-separated lowering passes: recompute, offload_stashes, offload_weights, expand_folds, ...",
     "steps": "training steps", "batch_size": "sequences per step", "seq": "tokens per sequence",
-    "model": "model preset: tiny, small, medium, large", "dtype": "float32, float64 or bfloat16",
+    "model": "model preset: tiny, small, medium, large, gpt-tiny, gpt-small, gpt-1.3b, gpt-3b, gpt-7b",
+    "mlp_chunk": "token rows per chunk of the chunked MLP (pipert.kernels); 0: the plain MLP",
+    "mlp_recompute": "chunked MLP: save only its input, recompute pre-activations in backward",
+    "recompute": "recompute inside units: none, no_attention (keep attention output + softmax stats), full",
+    "dtype": "float32, float64 or bfloat16",
     "lr": "AdamW learning rate", "backend": "auto, gloo, nccl or local", "seed": "initialisation and data seed",
     "check": "also run the single-process reference step; report relative errors",
     "json": "one JSON object per step instead of a progress bar",
@@ -147,6 +199,9 @@ _TRAIN_HELP = {
     "node_bandwidth": "bandwidth between nodes of a datacenter (with --ranks-per-node)",
     "profile": "measure each unit's compute times on the running job; print the simulator's step time beside "
                "the measured one",
+    "save": "folder of checkpoints (DCP, one step-N folder each); one is written after the last step",
+    "save_every": "also write a checkpoint every N steps (with --save)",
+    "resume": "resume from a checkpoint folder (or a --save folder: its newest); --steps is the total",
 }
 
 

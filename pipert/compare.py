@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .ir.schedule import Schedule
 from .scenario import Scenario
 
 __all__ = ["Row", "compare", "print_ranking", "plot_comparison"]
@@ -26,20 +27,22 @@ class Row:
                 "peak_memory": self.peak_memory, "comm_bytes": self.comm_bytes, "skipped": self.skipped}
 
 
-def compare(sc: Scenario, names: list[str] | None = None) -> list[Row]:
-    """Simulate each schedule; those that cannot run on the scenario are kept with the reason.
+def compare(sc: Scenario, names: list[str] | None = None, files: list[Schedule] = ()) -> list[Row]:
+    """Simulate each schedule (the loaded ``files`` first, then the registered ``names``, default
+    all); those that cannot run on the scenario are kept with the reason.
 
     Uniform times are per stage here (``Scenario.per_stage``): a V-chunk schedule's units
     take 1/V of them, so all schedules train the same model."""
     from .schedules import available
     sc.per_stage = True
-    from .sim import ScheduleError, simulate, validate
+    from .sim import ScheduleError, simulate
     rows = []
-    for name in names or available():
+    for item in [*files, *(names or available())]:
+        name = f"{item.name} (file)" if isinstance(item, Schedule) else item
         try:
-            sched = sc.build(name)
-            validate(sched, cost=sc.cost_for(sched), memory_limit=sc.memory_limit)
-            res = simulate(sched, sc.cost_for(sched), links=sc.links, topology=sc.topology)
+            sched = item if isinstance(item, Schedule) else sc.build(item)
+            res = simulate(sched, sc.cost_for(sched), links=sc.links, topology=sc.topology,
+                           memory_limit=sc.memory_limit)
         except (ValueError, ScheduleError) as e:
             rows.append(Row(name, skipped=str(e).splitlines()[0]))
             continue

@@ -45,6 +45,12 @@ class Case:
     links: tuple = ()
     """Emulated links as (name, value) pairs of ``pipert.linkflags.LinkOptions.parse``
     (e.g. ``(("dcs", 2), ("dc_latency", "2ms"))``); empty: messages are not delayed."""
+    model: str = "llama"
+    """Tiny model family: "llama" or "gpt" (``tiny_units``)."""
+    recompute: str = "none"
+    """Recompute mode of every unit (``pipert.models.recompute.RECOMPUTE_MODES``)."""
+    mlp_chunk: int = 0
+    """Token rows per chunk of the chunked MLP (0: the plain MLP)."""
 
 
 @dataclass
@@ -80,6 +86,19 @@ IR_OP_DP_CASES = [
     Case("1f1b", 2, 8, dp=2, zero=1, steps=2),                        # REDUCESCATTER + ALLGATHER
     Case("zb-h1", 2, 8, dp=2, zero=3, steps=2),                       # ZeRO-3: gather before use, free after
 ]
+# HelixPipe (2L+1 units, attention placed by micro-batch, QKV weights travel): p in {2, 4}, one and
+# two folds, with and without recomputation without attention, with and without the chunked MLP.
+HELIX_CASES = [
+    Case("helixpipe", 2, 4, chunks=2, steps=2),
+    Case("helixpipe-2fold", 2, 8, model="gpt", recompute="no_attention", steps=2),
+    Case("helixpipe-2fold", 2, 4, chunks=2, mlp_chunk=4, recompute="no_attention"),
+    Case("helixpipe", 2, 4, model="gpt", mlp_chunk=4),
+    Case("helixpipe-2fold", 2, 4, passes=("expand_folds", "send_early")),
+]
+HELIX_P4_CASES = [
+    Case("helixpipe", 4, 4, model="gpt", recompute="no_attention", mlp_chunk=4, steps=2),
+    Case("helixpipe-2fold", 4, 8),
+]
 IR_OP_TORCH_CASES = [
     Case("torch:ScheduleInterleavedZeroBubble", 3, 4, chunks=2, steps=2),
     Case("torch:ScheduleInterleavedZeroBubble", 3, 4, chunks=2, options=(("comms", True),), steps=2),
@@ -91,13 +110,25 @@ def sgd(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
-def tiny_units(num_units: int, dtype: str, seed: int = 0, fine: bool = False) -> list[nn.Module]:
-    from .models import LlamaConfig, LlamaModel, partition
+def tiny_units(num_units: int, dtype: str, seed: int = 0, fine: bool = False, *, cut: str | None = None,
+               model: str = "llama", recompute: str = "none", mlp_chunk: int = 0) -> list[nn.Module]:
+    """``num_units`` units of a tiny LLaMA (or GPT with ``model="gpt"``) model: chunks of layers,
+    three units per layer (``fine``) or the 2L+1 HelixPipe units (``cut="helix"``)."""
+    from .models import GPTConfig, LlamaConfig, model_from_config, partition
     if fine and num_units % 3:
         raise ValueError(f"a fine partition has 3 units per layer; {num_units} units is not a multiple of 3")
-    layers = num_units // 3 if fine else num_units
-    cfg = LlamaConfig(vocab=64, hidden=32, layers=layers, heads=4, kv_heads=2, ffn=48, max_seq=16, dtype=dtype)
-    return partition(LlamaModel(cfg, seed=seed), num_units, fine=fine)
+    if cut == "helix" and num_units % 2 == 0:
+        raise ValueError(f"the helix cut has 2L+1 units; {num_units} units is even")
+    layers = num_units // 3 if fine else (num_units - 1) // 2 if cut == "helix" else num_units
+    kw = dict(vocab=64, hidden=32, layers=layers, heads=4, max_seq=16, dtype=dtype, mlp_chunk=mlp_chunk)
+    if model == "llama":
+        cfg = LlamaConfig(kv_heads=2, ffn=48, **kw)
+    elif model == "gpt":
+        cfg = GPTConfig(ffn=128, **kw)
+    else:
+        raise ValueError(f"tiny model {model!r} unknown; allowed: llama, gpt")
+    return partition(model_from_config(cfg, seed=seed), None if cut == "helix" else num_units, fine=fine, cut=cut,
+                     recompute=recompute)
 
 
 def make_batch(microbatches: int, seed: int = 0, mb_size: int = 2, seq: int = 8, vocab: int = 64):
@@ -107,14 +138,18 @@ def make_batch(microbatches: int, seed: int = 0, mb_size: int = 2, seq: int = 8,
 
 
 def rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """max over tensors of max|a-b| / max|b| (b is the reference); keys must agree."""
+    """max over tensors of max|a-b| / scale, scale = max(max|b|, 1e-4 * the largest max|b| of all
+    tensors) (b is the reference; keys must agree). The floor keeps a tensor whose exact value is
+    zero (e.g. the gradient of a key bias, which softmax cancels) from dividing rounding noise by
+    rounding noise."""
     if set(a) != set(b):
         missing, extra = sorted(set(b) - set(a))[:3], sorted(set(a) - set(b))[:3]
         raise AssertionError(f"parameter names differ: missing {missing}, unexpected {extra}")
+    largest = max((ref.double().abs().max().item() for ref in b.values() if ref.numel()), default=0.0)
     worst = 0.0
     for k, ref in b.items():
         diff = (a[k].double().cpu() - ref.double().cpu()).abs().max().item()
-        worst = max(worst, diff / max(ref.double().abs().max().item(), 1e-300))
+        worst = max(worst, diff / max(ref.double().abs().max().item(), 1e-4 * largest, 1e-300))
     return worst
 
 
@@ -155,7 +190,8 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
     from .runtime.pipeline import Pipeline
     from .runtime.reference import grouped_reference_step
     schedule = _schedule(case)
-    units = tiny_units(schedule.num_units, case.dtype, fine=case.fine)
+    units = tiny_units(schedule.num_units, case.dtype, fine=case.fine, cut=schedule.meta.get("cut"),
+                       model=case.model, recompute=case.recompute, mlp_chunk=case.mlp_chunk)
     ref_units = copy.deepcopy(units)
     ref_opt = optimizer([p for u in ref_units for p in u.parameters()])
     links = None

@@ -17,12 +17,14 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["TrainConfig", "run_train", "resolve_backend"]
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+_DTYPES = ("float32", "float64", "bfloat16")
 
 
 @dataclass
@@ -30,7 +32,8 @@ class TrainConfig:
     """Settings of one training run."""
 
     schedule: str = "1f1b"
-    """Registered schedule name (see `pipert simulate --help` for the list)."""
+    """Registered schedule name (see `pipert simulate --help` for the list), or a schedule file
+    (pipert's .json, torch.pipelining's .csv or orders .json) whose shape the other fields match."""
     stages: int = 4
     """Pipeline ranks P."""
     microbatches: int = 8
@@ -52,7 +55,14 @@ class TrainConfig:
     seq: int = 64
     """Tokens per sequence."""
     model: str = "tiny"
-    """Model preset of pipert.models (tiny, small)."""
+    """Model preset of pipert.models (tiny, small, ... ; gpt-tiny, gpt-small, ...)."""
+    mlp_chunk: int = 0
+    """Token rows per chunk of the chunked MLP of pipert.kernels (0: the plain MLP)."""
+    mlp_recompute: bool = False
+    """Chunked MLP: save only its input, recompute the pre-activations in backward."""
+    recompute: str = "none"
+    """Activation recomputation inside every unit: none, no_attention (keep attention output and
+    softmax statistics), full (keep the unit's inputs only)."""
     dtype: str = "float32"
     """Parameter and activation dtype: float32, float64, bfloat16."""
     lr: float = 3e-3
@@ -80,13 +90,29 @@ class TrainConfig:
     profile: bool = False
     """Measure every unit's compute times on the running job and print the simulator's step time beside the
     measured one."""
+    save: str = ""
+    """Folder of checkpoints (``DIR/step-N``, pipert.checkpoint); one after the last step."""
+    save_every: int | None = None
+    """Also write a checkpoint after every N steps (with --save)."""
+    resume: str = ""
+    """Checkpoint folder to resume from (a step-N folder, or a --save folder: its newest); --steps
+    counts the steps already run."""
 
     def validate(self) -> None:
+        """Every setting, checked before any work (no schedule built, no model materialised):
+        ValueError naming the flag, its value and what is allowed."""
         if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} unknown; allowed: {', '.join(_DTYPES)}")
+            raise ValueError(f"--dtype {self.dtype!r} unknown; allowed: {', '.join(_DTYPES)}")
         for name in ("stages", "microbatches", "steps", "batch_size", "seq", "dp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("chunks", "ranks_per_node"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        self._validate_model()
+        self._validate_schedule()
         if not self.lr > 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if not self.timeout > 0:
@@ -101,6 +127,15 @@ class TrainConfig:
         if self.microbatches % self.dp:
             raise ValueError(f"--microbatches {self.microbatches} do not split over --dp {self.dp} replicas; use a "
                              f"multiple of {self.dp}")
+        if self.mlp_chunk < 0:
+            raise ValueError(f"--mlp-chunk must be >= 0 (0: the plain MLP), got {self.mlp_chunk}")
+        if self.mlp_recompute and not self.mlp_chunk:
+            raise ValueError("--mlp-recompute applies to the chunked MLP; give --mlp-chunk N > 0 as well")
+        from .models import RECOMPUTE_MODES, model_names
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"--recompute {self.recompute!r} unknown; allowed: {', '.join(RECOMPUTE_MODES)}")
+        if self.model not in model_names():
+            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(model_names())}")
         from .ir.passes import PASSES
         unknown = [p for p in self.pass_names() if p not in PASSES]
         if unknown:
@@ -112,6 +147,10 @@ class TrainConfig:
             raise ValueError(f"--dcs/--node-* emulate the links of one pipeline; with --dp {self.dp} they are not "
                              f"supported (use --dp 1)")
         links.links(self.world)
+        if self.save_every is not None and (self.save_every < 1 or not self.save):
+            raise ValueError(f"--save-every {self.save_every}: give a step count >= 1 and a --save folder")
+        if self.zero and (self.save or self.resume):
+            raise ValueError(f"--save/--resume with --zero {self.zero}: checkpoints hold whole units; allowed: --zero 0")
 
     def link_options(self):
         """The emulated links (``pipert.linkflags.LinkOptions``) of the link flags."""
@@ -119,6 +158,43 @@ class TrainConfig:
         return LinkOptions.parse(self.dcs, self.dc_latency, self.dc_bandwidth, self.ranks_per_node,
                                  self.node_latency, self.node_bandwidth)
 
+    def _validate_model(self) -> None:
+        """The model preset, and the sequence length against its positions."""
+        from .models import PRESETS
+        if self.model not in PRESETS:
+            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(PRESETS)}")
+        positions = PRESETS[self.model].max_seq
+        if self.seq > positions:
+            raise ValueError(f"--seq {self.seq} exceeds the {positions} positions of model {self.model!r}; "
+                             f"allowed: 1..{positions}")
+
+    def _validate_schedule(self) -> None:
+        """The schedule name (or file) and its shape against the flags and the model's layers,
+        from the family's constraints alone (building a schedule can take long)."""
+        from .ir.files import is_schedule_file, load_schedule
+        from .models import PRESETS
+        layers = PRESETS[self.model].layers
+        if is_schedule_file(self.schedule):
+            from .scenario import file_shape
+            sched = load_schedule(self.schedule)
+            file_shape(sched, {"--stages": self.stages, "--microbatches": self.microbatches // self.dp,
+                               "--chunks": self.chunks})
+            units = sched.num_units
+            what = f"schedule file {self.schedule!r} has {units} units"
+        else:
+            from .schedules import PipelineConfig, family
+            fam = family(self.schedule)
+            chunks = self.chunks if self.chunks is not None else fam.default_chunks
+            try:
+                fam.validate(PipelineConfig(self.stages, self.microbatches // self.dp, chunks))
+            except ValueError as e:
+                raise ValueError(f"--schedule {self.schedule} --stages {self.stages} --microbatches "
+                                 f"{self.microbatches // self.dp} (per replica) --chunks {chunks}: {e}") from None
+            units = self.stages * chunks
+            what = f"--stages {self.stages} x {chunks} chunks of {self.schedule} = {units} units"
+        if units > layers:
+            raise ValueError(f"{what}, but model {self.model!r} has {layers} layers (one unit needs at least one); "
+                             f"allowed: --stages x chunks <= {layers}")
 
     def pass_names(self) -> list[str]:
         return [p for p in self.passes.split(",") if p]
@@ -135,9 +211,13 @@ def build_program(cfg: TrainConfig):
     from .ir.passes import apply_passes
     from .schedules import build_schedule
     from .schedules.data_parallel import replicate
+    from .ir.files import is_schedule_file, load_schedule
     opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
-    s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp, chunks=cfg.chunks,
-                       **opts)
+    if is_schedule_file(cfg.schedule):
+        s = load_schedule(cfg.schedule)
+    else:
+        s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp,
+                           chunks=cfg.chunks, **opts)
     s = apply_passes(s, cfg.pass_names())
     return replicate(s, cfg.dp, cfg.zero) if cfg.dp > 1 else s
 
@@ -145,6 +225,7 @@ def build_program(cfg: TrainConfig):
 def resolve_backend(name: str) -> str:
     if name != "auto":
         return name
+    import torch
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return "nccl" if n > 1 else ("local" if n == 1 else "gloo")
 
@@ -155,7 +236,11 @@ def _rank_units(cfg: TrainConfig, schedule, device: torch.device, keep=None) -> 
     model built in one process, whatever ``keep`` is."""
     from .models import build_units
     return build_units(cfg.model, schedule.num_units, seed=cfg.seed, keep=keep, device=device, max_seq=cfg.seq,
-                       dtype=cfg.dtype)
+                       dtype=cfg.dtype, cut=schedule.meta.get("cut"), recompute=cfg.recompute, **_mlp_overrides(cfg))
+
+
+def _mlp_overrides(cfg: TrainConfig) -> dict:
+    return {"mlp_chunk": cfg.mlp_chunk, "mlp_recompute": cfg.mlp_recompute} if cfg.mlp_chunk else {}
 
 
 def _build(cfg: TrainConfig, device: torch.device, schedule, rank: int | None):
@@ -187,6 +272,7 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     from .runtime.pipeline import Pipeline
     from .runtime.reference import grouped_reference_step
     from .testing import rel_err
+    import torch
     schedule, units, corpus = _build(cfg, device, schedule, None if backend == "local" else rank)
     opt = lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=0.0)  # noqa: E731
     # The reference keeps its own whole model, built in one process, and a persistent optimizer
@@ -209,8 +295,11 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         dp = f" D={cfg.dp}" + (f" ZeRO-{cfg.zero}" if cfg.zero else "") if cfg.dp > 1 else ""
         bar = tqdm(total=cfg.steps, desc=f"pipert train {cfg.schedule} P={cfg.stages}{dp} M={cfg.microbatches}",
                    file=sys.stderr)
+    first = _resume(cfg, pipe, ref_units, ref_opt)
+    if bar is not None:
+        bar.update(first)
     losses, times, timed = [], [], []
-    for step, (x, y) in enumerate(corpus.batches(cfg.batch_size, cfg.steps)):
+    for step, (x, y) in enumerate(corpus.batches(cfg.batch_size, cfg.steps - first, start=first), first):
         x, y = x.to(device), y.to(device)
         before = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()}) \
             if cfg.check else None
@@ -238,6 +327,9 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         losses.append(loss)
         if rank == 0:
             _report(cfg, step, loss, cfg.batch_size * cfg.seq / dt, extra, bar)
+        if cfg.save and (step + 1 == cfg.steps or cfg.save_every and (step + 1) % cfg.save_every == 0):
+            from . import checkpoint
+            checkpoint.save(pipe, checkpoint.step_dir(cfg.save, step + 1), checkpoint.train_meta(cfg, step + 1))
     if bar is not None:
         bar.close()
         if cfg.profile and len(timed) > 1:
@@ -270,6 +362,15 @@ def _predicted(pipe, backend: str, rank: int, links, measured: float) -> dict:
     return {"measured_step_s": measured, "predicted_step_s": predicted,
             "predicted_rel_err": (predicted - measured) / measured, "max_forward_s": prof.max_forward,
             "compute_s_all_ranks": prof.busy}
+def _resume(cfg: TrainConfig, pipe, ref_units, ref_opt) -> int:
+    """The first step to run: 0, or the checkpoint's step after loading it (and, with --check,
+    the reference's weights and optimizer)."""
+    if not cfg.resume:
+        return 0
+    from . import checkpoint
+    if ref_units is not None:
+        checkpoint.load_units(ref_units, ref_opt, cfg.resume)
+    return checkpoint.load(pipe, cfg.resume)["step"]
 
 
 def _gather(pipe, fn) -> dict:
@@ -296,6 +397,7 @@ def _named(units) -> dict:
 
 
 def _copy_into(units, named: dict) -> None:
+    import torch
     with torch.no_grad():
         for i, u in enumerate(units):
             for n, p in u.named_parameters():
@@ -304,6 +406,7 @@ def _copy_into(units, named: dict) -> None:
 
 
 def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, schedule) -> None:
+    import torch
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     torch.set_num_threads(1)
     _loop(cfg, rank, backend, device, schedule)
@@ -312,13 +415,17 @@ def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, schedule) -> No
 def run_train(cfg: TrainConfig) -> list[float] | None:
     """Run training; returns the losses when run in this process (local backend)."""
     cfg.validate()
+    import torch
     backend = resolve_backend(cfg.backend)
     from .models import model_config
     layers = model_config(cfg.model).layers
     schedule = build_program(cfg)  # rejects bad configs before any process starts; shared by every rank
-    if schedule.num_units > layers:
+    if schedule.meta.get("cut", "layers") == "layers" and schedule.num_units > layers:
         raise ValueError(f"schedule {cfg.schedule} needs {schedule.num_units} units but model {cfg.model!r} has "
                          f"only {layers} layers; use fewer stages/chunks or a larger model")
+    if cfg.resume:  # a checkpoint that does not fit is refused before any process starts
+        from .checkpoint import check_resume
+        cfg.resume = str(check_resume(cfg, _rank_units(cfg, schedule, torch.device("meta"), keep=[])))
     if backend == "local":
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         return _loop(cfg, 0, backend, device, schedule)

@@ -93,6 +93,11 @@ int64_t Event::time_ns() const {
   return s ? s->time_ns() : 0;
 }
 
+int64_t Event::ideal_ns() const {
+  SignalPtr s = signal();
+  return s ? s->ideal_ns() : 0;
+}
+
 // ---- EventPool ----
 
 std::shared_ptr<Event> EventPool::acquire() {

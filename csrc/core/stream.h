@@ -67,6 +67,7 @@ class Event {
   bool query() const;
   void synchronize() const;  // throws std::runtime_error with the stream's error
   int64_t time_ns() const;   // completion time of the current record; 0 if pending/never
+  int64_t ideal_ns() const;  // ideal completion time of the current record; 0 if pending/never
 
  private:
   mutable std::mutex m_;

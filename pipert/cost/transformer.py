@@ -40,11 +40,13 @@ from .devices import DeviceSpec, _replace
 
 __all__ = [
     "ModelSpec", "MODEL_PRESETS", "PAPER_LAYERS", "UnitSpec", "UNIT_KINDS", "TransformerCost",
-    "partition_layers", "partition_fine", "swiglu_ffn", "llama_like", "paper_model",
+    "partition_layers", "partition_fine", "partition_helix", "RECOMPUTE_MODES", "swiglu_ffn", "llama_like", "paper_model",
 ]
 
-UNIT_KINDS = ("layers", "pre_attn", "attn", "post_attn")
+UNIT_KINDS = ("layers", "pre_attn", "attn", "post_attn", "helix_c", "helix_a")
 _PARTS = ("pre_attn", "attn", "post_attn")
+_FINE = {"pre_attn": ("norm1", "qkv")}   # a piece that is the sum of finer pieces (chain checks)
+RECOMPUTE_MODES = ("none", "no_attention")
 _LSE_BYTES = 4     # flash attention's log-sum-exp is fp32, one per (token, head)
 _ID_BYTES = 8      # token ids are int64
 
@@ -210,9 +212,13 @@ class UnitSpec:
     """What one unit of the chain computes."""
 
     kind: str
-    """One of UNIT_KINDS: ``layers`` (whole decoder layers) or one part of one layer."""
+    """One of UNIT_KINDS: ``layers`` (whole decoder layers), one part of one layer, or a
+    HelixPipe unit: ``helix_a`` = A(l) (QKV projection + attention core of ``layers[0]``),
+    ``helix_c`` = C(l) (post-attention of ``layers[0]`` + the input norm of ``layers[1]``; with
+    ``embed``: embedding + input norm of ``layers[0]``; with ``head``: post-attention of
+    ``layers[0]`` + final norm, head and loss)."""
     layers: tuple[int, ...] = ()
-    """Layer indices, ascending; exactly one for a part kind; may be empty for a
+    """Layer indices, ascending; exactly one for a part kind and ``helix_a``; may be empty for a
     ``layers`` unit that holds only the embedding or the head."""
     embed: bool = False
     """Holds the token embedding (runs before its layers)."""
@@ -224,7 +230,12 @@ class UnitSpec:
             raise ValueError(f"UnitSpec.kind={self.kind!r}; allowed: {', '.join(UNIT_KINDS)}")
         if not isinstance(self.layers, tuple):
             object.__setattr__(self, "layers", tuple(self.layers))
-        if self.kind != "layers" and len(self.layers) != 1:
+        if self.kind == "helix_c":
+            want = 1 if self.embed or self.head else 2
+            if len(self.layers) != want or (self.embed and self.head):
+                raise ValueError(f"UnitSpec.layers={self.layers}: a helix_c unit names two layers (l-1, l), or one "
+                                 f"with embed (C(0)) or head (C(L)), not both")
+        elif self.kind != "layers" and len(self.layers) != 1:
             raise ValueError(f"UnitSpec.layers={self.layers}: a {self.kind!r} unit covers exactly one layer")
         if not self.layers and not (self.embed or self.head):
             raise ValueError("UnitSpec.layers is empty: a unit needs layers, the embedding or the head")
@@ -234,8 +245,14 @@ class UnitSpec:
     def parts(self) -> list[tuple[str, int]]:
         """The unit's pieces in execution order: ("embed", -1), (part, layer)..., ("head", -1)."""
         out: list[tuple[str, int]] = [("embed", -1)] if self.embed else []
-        kinds = _PARTS if self.kind == "layers" else (self.kind,)
-        out += [(p, l) for l in self.layers for p in kinds]
+        if self.kind == "helix_a":
+            out += [("qkv", self.layers[0]), ("attn", self.layers[0])]
+        elif self.kind == "helix_c":
+            out += [("norm1", self.layers[0])] if self.embed else [("post_attn", self.layers[0])]
+            out += [("norm1", self.layers[1])] if len(self.layers) == 2 else []
+        else:
+            kinds = _PARTS if self.kind == "layers" else (self.kind,)
+            out += [(p, l) for l in self.layers for p in kinds]
         if self.head:
             out.append(("head", -1))
         return out
@@ -273,6 +290,17 @@ def partition_fine(model: ModelSpec) -> list[UnitSpec]:
             for l in range(model.layers) for p in _PARTS]
 
 
+def partition_helix(model: ModelSpec) -> list[UnitSpec]:
+    """HelixPipe's 2L+1 units ``[C(0), A(0), C(1), ..., A(L-1), C(L)]``
+    (``pipert.schedules.helixpipe``)."""
+    L = model.layers
+    out = [UnitSpec("helix_c", (0,), embed=True)]
+    for l in range(L):
+        out.append(UnitSpec("helix_a", (l,)))
+        out.append(UnitSpec("helix_c", (l,), head=True) if l == L - 1 else UnitSpec("helix_c", (l, l + 1)))
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # Per-piece accounting
 # --------------------------------------------------------------------------------------
@@ -289,6 +317,7 @@ class _Piece:
     ew_w: float = 0.0      # ... in W
     stash: float = 0.0     # saved by F for backward
     stash_w: float = 0.0   # kept from D until W
+    rerun_mm: float = 0.0  # matmul FLOPs a D reruns first (recomputation without attention)
 
     def __iadd__(self, o: "_Piece") -> "_Piece":
         for f in fields(self):
@@ -301,10 +330,14 @@ def _pieces(m: ModelSpec) -> dict[str, _Piece]:
     a, s, b = m.heads, m.seq, m.micro_batch
     th = T * h * B                                   # bytes of one [T, h] tensor
     drop_mask = T * h if m.dropout else 0            # 1-byte masks of the residual dropouts
-    # pre_attn: norm1 input and QKV input saved; RoPE rewrites q and k.
-    ew = 2 * th + 2 * T * (h + kv) * B
-    pre = _Piece(params=_pre_params(m), mm=2 * T * h * (h + 2 * kv), ew_f=ew, ew_d=2 * ew,
-                 stash=2 * th, stash_w=th + T * (h + 2 * kv) * B)
+    # pre_attn = norm1 (saves its input) + qkv (saves its input; RoPE rewrites q and k).
+    norm1 = _Piece(params=h, ew_f=2 * th, ew_d=4 * th, stash=th)
+    ew = 2 * T * (h + kv) * B
+    proj = _Piece(params=h * (h + 2 * kv), mm=2 * T * h * (h + 2 * kv), ew_f=ew, ew_d=2 * ew, stash=th,
+                  stash_w=th + T * (h + 2 * kv) * B)
+    pre = _Piece()
+    pre += norm1
+    pre += proj
     # attn core: saves Q, K, V and either (O, lse) or the probabilities (+ dropout mask/output).
     scores = b * a * s * s
     qkv = T * (h + 2 * kv) * B
@@ -327,15 +360,16 @@ def _pieces(m: ModelSpec) -> dict[str, _Piece]:
     ew = 2 * th + 2 * T * V * B
     head = _Piece(params=h + V * h, mm=2 * T * h * V, ew_f=ew, ew_d=2 * ew,
                   stash=2 * th + T * V * B, stash_w=th + T * V * B)
-    return {"embed": embed, "pre_attn": pre, "attn": attn, "post_attn": post, "head": head}
+    return {"embed": embed, "pre_attn": pre, "norm1": norm1, "qkv": proj, "attn": attn, "post_attn": post,
+            "head": head}
 
 
 def _check_chain(m: ModelSpec, units: list[UnitSpec]) -> None:
     """Units, read in order, must run embed?, every (part, layer) once in order, head?."""
-    got = [(u, p) for u, spec in enumerate(units) for p in spec.parts()]
+    got = [(u, (q, l)) for u, spec in enumerate(units) for p, l in spec.parts() for q in _FINE.get(p, (p,))]
     parts = [p for _, p in got]
     want = [("embed", -1)] if ("embed", -1) in parts else []
-    want += [(p, l) for l in range(m.layers) for p in _PARTS]
+    want += [(q, l) for l in range(m.layers) for p in _PARTS for q in _FINE.get(p, (p,))]
     want += [("head", -1)] if ("head", -1) in parts else []
     for i, (w, g) in enumerate(zip(want, got)):
         if w != g[1]:
@@ -367,8 +401,14 @@ class TransformerCost:
     (4 tensors read, 3 written) plus a 16-bit weight copy written: 4*4 + 3*4 + 2."""
     rank_devices: Mapping[int, DeviceSpec] = field(default_factory=dict)
     """Per-rank device overrides (heterogeneous clusters)."""
+    recompute: str = "none"
+    """One of RECOMPUTE_MODES. ``no_attention`` (HelixPipe's recomputation without attention,
+    for ``layers`` and helix units): a unit keeps only its input and, per attention, the output
+    and log-sum-exp; its D (and B) first reruns everything but the attention core."""
 
     def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"TransformerCost.recompute={self.recompute!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
         if self.units is None:
             self.units = partition_layers(self.model, self.model.layers)
         self.units = list(self.units)
@@ -390,6 +430,11 @@ class TransformerCost:
                 acc += pieces[p]
                 if p == "post_attn" and ("attn", l) in parts:
                     acc.stash -= dup_o        # flash's saved O is the out-proj input: one tensor
+            if self.recompute == "no_attention":
+                acc.stash = self._kept_no_attention(spec)
+                rerun = sum(pieces[p].ew_f for p, _ in parts if p != "attn")
+                acc.ew_d += rerun
+                acc.rerun_mm = acc.mm
             self._sums.append(acc)
         self._out_bytes = [self._output_bytes(spec) for spec in self.units]
 
@@ -411,8 +456,8 @@ class TransformerCost:
         """FLOPs of ``op`` (F, B, D, W, RECOMPUTE) on ``unit`` for one micro-batch."""
         p, op = self._piece(unit), Op(op)
         k = 2.5 if self.model.flash else 2.0
-        by_op = {Op.F: p.mm + p.attn, Op.RECOMPUTE: p.mm + p.attn, Op.D: p.mm + k * p.attn,
-                 Op.W: p.mm, Op.B: 2 * p.mm + k * p.attn}
+        by_op = {Op.F: p.mm + p.attn, Op.RECOMPUTE: p.mm + p.attn, Op.D: p.rerun_mm + p.mm + k * p.attn,
+                 Op.W: p.mm, Op.B: p.rerun_mm + 2 * p.mm + k * p.attn}
         if op not in by_op:
             raise ValueError(f"op={op.value!r} has no FLOPs; allowed: F, B, D, W, RECOMPUTE")
         return by_op[op]
@@ -451,16 +496,31 @@ class TransformerCost:
             t /= action.sub[1]
         return t
 
+    def _kept_no_attention(self, spec: UnitSpec) -> float:
+        """What a unit keeps under recomputation without attention: its input (token ids for
+        the first; the norm output for A(l), whose residual only passes through; residual and
+        attention output for a helix C(l)) plus each attention's output and log-sum-exp."""
+        m = self.model
+        th = m.tokens * m.hidden * m.dtype_bytes
+        if spec.kind not in ("layers", "helix_c", "helix_a"):
+            raise ValueError(f"recompute='no_attention' is modelled for layers and helix units, not {spec.kind!r}")
+        kept = m.tokens * _ID_BYTES if spec.embed else (2 * th if spec.kind == "helix_c" else th)
+        n_attn = sum(1 for p, _ in spec.parts() if p == "attn")
+        return kept + n_attn * (th + m.tokens * m.heads * _LSE_BYTES)
+
     def _output_bytes(self, spec: UnitSpec) -> float:
         """Bytes of the unit's output for one micro-batch (the last piece decides):
-        pre_attn sends q, k, v and the residual; attn sends its output and the residual;
-        everything else one [T, h] hidden state (nominal for the head, which sends nothing)."""
+        pre_attn sends q, k, v and the residual; attn sends its output and the residual; a helix
+        C(l) (ending in the input norm) sends the norm output and the residual; everything else one
+        [T, h] hidden state (nominal for the head, which sends nothing). HelixPipe's messages per
+        layer and micro-batch are so 2Th + 2Th activations and the QKV weight ``h(h+2kv)`` once per
+        stage and step (``message_bytes(weight, A(l))``), gradients the same back."""
         m = self.model
         th = m.tokens * m.hidden * m.dtype_bytes
         last = spec.parts()[-1][0]
         if last == "pre_attn":
             return th + m.tokens * (m.hidden + 2 * m.kv_dim) * m.dtype_bytes
-        if last == "attn":
+        if last in ("attn", "norm1"):
             return 2 * th
         return th
 

@@ -3,21 +3,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 __all__ = ["register", "cmd_emulate"]
 
 
 def cmd_emulate(args: argparse.Namespace) -> int:
-    from ..scenario import scenario_from_args
-    from ..ir import Schedule
+    from ..scenario import load_or_build
     from .emulator import emulate
-    sc = scenario_from_args(args)
-    sched = Schedule.load(args.schedule) if args.schedule.endswith(".json") else sc.build(args.schedule, strict=True)
+    check_emulate_flags(args)
+    sc, sched = load_or_build(args, args.schedule)
     if args.real:
         return _real(args, sc, sched)
     unit = args.time_unit if args.time_unit is not None else (1.0 if args.model else 2e-3)
-    if not unit > 0:
-        raise ValueError(f"--time-unit must be > 0 seconds, got {args.time_unit}")
     res = emulate(sched, sc.cost_for(sched), sc.links, time_unit=unit)
     if args.trace:
         from ..sim.export import write_chrome_trace
@@ -27,18 +25,35 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         gantt_png(res, args.plot, title=f"{sched.name} (emulated): makespan {res.makespan:.4g}")
     if args.json:
         print(json.dumps({"schedule": sched.name, "measured_makespan": res.makespan,
-                          "predicted_makespan": res.predicted, "relative_error": res.error,
+                          "predicted_makespan": res.predicted, "ideal_makespan": res.ideal_makespan,
+                          "relative_error": res.error,
                           "measured_bubble_ratio": res.bubble_ratio, "time_unit_s": unit}))
         return 0
     print(f"schedule            {sched.name}  (P={sched.num_ranks}, M={sched.num_microbatches})")
     print(f"time unit           {unit:g} s")
     print(f"measured makespan   {res.makespan:.6g}   ({res.makespan * unit * 1e3:.3f} ms)")
     print(f"simulated makespan  {res.predicted:.6g}")
+    if res.ideal_makespan is not None:
+        print(f"ideal-clock makespan {res.ideal_makespan:.6g}   (the issued delays without wake-up overhead)")
     print(f"difference          {res.error:+.2%}")
     for what, path in (("trace", args.trace), ("plot", args.plot)):
         if path:
             print(f"wrote measured {what} to {path}")
     return 0
+
+
+def check_emulate_flags(args: argparse.Namespace) -> None:
+    """The flags only emulate has, in constant time (the scenario's are checked with it)."""
+    from ..scenario import check_scenario_flags
+    check_scenario_flags(args)
+    if args.time_unit is not None and not 0 < args.time_unit < math.inf:
+        raise ValueError(f"--time-unit must be a finite number of seconds > 0, got {args.time_unit}")
+    if args.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    if args.real:
+        from ..models import PRESETS
+        if args.real_model not in PRESETS:
+            raise ValueError(f"--real-model {args.real_model!r} unknown; allowed: {', '.join(PRESETS)}")
 
 
 def _real(args: argparse.Namespace, sc, sched) -> int:
@@ -63,7 +78,7 @@ def _real(args: argparse.Namespace, sc, sched) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     from ..scenario import add_scenario_args
     p = sub.add_parser("emulate", help="run a schedule in one process with calibrated compute and delayed links")
-    p.add_argument("schedule", help="registered schedule name, or a schedule .json file")
+    p.add_argument("schedule", help="registered schedule name, or a schedule file (.json, torch's .csv)")
     add_scenario_args(p)
     p.add_argument("--time-unit", type=float, default=None,
                    help="seconds per time unit of the costs (default 0.002 for uniform costs, 1 for --model)")

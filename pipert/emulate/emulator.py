@@ -41,6 +41,10 @@ class EmulationResult:
     events: list[tuple[int, str, Action, float, float]] = field(default_factory=list)
     """(rank, queue, action, start, end) in time units from the common start: the same
     shape as SimResult.events, so pipert.sim.export writes traces and charts of it."""
+    ideal_makespan: float | None = None
+    """The makespan on the streams' ideal clocks (CPU streams; None on devices): what the
+    issued delays, waits and transfers add up to without any thread wake-up overhead. It
+    equals ``predicted`` when the emulator issued the simulator's graph faithfully."""
 
     @property
     def bubble_ratio(self) -> float:
@@ -179,8 +183,12 @@ def emulate(schedule: Schedule, cost: Any, links: Any = None, *, time_unit: floa
                 end = iss.end1[n] if a.op.value == "RECV" else iss.end0[n]
                 events.append((r, qs[i], a, t(iss.start[n]), t(end)))
         makespan = max((t(ev) for ev in iss.end1.values()), default=0.0)
+        ideals = [ev.ideal_time for ev in iss.end1.values()]
+        ideal = None if any(x is None for x in ideals) else max(((x - t_start) / time_unit for x in ideals),
+                                                                 default=0.0)
     finally:
         iss.close()
-    return EmulationResult(schedule, makespan, times.makespan, time_unit, sorted(events, key=lambda e: (e[0], e[3])))
+    return EmulationResult(schedule, makespan, times.makespan, time_unit, sorted(events, key=lambda e: (e[0], e[3])),
+                           ideal)
 
 

@@ -87,7 +87,6 @@ def from_torch(orders: dict[int, list] | list[list], name: str = "torch", fsdp: 
     rows = _parsed(orders)
     P = len(rows)
     stage_rank: dict[int, int] = {}
-    mbs: set[int] = set()
     has_comm = False
     for r, acts in enumerate(rows):
         for stage, kind, mb in acts:
@@ -99,14 +98,13 @@ def from_torch(orders: dict[int, list] | list[list], name: str = "torch", fsdp: 
                 continue
             has_comm |= kind in _COMM
             if kind in _COMPUTE:
-                mbs.add(mb)
                 if stage_rank.setdefault(stage, r) != r:
                     raise ScheduleFormatError(f"torch stage {stage} computes on ranks {stage_rank[stage]} and {r}; "
                                               f"a stage must run on one rank")
     U = len(stage_rank)
     if sorted(stage_rank) != list(range(U)):
         raise ScheduleFormatError(f"torch orders compute stages {sorted(stage_rank)}; expected 0..{U - 1}")
-    M = max(mbs) + 1 if mbs else 0
+    M = _microbatch_count(rows)
     placement = Placement.by_unit([stage_rank[u] for u in range(U)])
     if not has_comm:
         compute = [[Action(_COMPUTE[k], unit=s, mb=(m,)) for s, k, m in acts if k in _COMPUTE] for acts in rows]
@@ -115,6 +113,32 @@ def from_torch(orders: dict[int, list] | list[list], name: str = "torch", fsdp: 
                 for r, acts in enumerate(rows)]
     programs = add_optimizer_steps(programs, placement)
     return Schedule(name, P, U, M, placement, programs, {"source": "torch"})
+
+
+def _microbatch_count(rows: list[list[TorchAction]]) -> int:
+    """M: stage 0 forwards micro-batches 0..M-1, and so must every stage, once each (torch's own
+    orders can break this: torch 2.13's ``Schedule1F1B.pipeline_order`` numbers the last rank's
+    forwards 1..M)."""
+    forwards: dict[int, list[int]] = {}
+    for acts in rows:
+        for stage, kind, mb in acts:
+            if kind == "F":
+                forwards.setdefault(stage, []).append(mb)
+    M = len(forwards.get(0, ()))
+    for stage in sorted(forwards):
+        got = forwards[stage]
+        if sorted(got) != list(range(M)):
+            missing = sorted(set(range(M)) - set(got))
+            extra = sorted({m for m in got if got.count(m) > 1 or m >= M})
+            raise ScheduleFormatError(f"torch stage {stage} forwards micro-batches {_span(got)}; every stage must "
+                                      f"forward 0..{M - 1} (as stage 0 does) once each: missing {missing}, "
+                                      f"repeated or out of range {extra}")
+    return M
+
+
+def _span(mbs: list[int]) -> str:
+    s = sorted(set(mbs))
+    return f"{s[0]}..{s[-1]}" if s == list(range(s[0], s[-1] + 1)) else str(s)
 
 
 def _action(stage: int, kind: str, mb: int, stage_rank: dict[int, int], U: int, rank: int) -> Action:

@@ -47,80 +47,71 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .llama import LlamaModel, attention_core, lm_loss, project_qkv
+from .common import DecoderModel, attention_core, embed_input, project_qkv
+from .helix import HelixAttentionUnit, HelixUnit, helix_units
+from .recompute import recompute_save_set
+from .unitbase import QKV, ModelUnit, final_loss
 
 __all__ = [
     "partition", "LlamaUnit", "PreAttentionUnit", "AttentionUnit", "PostAttentionUnit",
-    "SequentialUnit", "LossFn",
+    "SequentialUnit", "HelixUnit", "HelixAttentionUnit", "LossFn", "CUTS",
 ]
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
+CUTS = ("layers", "fine", "helix")
 
 
-def _final_loss(x: Tensor, norm: nn.Module, head_weight: Tensor, targets: Tensor | None) -> Tensor:
-    logits = F.linear(norm(x), head_weight)
-    return logits if targets is None else lm_loss(logits, targets)
-
-
-class LlamaUnit(nn.Module):
+class LlamaUnit(ModelUnit):
     """A chunk of decoder layers, with the embedding if first and norm + head + loss if last."""
 
     kind = "layers"
 
-    def __init__(self, model: LlamaModel, layer_ids: Sequence[int], *, first: bool, last: bool) -> None:
+    def __init__(self, model: DecoderModel, layer_ids: Sequence[int], *, first: bool, last: bool) -> None:
         super().__init__()
         self.embed = model.embed if first else None
+        self.pos = model.pos if first else None
         self.layers = nn.ModuleDict({str(i): model.layers[i] for i in layer_ids})
         self.norm = model.norm if last else None
         self.head = model.head if last else None  # None with a tied model: the unit is also first
         self.is_last = last
 
-    def forward(self, x: Tensor, targets: Tensor | None = None) -> Tensor:
+    def body(self, x: Tensor, targets: Tensor | None = None) -> Tensor:
         if self.embed is not None:
-            x = self.embed(x)
+            x = embed_input(x, self.embed, self.pos)
         for layer in self.layers.values():
             x = layer(x)
         if not self.is_last:
             return x
         w = self.embed.weight if self.head is None else self.head.weight
-        return _final_loss(x, self.norm, w, targets)
+        return final_loss(x, self.norm, w, targets)
 
 
-class _QKV(nn.Module):
-    """The q/k/v projections and rotary tables of one attention module (shared, not copied)."""
-
-    def __init__(self, attn: nn.Module) -> None:
-        super().__init__()
-        self.wq, self.wk, self.wv, self.rope = attn.wq, attn.wk, attn.wv, attn.rope
-        self.heads, self.kv_heads = attn.heads, attn.kv_heads
-
-
-class PreAttentionUnit(nn.Module):
+class PreAttentionUnit(ModelUnit):
     """pre(l): ``x -> (x, q, k, v)``; with the embedding folded in for layer 0."""
 
     kind = "pre_attn"
 
-    def __init__(self, model: LlamaModel, layer: int) -> None:
+    def __init__(self, model: DecoderModel, layer: int) -> None:
         super().__init__()
         src = model.layers[layer]
         part = nn.Module()
-        part.attn_norm, part.attn = src.attn_norm, _QKV(src.attn)
+        part.attn_norm, part.attn = src.attn_norm, QKV(src.attn)
         self.embed = model.embed if layer == 0 else None
+        self.pos = model.pos if layer == 0 else None
         self.layers = nn.ModuleDict({str(layer): part})
         self.layer_index = layer
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def body(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         if self.embed is not None:
-            x = self.embed(x)
+            x = embed_input(x, self.embed, self.pos)
         part = self.layers[str(self.layer_index)]
         q, k, v = project_qkv(part.attn, part.attn_norm(x), part.attn.heads, part.attn.kv_heads)
         return x, q, k, v
 
 
-class AttentionUnit(nn.Module):
+class AttentionUnit(ModelUnit):
     """attn(l): ``(x, q, k, v) -> (x, o)``, causal grouped-query attention; no parameters."""
 
     kind = "attn"
@@ -129,17 +120,17 @@ class AttentionUnit(nn.Module):
         super().__init__()
         self.layer_index = layer
 
-    def forward(self, xs: tuple[Tensor, Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    def body(self, xs: tuple[Tensor, Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         x, q, k, v = xs
         return x, attention_core(q, k, v)
 
 
-class PostAttentionUnit(nn.Module):
+class PostAttentionUnit(ModelUnit):
     """post(l): ``(x, o) -> x + wo(o) + mlp(...)``; the last layer adds norm, head and loss."""
 
     kind = "post_attn"
 
-    def __init__(self, model: LlamaModel, layer: int, *, last: bool) -> None:
+    def __init__(self, model: DecoderModel, layer: int, *, last: bool) -> None:
         super().__init__()
         src = model.layers[layer]
         part = nn.Module()
@@ -151,14 +142,14 @@ class PostAttentionUnit(nn.Module):
         self.head = model.head if last else None
         self.layer_index = layer
 
-    def forward(self, xs: tuple[Tensor, Tensor], targets: Tensor | None = None) -> Tensor:
+    def body(self, xs: tuple[Tensor, Tensor], targets: Tensor | None = None) -> Tensor:
         x, o = xs
         part = self.layers[str(self.layer_index)]
         x = x + part.attn.wo(o)
         x = x + part.mlp(part.mlp_norm(x))
         if self.norm is None:
             return x
-        return _final_loss(x, self.norm, self.head.weight, targets)
+        return final_loss(x, self.norm, self.head.weight, targets)
 
 
 class SequentialUnit(nn.Module):
@@ -220,21 +211,27 @@ def _check_disjoint(units: list[nn.Module]) -> None:
             owner[id(p)] = u
 
 
-def _partition_llama(model: LlamaModel, num_units: int, fine: bool) -> list[nn.Module]:
+def _partition_model(model: DecoderModel, num_units: int | None, cut: str) -> list[nn.Module]:
     n_layers = len(model.layers)
-    if model.head is None and (fine or num_units > 1):
+    if model.head is None and (cut != "layers" or (num_units or 1) > 1):
         raise ValueError("a model with tied embeddings cannot be cut into several units: the weight "
                          "would live in the first and the last unit; build it with "
                          "tie_embeddings=False or call model.untie() first")
-    if fine:
-        if num_units != 3 * n_layers:
-            raise ValueError(f"fine partition of a {n_layers}-layer model has {3 * n_layers} units "
-                             f"(3 per layer), got num_units={num_units}")
+    expected = {"fine": 3 * n_layers, "helix": 2 * n_layers + 1}.get(cut)
+    if expected is not None and num_units not in (None, expected):
+        per = "3 per layer" if cut == "fine" else "2 per layer + 1"
+        raise ValueError(f"{cut} partition of a {n_layers}-layer model has {expected} units ({per}), "
+                         f"got num_units={num_units}")
+    if cut == "helix":
+        return helix_units(model)
+    if cut == "fine":
         units: list[nn.Module] = []
         for l in range(n_layers):
             units += [PreAttentionUnit(model, l), AttentionUnit(l),
                       PostAttentionUnit(model, l, last=l == n_layers - 1)]
         return units
+    if num_units is None:
+        raise ValueError("cut='layers' needs num_units (the number of layer chunks)")
     if num_units > n_layers:
         raise ValueError(f"cannot cut {n_layers} layers into {num_units} units: "
                          f"more units ({num_units}) than layers ({n_layers})")
@@ -245,25 +242,41 @@ def _partition_llama(model: LlamaModel, num_units: int, fine: bool) -> list[nn.M
     return units
 
 
-def partition(model_or_modules: LlamaModel | nn.Sequential | Sequence[nn.Module], num_units: int, *,
-              fine: bool = False, loss_fn: LossFn | None = None, balance: str = "count") -> list[nn.Module]:
-    """Cut a model into ``num_units`` units following the contract in the module docstring.
+def partition(model_or_modules: DecoderModel | nn.Sequential | Sequence[nn.Module], num_units: int | None = None,
+              *, fine: bool = False, cut: str | None = None, recompute: str = "none", loss_fn: LossFn | None = None,
+              balance: str = "count") -> list[nn.Module]:
+    """Cut a model into units following the contract in the module docstring.
 
-    ``model_or_modules``: a ``LlamaModel`` (``fine`` selects the three-units-per-layer cut;
-    ``loss_fn`` and ``balance`` do not apply), or an ``nn.Sequential`` / list of modules with
-    ``loss_fn`` (``balance`` is ``"count"`` or ``"params"``).
+    ``model_or_modules``: a built-in model (``LlamaModel``, ``GPTModel``), cut by ``cut``:
+    ``"layers"`` (the default; ``num_units`` chunks of layers), ``"fine"`` (three units per
+    layer; ``fine=True`` says the same) or ``"helix"`` (2L+1 units); ``num_units`` may be
+    omitted for the last two. ``recompute`` (``pipert.models.recompute.RECOMPUTE_MODES``:
+    ``none``, ``no_attention``, ``full``) makes every unit checkpoint its forward, keeping
+    only what the mode names. ``loss_fn`` and ``balance`` do not apply to built-in models.
+    Or an ``nn.Sequential`` / list of modules with ``loss_fn`` (``balance`` is ``"count"``
+    or ``"params"``); no ``cut``, no ``recompute``.
     """
-    if num_units < 1:
+    if num_units is not None and num_units < 1:
         raise ValueError(f"num_units must be >= 1, got {num_units}")
-    if isinstance(model_or_modules, LlamaModel):
+    if fine and cut not in (None, "fine"):
+        raise ValueError(f"fine=True and cut={cut!r} disagree; give one of them")
+    cut = "fine" if fine else cut
+    save = recompute_save_set(recompute)
+    if isinstance(model_or_modules, DecoderModel):
         if loss_fn is not None or balance != "count":
-            raise ValueError("loss_fn and balance apply to user modules; a LlamaModel brings its own "
+            raise ValueError("loss_fn and balance apply to user modules; a built-in model brings its own "
                              "loss and is cut by layer count")
-        units = _partition_llama(model_or_modules, num_units, fine)
+        if (cut or "layers") not in CUTS:
+            raise ValueError(f"cut={cut!r}; allowed: {', '.join(CUTS)}")
+        units = _partition_model(model_or_modules, num_units, cut or "layers")
         _check_disjoint(units)
+        for u in units:
+            u.save_ops = save
         return units
-    if fine:
-        raise ValueError("fine=True applies to the built-in LlamaModel only")
+    if cut is not None or save is not None:
+        raise ValueError("cut, fine and recompute apply to the built-in models (LlamaModel, GPTModel) only")
+    if num_units is None:
+        raise ValueError("partitioning user modules needs num_units")
     if loss_fn is None:
         raise ValueError("partitioning user modules needs loss_fn(output, targets) for the last unit")
     modules = list(model_or_modules)

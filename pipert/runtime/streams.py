@@ -116,6 +116,8 @@ class Event(Protocol):
     def synchronize(self) -> None: ...
     @property
     def time(self) -> float | None: ...
+    @property
+    def ideal_time(self) -> float | None: ...
     def elapsed_time(self, end: "Event") -> float: ...
 
 
@@ -169,6 +171,13 @@ class PyEvent:
         """Completion time (clock seconds) of the current record; None if pending or never recorded."""
         f = self._fut
         return f.result()[0] if f is not None and f.done() else None
+
+    @property
+    def ideal_time(self) -> float | None:
+        """Ideal completion time (clock seconds, <= ``time``) of the current record: what the
+        stream's ideal clock says, free of thread wake-up overhead; None if pending."""
+        f = self._fut
+        return f.result()[2] if f is not None and f.done() else None
 
     def elapsed_time(self, end: "PyEvent") -> float:
         """Seconds from this event's completion to ``end``'s."""
@@ -345,6 +354,10 @@ class CudaEvent:
     @property
     def time(self) -> float | None:
         return None  # device events have no host-clock time; use elapsed_time
+
+    @property
+    def ideal_time(self) -> float | None:
+        return None  # no ideal clock on a device stream
 
     def elapsed_time(self, end: "CudaEvent") -> float:
         return self._e.elapsed_time(end._e) * 1e-3

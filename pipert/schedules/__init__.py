@@ -28,3 +28,4 @@ register("zb-v", zb_v, "Zero Bubble V: 2 chunks per rank in a V shape, D/W split
          constraints="V = 2; any M >= 1")
 from . import tawpipe, weipipe  # noqa: E402,F401  (registers weipipe-* and tawpipe)
 from . import crosspipe  # noqa: E402,F401  (registers crosspipe-greedy, crosspipe-wave, crosspipe-optimal)
+from . import helixpipe  # noqa: E402,F401  (registers helixpipe and helixpipe-2fold)

@@ -10,17 +10,21 @@ deferred W parts, and never more than min(P, M) between F and W, so the peak ove
 ranks equals 1F1B's.
 
 ZB-V: two chunks per rank in a V shape, unit u on rank u for u < P and on rank 2P-1-u
-for u >= P (rank 0 holds the first and the last unit). The order is the handcrafted
-ZB-V order (as in ``torch.distributed.pipelining.ScheduleZBVZeroBubble``): built for
-max(M, 2P-1) micro-batches and restricted to the first M, which keeps it deadlock-free
-because every dependency stays inside one micro-batch.
+for u >= P (rank 0 holds the first and the last unit). The handcrafted ZB-V order (as in
+``torch.distributed.pipelining.ScheduleZBVZeroBubble``) is built for max(M, 2P-1)
+micro-batches and restricted to the first M, which keeps it deadlock-free because every
+dependency stays inside one micro-batch; below 2P-1 micro-batches that leaves bubbles, so
+``zb_v`` picks the fastest of it, the zero-bubble authors' greedy and pipert's
+memory-aware V greedy within a memory limit (:mod:`.zbv_select`).
 """
 from __future__ import annotations
+
+from typing import Any
 
 from ..ir import Action, Op, Schedule
 from .registry import PipelineConfig, assemble, require_chunks
 
-__all__ = ["zb_h1", "zb_v", "check_zb_h1", "check_zb_v", "zb_v_units"]
+__all__ = ["zb_h1", "zb_v", "zb_v_handcrafted", "check_zb_h1", "check_zb_v", "zb_v_units"]
 
 
 def check_zb_h1(config: PipelineConfig) -> None:
@@ -98,9 +102,24 @@ def _zb_v_rank(p: int, m: int, i: int) -> list[Action]:
     return [a for a in acts if a.mb[0] < m]
 
 
-def zb_v(config: PipelineConfig) -> Schedule:
-    """Handcrafted ZB-V (V-shape, 2 chunks per rank, 1F1B-like peak memory)."""
+def zb_v_handcrafted(config: PipelineConfig) -> list[list[Action]]:
+    """Per-rank compute orders of the handcrafted ZB-V order."""
     check_zb_v(config)
-    p, m = config.stages, config.microbatches
-    orders = [_zb_v_rank(p, m, i) for i in range(p)]
-    return assemble("zb-v", config, zb_v_units(p), orders, split_backward=True)
+    return [_zb_v_rank(config.stages, config.microbatches, i) for i in range(config.stages)]
+
+
+def zb_v(config: PipelineConfig, *, cost: Any = None, links: Any = None, memory_limit: float | None = None,
+         solver_time_limit: float | None = None, order: str = "best") -> Schedule:
+    """ZB-V (V shape, 2 chunks per rank, D/W split): the fastest of the handcrafted order,
+    the zero-bubble authors' greedy and pipert's memory-aware V greedy within
+    ``memory_limit`` (see :mod:`.zbv_select`).
+
+    ``cost`` (default: uniform, F = D = W = 1) and ``links`` (default: free) time the
+    candidates; ``memory_limit`` is per rank in the cost model's memory unit (default: the
+    handcrafted order's peak, 1F1B's activation memory); ``solver_time_limit`` (CP-SAT
+    deterministic seconds, one worker) also tries CP-SAT and keeps a faster order it finds;
+    ``order``: "best", or only "handcrafted", "greedy" (the authors') or "wave-greedy".
+    """
+    from .zbv_select import select_zb_v
+    return select_zb_v(config, zb_v_handcrafted(config), zb_v_units(config.stages), cost=cost, links=links,
+                       memory_limit=memory_limit, solver_time_limit=solver_time_limit, order=order)

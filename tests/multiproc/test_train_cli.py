@@ -60,8 +60,24 @@ def test_each_rank_materialises_only_the_units_it_computes_or_holds():
     assert first["max_grad_rel_err"] <= 1e-5 and first["max_param_rel_err"] <= 1e-5, first
 
 
+def test_train_gpt_with_chunked_mlp_and_recompute_matches_its_reference():
+    """The GPT model with the chunked MLP (recompute mode) and recomputation without attention
+    trains under a schedule; the pipeline equals the single-process reference in float64."""
+    out = _train("--model", "gpt-tiny", "--stages", "2", "--microbatches", "4", "--batch-size", "4", "--seq", "16",
+                 "--steps", "2", "--json", "--check", "--backend", "local", "--dtype", "float64",
+                 "--mlp-chunk", "8", "--mlp-recompute", "--recompute", "no_attention")
+    assert out.returncode == 0, out.stderr[-2000:]
+    steps = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(steps) == 2 and steps[1]["loss"] < steps[0]["loss"]
+    for s in steps:
+        assert s["max_grad_rel_err"] <= 1e-10 and s["max_param_rel_err"] <= 1e-10, s
+
+
 @pytest.mark.parametrize("args, message", [
-    (("--stages", "8"), "needs 8 units but model 'tiny' has only 4 layers"),
+    (("--stages", "8"), "--stages 8 x 1 chunks of 1f1b = 8 units, but model 'tiny' has 4 layers"),
+    (("--model", "gpt-huge"), "--model 'gpt-huge' unknown; allowed: tiny"),
+    (("--recompute", "most"), "--recompute 'most' unknown; allowed: none, no_attention, full"),
+    (("--mlp-recompute",), "--mlp-recompute applies to the chunked MLP; give --mlp-chunk N > 0"),
     (("--batch-size", "10"), "not divisible into 8 micro-batches"),
     (("--schedule", "zb-v", "--chunks", "3"), "zb-v needs chunks == 2"),
     (("--schedule", "nope"), "unknown schedule 'nope'"),

@@ -49,13 +49,15 @@ CONFIGS = {
     "crosspipe-greedy": dict(stages=2, microbatches=4, num_dcs=2, dc_latency=2.0, dc_transfer=1.0),
     "crosspipe-wave": dict(stages=2, microbatches=4, num_dcs=2, dc_latency=2.0, dc_transfer=1.0),
     "crosspipe-optimal": dict(stages=2, microbatches=3),
+    "helixpipe": dict(stages=2, microbatches=4),
+    "helixpipe-2fold": dict(stages=2, microbatches=4),
 }
 
 
 def check_conforms(schedule: Schedule) -> None:
     """Run one step of ``schedule`` and assert order, values, memory and training (module doc)."""
     U, M = schedule.num_units, schedule.num_microbatches
-    units = tiny_units(U, "float64")
+    units = tiny_units(U, "float64", cut=schedule.meta.get("cut"))
     x, y = make_batch(M)
     xs, ys = split_microbatches(x, M), split_microbatches(y, M)
     cost = ProfiledCost(profile_units(units, xs[0], ys[0]))

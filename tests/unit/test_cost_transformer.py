@@ -268,7 +268,7 @@ def test_bad_names_and_units():
         DeviceSpec.preset("a100", efficiency=1.5)
     with pytest.raises(ValueError, match="unknown paper 'gpipe'; allowed: weipipe, tawpipe"):
         paper_model("gpipe", 1024)
-    with pytest.raises(ValueError, match="UnitSpec.kind='mlp'; allowed: layers, pre_attn, attn, post_attn"):
+    with pytest.raises(ValueError, match="UnitSpec.kind=.mlp.; allowed: layers, pre_attn, attn, post_attn, helix_c, helix_a"):
         UnitSpec("mlp", (0,))
     with pytest.raises(ValueError, match="exactly one layer"):
         UnitSpec("attn", (0, 1))

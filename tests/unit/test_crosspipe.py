@@ -19,6 +19,10 @@ from pipert.sim import simulate, validate
 UNIFORM = UniformCost(tf=1.0, tb=2.0)
 DELAYS = [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (2.0, 2.0), (0.5, 2.0), (2.0, 0.5)]
 
+# One worker and a wall-clock limit far above the proof time: the search ends with its proof of
+# optimality and returns the same schedule on every run, however busy the machine is.
+EXACT = {"time_limit_s": 600.0, "workers": 1}
+
 
 def _cost(pattern: str, base=UNIFORM):
     return base if pattern == "ud" else ChunkScaledCost(base, 2)
@@ -88,7 +92,7 @@ def test_greedy_beats_static_under_cross_dc_delay(lat, bw):
 @pytest.mark.parametrize("lat,bw", [(0.0, 0.0), (1.0, 1.0), (2.0, 0.5)])
 def test_optimum_never_worse_than_greedy_or_static(pattern, p, m, sub, lat, bw):
     cost, links, limit, pr = _setup(pattern, p, m, 2, lat, bw)
-    res = solve(pr, SolverConfig(time_limit_s=20, sub_blocks=sub))
+    res = solve(pr, SolverConfig(**EXACT, sub_blocks=sub))
     assert res.status == "OPTIMAL" and res.gap == 0.0
     s = res.schedule(pr)
     rep = validate(s, cost, memory_limit=limit, links=links)
@@ -159,7 +163,7 @@ def test_solver_on_seconds_and_bytes_scales():
     # compute ahead) and that F's output activation (held until its SEND)
     assert limit == 4 * 3e9 + 2 * 2e8
     pr = problem_from_cost(4, 6, "ud", cost, links, memory_limit=limit)
-    res = solve(pr, SolverConfig(time_limit_s=20, sub_blocks=1))
+    res = solve(pr, SolverConfig(**EXACT, sub_blocks=1))
     assert res.status == "OPTIMAL"
     s = res.schedule(pr)
     assert max(validate(s, cost, memory_limit=limit).peak_memory) <= limit
@@ -168,13 +172,13 @@ def test_solver_on_seconds_and_bytes_scales():
 
 def test_solver_respects_a_tighter_memory_limit_and_device0_objective():
     cost, links, limit, pr = _setup("ud", 4, 6, 2, 1.0, 1.0)
-    loose = solve(pr, SolverConfig(time_limit_s=20, sub_blocks=1))
+    loose = solve(pr, SolverConfig(**EXACT, sub_blocks=1))
     tight_pr = pr.with_limit(3.0)
-    tight = solve(tight_pr, SolverConfig(time_limit_s=20, sub_blocks=1))
+    tight = solve(tight_pr, SolverConfig(**EXACT, sub_blocks=1))
     s = tight.schedule(tight_pr)
     assert max(validate(s, cost, memory_limit=3.0).peak_memory) <= 3.0
     assert tight.makespan >= loose.makespan
-    dev0 = solve(pr, SolverConfig(time_limit_s=20, sub_blocks=1, objective="device0"))
+    dev0 = solve(pr, SolverConfig(**EXACT, sub_blocks=1, objective="device0"))
     assert dev0.status == "OPTIMAL"
     assert simulate(dev0.schedule(pr), cost, links).makespan >= loose.makespan - 1e-9
 

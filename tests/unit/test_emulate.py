@@ -1,6 +1,7 @@
 """The emulator runs a schedule on per-rank streams with delayed links and measures what
-the simulator predicts (loose bounds: CI machines are shared; the benchmark holds the
-precise numbers)."""
+the simulator predicts. Its delays count on the streams' ideal clocks, so the ideal makespan
+equals the prediction exactly however busy the machine is, and a measured time is never
+below it; how close measured comes to ideal is the fidelity benchmark's subject."""
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pipert.cost import Links, Topology, UniformCost
 from pipert.emulate import emulate
 from pipert.ir import Op
 from pipert.schedules import build_schedule
+from pipert.sim import simulate
 
 UNIT = 2e-3
 
@@ -20,8 +22,8 @@ def test_emulated_makespan_near_prediction(name):
     s = build_schedule(name, stages=2, microbatches=4)
     r = emulate(s, UniformCost(tf=1, tb=2), None, time_unit=UNIT)
     assert r.predicted == pytest.approx({"1f1b": 15, "zb-h1": 14, "weipipe-interleave": 13}[name], abs=1.5)
-    assert r.makespan >= r.predicted * 0.98, r  # timed waits never finish early
-    assert r.makespan <= r.predicted * 1.3, r
+    assert r.ideal_makespan == pytest.approx(r.predicted, abs=1e-6), r
+    assert r.makespan >= r.ideal_makespan - 1e-6, r  # timed waits never finish early
     computes = [e for e in r.events if e[1] == "compute" and e[2].is_compute]
     assert len(computes) == sum(1 for _, _, a in s if a.is_compute)
     for rank in range(s.num_ranks):  # each rank's compute ran in its schedule order
@@ -37,11 +39,14 @@ def test_cross_dc_delay_is_injected():
     slow = emulate(s, cost, links, time_unit=UNIT)
     expected_gap = slow.predicted - free.predicted
     assert expected_gap > 10
-    assert slow.makespan - free.makespan == pytest.approx(expected_gap, rel=0.3)
-    # The first cross-DC activation arrives no earlier than transfer + latency after it was sent.
+    assert slow.ideal_makespan - free.ideal_makespan == pytest.approx(expected_gap, abs=1e-6)
+    # Delays are deadlines on the ideal clock, so the first F behind the cross-DC link starts no
+    # earlier than the simulator's time for it: the sender's ideal F end plus transfer + latency.
+    ideal = simulate(s, cost, links).events
+    f0_end = next(e[4] for e in ideal if e[0] == 1 and e[2].op is Op.F)
+    assert next(e[3] for e in ideal if e[0] == 2 and e[2].op is Op.F) == f0_end + 4.0
     f1 = next(e for e in slow.events if e[0] == 2 and e[2].op is Op.F)
-    f0 = next(e for e in slow.events if e[0] == 1 and e[2].op is Op.F)
-    assert f1[3] - f0[4] >= 4.0 * 0.98
+    assert f1[3] >= (f0_end + 4.0) * 0.98
 
 
 def test_emulate_cli_json(tmp_path):
@@ -50,7 +55,7 @@ def test_emulate_cli_json(tmp_path):
                           "--trace", str(trace)], capture_output=True, text=True, check=True).stdout
     d = json.loads(out)
     assert d["schedule"] == "zb-h1" and d["predicted_makespan"] == 13  # td = tw = 1: (M+P-1)(tf+td) + (M-P+1)tw
-    assert abs(d["relative_error"]) < 0.3
+    assert d["ideal_makespan"] == pytest.approx(13, abs=1e-6) and d["measured_makespan"] >= 13 - 1e-6
     events = json.loads(trace.read_text())["traceEvents"]
     assert sum(1 for e in events if e.get("ph") == "X") >= 2 * 4 * 3
 
@@ -84,4 +89,5 @@ def test_weight_passing_emulation_follows_each_weight_version(name, opts):
     before it in its list, not for a later one (that stalled the ring by +90-160%)."""
     s = build_schedule(name, stages=4, microbatches=8, **opts)
     r = emulate(s, UniformCost(tf=1, tb=2), None, time_unit=UNIT)
-    assert r.predicted * 0.98 <= r.makespan <= r.predicted * 1.2, (r.makespan, r.predicted)
+    assert r.ideal_makespan == pytest.approx(r.predicted, abs=1e-6), (r.ideal_makespan, r.predicted)
+    assert r.makespan >= r.ideal_makespan - 1e-6

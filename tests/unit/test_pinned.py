@@ -5,7 +5,7 @@ import torch
 from pipert import _ext
 from pipert.runtime.pinned import PinnedPool, size_class
 from pipert.runtime.streams import StreamSet, clock
-from unit_testutil import timed
+import threading
 
 
 @pytest.fixture
@@ -57,20 +57,20 @@ def test_views_and_double_release(pool):
 
 def test_release_after_event_is_deferred(pool):
     with StreamSet("cpu", backend="python") as dev:
-        def check():
-            a = pool.acquire(4096)
-            dev.send.enqueue_delay(0.05)  # a consumer that still uses the buffer
-            ev = dev.send.record()
-            a.release(after=ev)
-            b = pool.acquire(4096)  # the event is pending: a is not handed out
-            pending = not ev.query()
-            ev.synchronize()
-            c = pool.acquire(4096)  # now it is
-            assert c.id == a.id
-            b.release()
-            c.release()
-            assert pending and b.id != a.id
-        timed(check)
+        a = pool.acquire(4096)
+        gate = threading.Event()
+        dev.send.enqueue(lambda: gate.wait(30))  # a consumer that still uses the buffer
+        ev = dev.send.record()
+        a.release(after=ev)
+        b = pool.acquire(4096)  # the event is pending: a is not handed out
+        pending = not ev.query()
+        gate.set()
+        ev.synchronize()
+        c = pool.acquire(4096)  # now it is
+        assert c.id == a.id
+        b.release()
+        c.release()
+        assert pending and b.id != a.id
         assert pool.stats()["allocations"] == 2
 
 

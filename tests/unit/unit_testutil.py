@@ -1,27 +1,12 @@
 """Helpers shared by the unit tests (imported as ``from unit_testutil import ...``: pytest's
 default import mode puts this folder on sys.path).
 
-- ``TOL`` and ``timed``: upper bounds on elapsed time on a shared machine.
 - ``one_f_one_b`` and ``gpipe``: classic schedules built inline, independent of the
   generators in ``pipert.schedules``, so simulator and validator tests do not rest on them.
 """
 from __future__ import annotations
 
 from pipert.ir import Action, Op, Placement, Schedule, lower
-
-TOL = 10e-3  # loose bound for timings on a shared 2-core machine
-
-
-def timed(check, attempts=3):
-    """Runs ``check()`` up to ``attempts`` times until its assertions hold. For upper bounds
-    on elapsed time only: a busy shared machine can preempt a thread for milliseconds, while
-    a systematic error fails every attempt."""
-    for i in range(attempts):
-        try:
-            return check()
-        except AssertionError:
-            if i == attempts - 1:
-                raise
 
 
 def one_f_one_b_order(P: int, M: int) -> list[list[Action]]:

@@ -47,8 +47,6 @@ import time
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ortools.sat.python import cp_model
-
 from ...ir import Action, Op, Schedule
 from .greedy import GreedyConfig, GreedyResult, greedy_best
 from .lowering import RecvAt, lower_crosspipe, place_receives
@@ -118,6 +116,7 @@ class _Model:
 
     def __init__(self, pr: CrossPipeProblem, cfg: SolverConfig, horizon: float | None) -> None:
         self.pr, self.cfg = pr, cfg
+        from ortools.sat.python import cp_model   # the solver loads only when a model is built
         self.scale = cfg.ticks_per_tf / max(pr.tf)
         self.m = cp_model.CpModel()
         n = cfg.sub_blocks
@@ -325,6 +324,7 @@ def solve(problem: CrossPipeProblem, config: SolverConfig = SolverConfig(), hint
     mod.objective(hint.makespan if hint is not None and config.objective == "all" else None)
     if hint is not None and config.objective == "all":
         mod.m.add_hint(mod.mk, mod.tk(hint.makespan))
+    from ortools.sat.python import cp_model
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.max_time_in_seconds = config.time_limit_s

@@ -1,0 +1,175 @@
+"""README's figures, generated from the benchmark reports' data.
+
+Each block of README.md between ``<!-- figures:NAME -->`` and ``<!-- /figures:NAME -->`` is
+written from ``benchmarks/results/NAME.csv`` and ``NAME.context.json`` by ``BLOCKS[NAME]``. A
+report measured on a tree with uncommitted changes is not cited: its block says so and names
+the command that re-measures it.
+
+    python benchmarks/readme_figures.py           # rewrite README.md's blocks
+    python benchmarks/readme_figures.py --check   # exit 1 when README.md differs (CI)
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, is_clean, load_context, read_csv  # noqa: E402
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _commit(ctx: dict) -> str:
+    return ctx.get("commit", "unknown").split()[0][:10]
+
+
+def _source(script: str, name: str, ctx: dict) -> str:
+    return f"(`python benchmarks/{script}`; `benchmarks/results/{name}.md`, commit {_commit(ctx)}, {ctx['date'][:10]})"
+
+
+def sim_speed(rows: list[dict], ctx: dict) -> str:
+    top = max(rows, key=lambda r: r["P"] * r["M"])
+    return (f"- Simulator speed: 1F1B with P={top['P']}, M={top['M']} ({top['actions']:,} actions) simulated in "
+            f"{top['wall_s']:.2f} s wall, {top['cpu_s']:.2f} s CPU " + _source("bench_sim_speed.py", "sim_speed", ctx)
+            + ".")
+
+
+def vs_torch(rows: list[dict], ctx: dict) -> str:
+    vs = [r for r in rows if r["kind"] == "vs_torch_pipelining"]
+    one = [r for r in rows if r["kind"] == "single_stage_vs_plain"]
+    ratios = [r["ratio"] for r in vs]
+    out = [r for r in vs if r["met"] == "no"]
+    worst = max(out, key=lambda r: r["ratio"]) if out else None
+    systems = sorted({r["schedule"] for r in vs})
+    return (f"- pipert vs `torch.distributed.pipelining` (same LLaMA units, gloo, P in "
+            f"{{{', '.join(str(p) for p in sorted({r['P'] for r in vs}))}}}, {'/'.join(systems)}): step-time ratios "
+            f"{min(ratios):.3f}-{max(ratios):.3f}, median {statistics.median(ratios):.3f}; "
+            f"{sum(r['met'] == 'yes' for r in vs)} of {len(vs)} configurations at <= 1.0, "
+            f"{sum(r['met'] == 'no (noise)' for r in vs)} above it within the noise interval, {len(out)} above it"
+            + (f" (worst {worst['schedule']} P={worst['P']} M={worst['M']}, {worst['ratio']:.3f})" if worst else "")
+            + "; single stage vs a plain loop "
+            + " / ".join(f"{100 * (r['ratio'] - 1):+.1f} % (M={r['M']})" for r in one) + " "
+            + _source("bench_vs_torch.py", "vs_torch", ctx) + ".")
+
+
+def fidelity(rows: list[dict], ctx: dict) -> str:
+    fid = [r for r in rows if r["part"] == "fidelity"]
+    sweep = [r for r in rows if r["part"] == "crosspipe-sweep"]
+    return (f"- Emulator fidelity (CPU host): measured makespan within {100 * max(abs(r['rel_error']) for r in fid):.1f} % "
+            f"of the simulator for {', '.join(sorted({r['schedule'] for r in fid}))}, P in "
+            f"{{{', '.join(str(p) for p in sorted({r['P'] for r in fid}))}}}, with and without a cross-DC link, and "
+            f"within {100 * max(abs(r['rel_error']) for r in sweep):.1f} % on the CrossPipe P=4 sweep "
+            + _source("bench_fidelity.py", "fidelity", ctx) + ".")
+
+
+def delay_cpu(rows: list[dict], ctx: dict) -> str:
+    judged = [r for r in rows if r["section"] != "issue"]
+    return (f"- Delay injection on CPU: {sum(r['pass'] for r in judged)} of {len(judged)} rows within target "
+            + _source("bench_delay.py", "delay_cpu", ctx) + ".")
+
+
+def crosspipe_sweep(rows: list[dict], ctx: dict) -> str:
+    p4 = [r for r in rows if r["P"] == 4 and r.get("status") not in (None, "")]
+    optimal = [r for r in p4 if r["status"] == "OPTIMAL"]
+    return (f"- CrossPipe sweep: CP-SAT proves {len(optimal)} of {len(p4)} P=4, M=8 cells optimal (within its 1 % "
+            f"gap), in <= {max(r['solver_s'] for r in optimal):.1f} s per cell; the greedy is within "
+            f"{100 * max(r['greedy_gap'] for r in optimal):.1f} % of them "
+            + _source("bench_crosspipe.py", "crosspipe_sweep", ctx) + ".")
+
+
+def weight_passing(rows: list[dict], ctx: dict) -> str:
+    import bench_weight_passing as wp
+    parts = []
+    for paper in ("weipipe", "tawpipe"):
+        _, ok, n, pair_ok, pairs, _ = wp.table(rows, paper, "travels")
+        parts.append(f"{wp.NAMES[paper if paper == 'tawpipe' else 'weipipe-interleave']}'s Table 2: ranking "
+                     f"reproduced on {ok} of {n} rows, pairwise order on "
+                     f"{pair_ok} of {pairs} pairs")
+    return ("- WeiPipe/TawPipe on the papers' configurations (analytic A800 model): " + "; ".join(parts) + " "
+            + _source("bench_weight_passing.py", "weight_passing", ctx) + ".")
+
+
+def train_fidelity(rows: list[dict], ctx: dict) -> str:
+    errs = sorted(r["rel_error"] for r in rows)
+    under = sum(e < 0 for e in errs)
+    loads = [r["load_1min"] for r in rows]
+    return (f"- Training fidelity (`pipert train --profile`, {rows[0]['processes']} gloo processes, "
+            f"{', '.join(dict.fromkeys(r['schedule'] for r in rows))}, links: "
+            f"{', '.join(dict.fromkeys(r['link'] for r in rows))}): measured step vs the simulator fed with the job's "
+            f"own compute times, errors {100 * errs[0]:+.1f} % to {100 * errs[-1]:+.1f} % (median "
+            f"{100 * statistics.median(errs):+.1f} %), {sum(abs(e) <= 0.10 for e in errs)} of {len(errs)} within 10 %, "
+            f"{under} under-predicted, load average {min(loads):.0f}-{max(loads):.0f} on {rows[0]['cores']} cores "
+            + _source("bench_train_fidelity.py", "train_fidelity", ctx) + ".")
+
+
+def overlap_cpu(rows: list[dict], ctx: dict) -> str:
+    parts = []
+    for be in dict.fromkeys(r["streams"] for r in rows):
+        mine = [r for r in rows if r["streams"] == be]
+        ratios = [r["both_s"] / r["limit_s"] for r in mine]
+        parts.append(f"{be} streams median {100 * statistics.median(r['overlap'] for r in mine):.0f} % of the possible "
+                     f"saving, both/limit {min(ratios):.2f}-{max(ratios):.2f}")
+    return (f"- Overlap of GEMMs with messages on the CPU queues ({len(rows)} cases): " + "; ".join(parts) + " "
+            + _source("bench_overlap.py", "overlap_cpu", ctx) + ".")
+
+
+BLOCKS: dict[str, tuple[str, Callable[[list[dict], dict], str]]] = {
+    "sim_speed": ("bench_sim_speed.py", sim_speed),
+    "vs_torch": ("bench_vs_torch.py", vs_torch),
+    "fidelity": ("bench_fidelity.py", fidelity),
+    "delay_cpu": ("bench_delay.py", delay_cpu),
+    "crosspipe_sweep": ("bench_crosspipe.py", crosspipe_sweep),
+    "weight_passing": ("bench_weight_passing.py", weight_passing),
+    "train_fidelity": ("bench_train_fidelity.py", train_fidelity),
+    "overlap_cpu": ("bench_overlap.py", overlap_cpu),
+}
+"""Block name (= report name) -> (the benchmark script, the block's text from CSV rows and context)."""
+
+
+def block(name: str, folder: Path = RESULTS) -> str:
+    """The text of block ``name``: its figures, or why they are not cited."""
+    script, make = BLOCKS[name]
+    ctx = load_context(name, folder)
+    if not is_clean(ctx):
+        return (f"- `benchmarks/results/{name}.md` is not cited here: it was measured on a tree with uncommitted "
+                f"changes (commit {_commit(ctx)}, {ctx.get('date', '?')[:10]}); re-run "
+                f"`python benchmarks/{script}` at a clean commit.")
+    return make(read_csv(folder / f"{name}.csv"), ctx)
+
+
+_MARK = re.compile(r"(<!-- figures:(\w+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)
+
+
+def render(text: str, folder: Path = RESULTS) -> str:
+    """``text`` with every figures block regenerated; a block name without a generator is an error."""
+    found = {m.group(2) for m in _MARK.finditer(text)}
+    unknown = found - set(BLOCKS)
+    if unknown:
+        raise ValueError(f"README figure blocks {sorted(unknown)} have no generator; known: {', '.join(BLOCKS)}")
+    return _MARK.sub(lambda m: f"{m.group(1)}{block(m.group(2), folder)}\n{m.group(4)}", text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 when README.md differs from the reports")
+    args = ap.parse_args(argv)
+    text = README.read_text()
+    new = render(text)
+    if args.check:
+        if new != text:
+            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True), "README.md",
+                                                       "README.md (from the reports)"))
+            return 1
+        return 0
+    README.write_text(new)
+    print(f"wrote {README}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""A GPT-style decoder-only transformer (the model of the HelixPipe paper), beside the LLaMA one.
+
+Differences from ``llama.py``: LayerNorm (with bias) instead of RMSNorm, learned absolute
+position embeddings (``pos.weight``, ``[max_seq, hidden]``) instead of rotary, multi-head
+attention with biases on the four projections, and a GeLU MLP ``proj(gelu(fc x))`` (tanh
+form, as Megatron's fused bias-GeLU) with biases. Everything else (attention core, block,
+loss, initialisation, parameter naming) is shared through ``common.py``.
+
+Parameter names: ``embed.weight``, ``pos.weight``, ``layers.{i}.attn_norm.{weight,bias}``,
+``layers.{i}.attn.{wq,wk,wv,wo}.{weight,bias}``, ``layers.{i}.mlp_norm.{weight,bias}``,
+``layers.{i}.mlp.{fc,proj}.{weight,bias}``, ``norm.{weight,bias}`` and, untied, ``head.weight``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .common import DTYPES, Attention, Block, DecoderModel, check_config, preset_of
+
+__all__ = ["GPTConfig", "GPT_PRESETS", "GeluMLP", "GPTBlock", "GPTModel", "gpt_mlp"]
+
+GELU_APPROXIMATE = "tanh"
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape and numerics of the GPT-style model. ``GPTConfig.preset(name, **overrides)`` builds one."""
+
+    vocab: int = 256
+    """Vocabulary size; 256 covers byte-level tokens (``pipert.data``)."""
+    hidden: int = 64
+    """Model width."""
+    layers: int = 4
+    """Number of decoder layers."""
+    heads: int = 4
+    """Attention heads; must divide ``hidden``."""
+    ffn: int = 256
+    """Inner width of the GeLU MLP (4 x hidden in GPT-3)."""
+    max_seq: int = 128
+    """Longest sequence: rows of the learned position embedding."""
+    norm_eps: float = 1e-5
+    """LayerNorm epsilon."""
+    tie_embeddings: bool = False
+    """Use the embedding matrix as the LM head. Pipelined runs need it False (see partition)."""
+    dtype: str = "float32"
+    """Parameter dtype: float32, float64, bfloat16 or float16."""
+    mlp_chunk: int = 0
+    """Token rows per chunk of the chunked GeLU MLP (``pipert.kernels``); 0: the plain MLP."""
+    mlp_recompute: bool = False
+    """Chunked MLP only: save just its input and recompute the pre-activation in backward."""
+
+    def __post_init__(self) -> None:
+        check_config(self, ("vocab", "hidden", "layers", "heads", "ffn", "max_seq"))
+
+    @property
+    def kv_heads(self) -> int:
+        """Multi-head attention: as many key/value heads as query heads."""
+        return self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "GPTConfig":
+        """The named preset with ``overrides`` applied (e.g. ``preset("gpt-tiny", dtype="float64")``)."""
+        return preset_of(cls, GPT_PRESETS, name, overrides)
+
+
+GPT_PRESETS: dict[str, GPTConfig] = {
+    "gpt-tiny": GPTConfig(hidden=64, layers=4, heads=4, ffn=256, max_seq=128),
+    "gpt-small": GPTConfig(hidden=256, layers=8, heads=8, ffn=1024, max_seq=512),
+    # the paper's shapes (GPT-3 style, ffn = 4h, vocabulary of GPT-2 padded); max_seq is
+    # overridable for the long-sequence settings (the position table grows with it)
+    "gpt-1.3b": GPTConfig(vocab=50304, hidden=2048, layers=24, heads=16, ffn=8192, max_seq=2048),
+    "gpt-3b": GPTConfig(vocab=50304, hidden=4096, layers=16, heads=32, ffn=16384, max_seq=2048),
+    "gpt-7b": GPTConfig(vocab=50304, hidden=4096, layers=32, heads=32, ffn=16384, max_seq=2048),
+}
+
+
+class GeluMLP(nn.Module):
+    """``proj(gelu(fc x))`` with biases; the parameter names of ``pipert.kernels.ChunkedGeluMLP``."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        dt = cfg.torch_dtype
+        self.fc = nn.Linear(cfg.hidden, cfg.ffn, dtype=dt)
+        self.proj = nn.Linear(cfg.ffn, cfg.hidden, dtype=dt)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(F.gelu(self.fc(x), approximate=GELU_APPROXIMATE))
+
+
+def gpt_mlp(cfg: GPTConfig) -> nn.Module:
+    """``GeluMLP``, or with ``mlp_chunk > 0`` the chunked GeLU MLP of ``pipert.kernels``."""
+    if not cfg.mlp_chunk:
+        return GeluMLP(cfg)
+    from pipert.kernels import ChunkedGeluMLP
+    return ChunkedGeluMLP(cfg.hidden, cfg.ffn, bias=True, approximate=GELU_APPROXIMATE, chunk_size=cfg.mlp_chunk,
+                          recompute=cfg.mlp_recompute, dtype=cfg.torch_dtype)
+
+
+class GPTBlock(Block):
+    """Pre-norm block with LayerNorm, biased multi-head attention and the GeLU MLP."""
+
+    def __init__(self, cfg: GPTConfig, mlp_factory: Callable[[GPTConfig], nn.Module] = gpt_mlp) -> None:
+        dt = cfg.torch_dtype
+        super().__init__(nn.LayerNorm(cfg.hidden, cfg.norm_eps, dtype=dt), Attention(cfg, bias=True, rotary=False),
+                         nn.LayerNorm(cfg.hidden, cfg.norm_eps, dtype=dt), mlp_factory(cfg))
+
+
+class GPTModel(DecoderModel):
+    """The whole GPT-style model (``DecoderModel``: forward, initialisation, ``untie``)."""
+
+    def __init__(self, cfg: GPTConfig, *, seed: int = 0,
+                 mlp_factory: Callable[[GPTConfig], nn.Module] | None = None) -> None:
+        super().__init__()
+        if mlp_factory is not None and cfg.mlp_chunk:
+            raise ValueError(f"mlp_factory and GPTConfig.mlp_chunk={cfg.mlp_chunk} both choose the MLP; give one")
+        self.cfg = cfg
+        dt = cfg.torch_dtype
+        self.embed = nn.Embedding(cfg.vocab, cfg.hidden, dtype=dt)
+        self.pos = nn.Embedding(cfg.max_seq, cfg.hidden, dtype=dt)
+        self.layers = nn.ModuleList(GPTBlock(cfg, mlp_factory or gpt_mlp) for _ in range(cfg.layers))
+        self.norm = nn.LayerNorm(cfg.hidden, cfg.norm_eps, dtype=dt)
+        self.head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dt)
+        self.reset_parameters(seed)

@@ -1,0 +1,134 @@
+"""Selective activation recomputation: a unit keeps the outputs of the ops it is told to save
+and recomputes everything else in backward.
+
+Built on PyTorch's selective activation checkpointing: ``torch.utils.checkpoint.checkpoint``
+(non-reentrant) with ``create_selective_checkpoint_contexts`` and a policy that answers
+``MUST_SAVE`` for the ops of the named groups below and ``PREFER_RECOMPUTE`` for the rest.
+
+Op groups (``SAVE_GROUPS``; an op is matched by its schema name, all overloads):
+
+    attention   the fused scaled-dot-product attention kernels; they return the attention
+                output and the softmax statistics (logsumexp), which is what is kept
+    projection  matrix products (aten mm, addmm, bmm): linear layers
+    activation  GeLU and SiLU outputs
+    norm        LayerNorm (output and statistics); RMSNorm's inverse rms (its statistic)
+
+Recompute modes (``RECOMPUTE_MODES``) name the sets a run can select:
+``none`` (no checkpoint: autograd saves what it saves), ``no_attention`` (HelixPipe: keep
+``{"attention"}``), ``full`` (keep nothing; the unit's inputs only).
+
+What a checkpointed region holds between forward and backward: its inputs (kept by the
+checkpoint for the recomputation) and the cached outputs of the saved ops. The cached outputs
+are outside autograd's saved-tensor hooks; ``collect_caches`` hands them to a meter
+(``pipert.models.memory``).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+__all__ = ["SAVE_GROUPS", "RECOMPUTE_MODES", "save_set", "recompute_save_set", "save_policy",
+           "selective_context", "selective_checkpoint", "collect_caches", "cached_tensors"]
+
+SAVE_GROUPS: dict[str, frozenset[str]] = {
+    "attention": frozenset({
+        "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention",
+        "flash_attn::_flash_attn_forward"}),
+    "projection": frozenset({"aten::mm", "aten::addmm", "aten::bmm"}),
+    "activation": frozenset({"aten::gelu", "aten::silu"}),
+    "norm": frozenset({"aten::native_layer_norm", "aten::rsqrt"}),
+}
+
+RECOMPUTE_MODES: dict[str, frozenset[str] | None] = {
+    "none": None,
+    "no_attention": frozenset({"attention"}),
+    "full": frozenset(),
+}
+
+_local = threading.local()
+
+
+def save_set(save: Iterable[str]) -> frozenset[str]:
+    """The group names of ``save``, checked against ``SAVE_GROUPS``."""
+    names = frozenset(save)
+    bad = sorted(names - set(SAVE_GROUPS))
+    if bad:
+        raise ValueError(f"unknown op group(s) to save {bad}; allowed: {', '.join(SAVE_GROUPS)}")
+    return names
+
+
+def recompute_save_set(mode: str) -> frozenset[str] | None:
+    """The op groups recompute mode ``mode`` keeps (None: no recomputation)."""
+    if mode not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute={mode!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
+    return RECOMPUTE_MODES[mode]
+
+
+def _op_name(op: Any) -> str:
+    schema = getattr(op, "_schema", None)
+    return schema.name if schema is not None else str(op)
+
+
+@functools.cache
+def save_policy(save: frozenset[str]) -> Callable[..., CheckpointPolicy]:
+    """The selective-checkpoint policy that saves the outputs of the ops in groups ``save``."""
+    ops = frozenset().union(*(SAVE_GROUPS[g] for g in save_set(save)))
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        return CheckpointPolicy.MUST_SAVE if _op_name(op) in ops else CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
+
+
+def selective_context(save: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
+    """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint`` keeping the op groups ``save``;
+    the cache of every region it opens is reported to the innermost ``collect_caches``."""
+    policy = save_policy(save_set(save))
+
+    def context_fn() -> tuple[Any, Any]:
+        caching, cached = create_selective_checkpoint_contexts(policy)
+        stack = getattr(_local, "collectors", None)
+        if stack:
+            stack[-1].append(caching.storage)
+        return caching, cached
+    return context_fn
+
+
+def selective_checkpoint(fn: Callable[..., Any], *args: Any, save: Iterable[str]) -> Any:
+    """``fn(*args)`` keeping only the outputs of the op groups ``save`` (and the inputs) for
+    backward; everything else is recomputed when backward first needs it."""
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=selective_context(save))
+
+
+@contextlib.contextmanager
+def collect_caches(into: list) -> Iterator[list]:
+    """Append to ``into`` the cache (a dict) of every selective region opened in the block."""
+    stack = _local.__dict__.setdefault("collectors", [])
+    stack.append(into)
+    try:
+        yield into
+    finally:
+        stack.pop()
+
+
+def cached_tensors(caches: Iterable[dict]) -> list[Tensor]:
+    """The tensors the caches still hold (a cache entry is dropped once backward consumed it)."""
+    out: list[Tensor] = []
+
+    def visit(v: Any) -> None:
+        if isinstance(v, (tuple, list)):
+            for x in v:
+                visit(x)
+        elif isinstance(getattr(v, "val", None), Tensor):
+            out.append(v.val)
+    for cache in caches:
+        for per_op in list(cache.values()):
+            for entry in list(per_op.values()):
+                visit(entry)
+    return out

@@ -1,0 +1,42 @@
+"""What every unit of a built-in model shares: recomputation by mode, the q/k/v view, the loss."""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from .common import final_logits, lm_loss
+from .recompute import selective_checkpoint
+
+__all__ = ["ModelUnit", "QKV", "final_loss"]
+
+
+class ModelUnit(nn.Module):
+    """A unit whose ``forward`` runs ``body``; with ``save_ops`` set (a set of op groups of
+    ``pipert.models.recompute``; ``partition(recompute=...)`` sets it) the body runs under
+    selective checkpointing: only the inputs and the outputs of those ops are kept."""
+
+    save_ops: frozenset[str] | None = None
+
+    def body(self, *args: Any) -> Any:
+        raise NotImplementedError
+
+    def forward(self, *args: Any) -> Any:
+        if self.save_ops is None:
+            return self.body(*args)
+        return selective_checkpoint(self.body, *args, save=self.save_ops)
+
+
+class QKV(nn.Module):
+    """The q/k/v projections and rotary tables of one attention module (shared, not copied)."""
+
+    def __init__(self, attn: nn.Module) -> None:
+        super().__init__()
+        self.wq, self.wk, self.wv, self.rope = attn.wq, attn.wk, attn.wv, attn.rope
+        self.heads, self.kv_heads = attn.heads, attn.kv_heads
+
+
+def final_loss(x: Tensor, norm: nn.Module, head_weight: Tensor, targets: Tensor | None) -> Tensor:
+    """Final norm, LM head and (with ``targets``) the token-mean cross-entropy."""
+    logits = final_logits(x, norm, head_weight)
+    return logits if targets is None else lm_loss(logits, targets)

@@ -1,0 +1,45 @@
+"""The built-in models by preset name: LLaMA-style (``tiny``, ``small``, ...) and GPT-style
+(``gpt-tiny``, ``gpt-small``, ``gpt-1.3b``, ...)."""
+from __future__ import annotations
+
+from typing import Callable, Union
+
+from torch import nn
+
+from .common import DecoderModel
+from .gpt import GPT_PRESETS, GPTConfig, GPTModel
+from .llama import PRESETS, LlamaConfig, LlamaModel
+
+__all__ = ["ModelConfig", "model_names", "model_config", "model_from_config", "build_model"]
+
+ModelConfig = Union[LlamaConfig, GPTConfig]
+
+
+def model_names() -> list[str]:
+    """Every preset name ``model_config`` accepts."""
+    return list(PRESETS) + list(GPT_PRESETS)
+
+
+def model_config(name: str, **overrides) -> ModelConfig:
+    """The preset ``name`` (LLaMA or GPT) with ``overrides`` applied."""
+    if name in PRESETS:
+        return LlamaConfig.preset(name, **overrides)
+    if name in GPT_PRESETS:
+        return GPTConfig.preset(name, **overrides)
+    raise ValueError(f"unknown model {name!r}; allowed: {', '.join(model_names())}")
+
+
+def model_from_config(cfg: ModelConfig, *, seed: int = 0,
+                      mlp_factory: Callable[[ModelConfig], nn.Module] | None = None) -> DecoderModel:
+    """``LlamaModel`` or ``GPTModel`` of ``cfg``."""
+    if isinstance(cfg, LlamaConfig):
+        return LlamaModel(cfg, seed=seed, mlp_factory=mlp_factory)
+    if isinstance(cfg, GPTConfig):
+        return GPTModel(cfg, seed=seed, mlp_factory=mlp_factory)
+    raise TypeError(f"a model config is a LlamaConfig or a GPTConfig, got {type(cfg).__name__}")
+
+
+def build_model(name: str, *, seed: int = 0, mlp_factory: Callable[[ModelConfig], nn.Module] | None = None,
+                **overrides) -> DecoderModel:
+    """The model of preset ``name`` with ``overrides``, initialised from ``seed``."""
+    return model_from_config(model_config(name, **overrides), seed=seed, mlp_factory=mlp_factory)

@@ -1,0 +1,50 @@
+"""Every flag of train, simulate, emulate and compare is checked before any work: the command
+fails at once with the flag's name, its value and what is allowed (each case runs the real
+command line in a subprocess; the timeout is a generous bound for a shared machine, not a
+timing assertion)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CASES = [
+    (["train", "--stages", "100000"], "--stages 100000 x 1 chunks of 1f1b = 100000 units, but model 'tiny' has 4 "
+                                      "layers"),
+    (["train", "--schedule", "interleaved-1f1b", "--stages", "4"], "--stages 4 x 2 chunks of interleaved-1f1b = 8 "
+                                                                   "units"),
+    (["train", "--seq", "100000"], "--seq 100000 exceeds the 128 positions of model 'tiny'; allowed: 1..128"),
+    (["train", "--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["train", "--steps", "0"], "--steps must be >= 1, got 0"),
+    (["train", "--model", "huge"], "--model 'huge' unknown; allowed: tiny, small"),
+    (["train", "--schedule", "zb-v", "--chunks", "3"], "--schedule zb-v --stages 4 --microbatches 8 (per replica) "
+                                                       "--chunks 3: zb-v needs chunks == 2 (got V=3)"),
+    (["simulate", "zb-v", "-V", "3"], "zb-v --stages 4 --microbatches 8 --chunks 3: zb-v needs chunks == 2"),
+    (["train", "--dtype", "int8"], "--dtype 'int8' unknown; allowed: float32, float64, bfloat16"),
+    (["train", "--schedule", "nope"], "unknown schedule 'nope'; available: gpipe, 1f1b"),
+    (["simulate", "1f1b", "--tf", "-1"], "--tf must be a finite number > 0, got -1.0"),
+    (["simulate", "1f1b", "--dc-latency", "-2"], "--dc-latency must be a finite number >= 0, got -2.0"),
+    (["simulate", "1f1b", "-P", "4", "--dcs", "3"], "--dcs 3 does not divide the 4 stages into equal blocks"),
+    (["simulate", "1f1b", "--memory-limit", "0"], "--memory-limit must be a finite number > 0, got 0.0"),
+    (["simulate", "1f1b", "--model", "7b", "--seq", "0"], "--seq must be >= 1, got 0"),
+    (["simulate", "1f1b", "--model", "9t"], "--model '9t' unknown; allowed:"),
+    (["compare", "-M", "0"], "--microbatches must be >= 1, got 0"),
+    (["compare", "--ranks-per-node", "3"], "--ranks-per-node 3 does not divide the 4 ranks of each datacenter"),
+    (["emulate", "1f1b", "--real", "--steps", "0"], "--steps must be >= 1, got 0"),
+    (["emulate", "1f1b", "--time-unit", "0"], "--time-unit must be a finite number of seconds > 0, got 0.0"),
+    (["emulate", "1f1b", "--real", "--real-model", "huge"], "--real-model 'huge' unknown; allowed: tiny"),
+]
+
+
+@pytest.mark.parametrize("argv,message", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_flag_fails_at_once_naming_it(argv, message):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "pipert.cli", *argv], capture_output=True, text=True, env=env,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 2, (out.stdout[-2000:], out.stderr[-2000:])
+    assert message in out.stderr, out.stderr
