@@ -7,8 +7,9 @@ longest unit forward T_F (latency), or occupies it for T_F (bandwidth). T_F is m
 (a run without links). Each run trains --steps steps; the first --warmup are left out, the
 medians of the rest are reported.
 
-Writes results/train_fidelity.csv and results/train_fidelity.md (hardware, date, commit).
-    python benchmarks/bench_train_fidelity.py [--steps 8] [--warmup 2] [--quick]
+Writes results/train_fidelity.csv, .context.json and .md (hardware, date, commit);
+``--from-csv`` rebuilds the report from the first two.
+    python benchmarks/bench_train_fidelity.py [--steps 8] [--warmup 2] [--quick] [--from-csv]
 """
 from __future__ import annotations
 
@@ -21,14 +22,13 @@ import sys
 import time
 from pathlib import Path
 
-from _common import RESULTS, context, rebuild, report_header, write_results
+from _common import context, rebuild, report_header, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ["1f1b", "zb-h1", "crosspipe-greedy"]
 P, M = 4, 8
 TARGET = 0.10
-FIELDS = ["schedule", "link", "dc_latency_s", "dc_bandwidth_Bps", "steps", "measured_s", "predicted_s", "rel_error",
-          "max_forward_s", "compute_s_all_ranks", "cpu_share", "actions_per_rank", "load_1min", "processes", "cores"]
+NAME = "train_fidelity"
 BUSY = 0.75  # a CPU share from which the cores, not the program, set the pace
 
 
@@ -74,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-csv", action="store_true", help="rebuild the report from the stored CSV and context")
     args = ap.parse_args(argv)
     if args.from_csv:
-        print(f"wrote {rebuild('train_fidelity', report)} from the stored CSV")
+        print(f"wrote {rebuild(NAME, report)}")
         return 0
     if args.steps <= args.warmup:
         raise SystemExit(f"--steps {args.steps} must exceed --warmup {args.warmup}")
     t0 = time.time()
-    ctx = context({"processes": P, "steps": args.steps, "warm-up steps": args.warmup})  # at the start
+    ctx = context({"processes": P, "steps": args.steps, "warmup": args.warmup})  # the commit and load at the start
     schedules = SCHEDULES[:1] if args.quick else SCHEDULES
     rows = []
     for name in schedules:
@@ -97,17 +97,18 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows[-1]), flush=True)
     ctx["run time"] = f"{time.time() - t0:.0f} s"
     ctx["load average at the end (1, 5, 15 min)"] = context()["load average (1, 5, 15 min)"]
-    write_results("train_fidelity", [{f: r.get(f, "") for f in FIELDS} for r in rows], ctx, report)
-    print(f"wrote {RESULTS / 'train_fidelity.md'}")
+    write_results(NAME, rows, ctx, report)
+    print(f"wrote results/{NAME}.md")
     return 0
 
 
 def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
     within = [r for r in rows if abs(r["rel_error"]) <= TARGET]
     lines = report_header("Training fidelity: measured step vs the simulator fed with the job's own measurements",
-                          ctx, rebuilt) + ["",
-             f"`pipert train --profile` on {P} gloo processes, M = {M}, the tiny model, {ctx['steps']} steps of which "
-             f"the first {ctx['warm-up steps']} are left out (medians of the rest). The prediction is the simulator's makespan "
+                          ctx, rebuilt)
+    lines += ["",
+              f"`pipert train --profile` on {P} gloo processes, M = {M}, the tiny model, {ctx['steps']} steps of which "
+              f"the first {ctx['warmup']} are left out (medians of the rest). The prediction is the simulator's makespan "
              f"of the program the ranks ran, with each (op, unit)'s mean compute time measured in that step and "
              f"the emulated link model; target: within {TARGET:.0%}.", "",
              "| schedule | link | measured s | predicted s | error | T_F s | compute of all ranks s | CPU share | "

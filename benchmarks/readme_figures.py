@@ -106,6 +106,30 @@ def zbv(rows: list[dict], ctx: dict) -> str:
             f"in {faster} of {n} " + _source("bench_zbv.py", "zbv", ctx) + ".")
 
 
+def train_fidelity(rows: list[dict], ctx: dict) -> str:
+    errs = sorted(r["rel_error"] for r in rows)
+    under = sum(e < 0 for e in errs)
+    loads = [r["load_1min"] for r in rows]
+    return (f"- Training fidelity (`pipert train --profile`, {rows[0]['processes']} gloo processes, "
+            f"{', '.join(dict.fromkeys(r['schedule'] for r in rows))}, links: "
+            f"{', '.join(dict.fromkeys(r['link'] for r in rows))}): measured step vs the simulator fed with the job's "
+            f"own compute times, errors {100 * errs[0]:+.1f} % to {100 * errs[-1]:+.1f} % (median "
+            f"{100 * statistics.median(errs):+.1f} %), {sum(abs(e) <= 0.10 for e in errs)} of {len(errs)} within 10 %, "
+            f"{under} under-predicted, load average {min(loads):.0f}-{max(loads):.0f} on {rows[0]['cores']} cores "
+            + _source("bench_train_fidelity.py", "train_fidelity", ctx) + ".")
+
+
+def overlap_cpu(rows: list[dict], ctx: dict) -> str:
+    parts = []
+    for be in dict.fromkeys(r["streams"] for r in rows):
+        mine = [r for r in rows if r["streams"] == be]
+        ratios = [r["both_s"] / r["limit_s"] for r in mine]
+        parts.append(f"{be} streams median {100 * statistics.median(r['overlap'] for r in mine):.0f} % of the possible "
+                     f"saving, both/limit {min(ratios):.2f}-{max(ratios):.2f}")
+    return (f"- Overlap of GEMMs with messages on the CPU queues ({len(rows)} cases): " + "; ".join(parts) + " "
+            + _source("bench_overlap.py", "overlap_cpu", ctx) + ".")
+
+
 BLOCKS: dict[str, tuple[str, Callable[[list[dict], dict], str]]] = {
     "zbv": ("bench_zbv.py", zbv),
     "sim_speed": ("bench_sim_speed.py", sim_speed),
@@ -114,6 +138,8 @@ BLOCKS: dict[str, tuple[str, Callable[[list[dict], dict], str]]] = {
     "delay_cpu": ("bench_delay.py", delay_cpu),
     "crosspipe_sweep": ("bench_crosspipe.py", crosspipe_sweep),
     "weight_passing": ("bench_weight_passing.py", weight_passing),
+    "train_fidelity": ("bench_train_fidelity.py", train_fidelity),
+    "overlap_cpu": ("bench_overlap.py", overlap_cpu),
 }
 """Block name (= report name) -> (the benchmark script, the block's text from CSV rows and context)."""
 

@@ -370,7 +370,9 @@ class DelayedTransport:
     (CrossPipe's receiver-side rule), and no clock is shared between processes. A free link
     (no latency, unlimited bandwidth) sends at once. The payload is copied at the send, so the
     sender may change or free its tensor (weights after an OPT) while the message travels.
-    Collectives are not delayed."""
+    GPU tensors take the same host timers (the timer thread's stream waits for the copy's CUDA
+    event before the send); the device wait kernels of ``LinkEmulator.enqueue_transfer`` serve
+    the one-process emulator only. Collectives are not delayed."""
 
     def __init__(self, inner: Transport, emulator: Any) -> None:
         if emulator.num_ranks != inner.world_size:

@@ -1,0 +1,18 @@
+"""`pipert train` on gloo processes with emulated cross-DC links and --profile."""
+import json
+import subprocess
+import sys
+
+
+def test_gloo_train_with_links_is_exact_and_reports_the_prediction():
+    out = subprocess.run([sys.executable, "-m", "pipert.cli", "train", "--backend", "gloo", "--stages", "2",
+                          "--microbatches", "4", "--batch-size", "4", "--seq", "16", "--steps", "2", "--dtype",
+                          "float64", "--json", "--check", "--profile", "--dcs", "2", "--dc-latency", "2ms",
+                          "--dc-bandwidth", "1Gbps"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    steps = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [s["step"] for s in steps] == [0, 1]
+    assert steps[0]["links"]["text"] == "2 DCs: 2 ms, 1 Gbit/s between them"
+    for s in steps:
+        assert s["max_grad_rel_err"] <= 1e-10 and s["max_param_rel_err"] <= 1e-10, s
+        assert s["predicted_step_s"] > 2 * 2e-3 and s["measured_step_s"] > 0, s  # >= 2 DC crossings on the path
