@@ -115,6 +115,7 @@ class TrainConfig:
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
         self._validate_model()
+        self.option_dict()
         self._validate_schedule()
         if not 0 < self.lr < math.inf:
             raise ValueError(f"--lr must be a finite number > 0, got {self.lr}")
