@@ -15,17 +15,20 @@ collectives over the D replicas, and pipert's simulator times one step with the 
 and backward(+recompute) times, C_PP on stage boundaries and the ring collectives on the
 per-GPU NIC share. ``sim_pipeline`` is the same schedule on one replica without collectives.
 
-Writes benchmarks/results/pipemesh.csv/.md and pipemesh_table4.csv/.md.
+Writes benchmarks/results/pipemesh.{csv,context.json,md} and pipemesh_table4.{csv,context.json,md};
+each report is a function of its CSV and context.
 
     python benchmarks/bench_pipemesh.py [--quick]
+    python benchmarks/bench_pipemesh.py --from-csv   # rebuild both reports, measure nothing
 """
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections import Counter, defaultdict
 
-from _common import RESULTS, context, context_markdown, write_csv
+from _common import RESULTS, context, rebuild, report_header, write_results
 
 from pipert.cost.devices import DeviceSpec
 from pipert.cost.topology import Links, LinkSpec, Topology
@@ -44,12 +47,18 @@ P, D, T, B = 4, 3, 8, 24
 
 
 UNITS = 4
+FIELDS = ["model", "device", "gbps", "M", "budget_gib", "budget_share", "schedule", "fits", "q", "enqueue", "dequeue",
+          "t_iter", "dp_crit", "recompute_ops", "recompute_per_pass", "memory_gib", "activations_gib", "zero3", "zero2",
+          "eq1_pipeline", "sim_pipeline", "sim_step", "sim_dp", "dp_traffic"]
+"""Columns of pipemesh.csv; a schedule that does not fit, or a plan not simulated, leaves some empty."""
 
 
 def simulated(p, cluster: Cluster) -> dict[str, float]:
     """One step of the plan in pipert's simulator: pipeline only, and over D replicas with
     PipeMesh's collectives (ranks d*P + s; a replica's stages are one 'node' of the topology so
-    that stage links take C_PP and replica groups the NIC share)."""
+    that stage links take C_PP and replica groups the NIC share). The generator gathers the
+    ZeRO-1/2 weights at the step's start, before each chunk's first forward run, so the step
+    holds every collective Eqs. 2-5 count."""
     c, k, sh = p.components, UNITS, p.queue.sharding
     s = build_schedule("pipemesh", stages=c.stages, microbatches=c.microbatches, chunks=c.chunks,
                        enqueue=p.queue.enqueue, dequeue=p.queue.dequeue, units_per_chunk=k)
@@ -61,11 +70,8 @@ def simulated(p, cluster: Cluster) -> dict[str, float]:
     mesh = Links(Topology(c.stages * c.dp, ranks_per_node=c.stages),
                  {"intra_node": LinkSpec(c.pp_comm), "inter_node": LinkSpec(cluster.latency, cluster.gpu_bandwidth)})
     step = simulate(replicate(s, c.dp, zeros), cost, mesh)
-    # the generator gathers ZeRO-1/2 weights after the optimizer; Eq. 2 lets the next step hide them
-    tail = c.chunks * c.dp_comm * (k - n3) / k
-    ag_side = c.dp_comm + (c.chunks - 1) * max(0.0, c.dp_comm - p.queue.enqueue[0] * c.fwd)
     return {"sim_pipeline": pipe.makespan, "sim_step": step.makespan, "sim_dp": step.makespan - pipe.makespan,
-            "tail_gathers": tail, "eq_dp_in_step": p.time["dp_crit"] - ag_side, "dp_traffic": dp_traffic(p)}
+            "dp_traffic": dp_traffic(p)}
 
 
 def dp_traffic(p) -> float:
@@ -100,7 +106,7 @@ def sweep(quick: bool) -> list[dict]:
                     budget = frac * dev.memory
                     for kind in SCHEDULES:
                         row = {"model": mname, "device": dname, "gbps": bw, "M": M, "budget_gib": budget / GiB,
-                               "schedule": kind}
+                               "budget_share": frac, "schedule": kind}
                         try:
                             p = plan(c, ops, budget, base) if kind == "pipemesh" else \
                                 plan_fixed(kind, c, ops, budget, base)
@@ -119,17 +125,24 @@ def sweep(quick: bool) -> list[dict]:
                                    activations_gib=p.memory["activations"] / GiB,
                                    zero3=sh.zero_param / c.params, zero2=(sh.zero_grad - sh.zero_param) / c.params)
                         rows.append(row)
-    return rows
+    return [{f: r.get(f, "") for f in FIELDS} for r in rows]
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.3f}"
+def _present(rows: list[dict]) -> list[dict]:
+    """``rows`` as read from the CSV, empty cells dropped."""
+    return [{k: v for k, v in r.items() if v != ""} for r in rows]
 
 
-def sweep_report(rows: list[dict], ctx: dict, seconds: float) -> str:
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
+    """pipemesh.md from ``pipemesh.csv`` (``rows``) and its context."""
+    rows = _present(rows)
     cells = defaultdict(dict)
     for r in rows:
-        cells[(r["model"], r["device"], r["gbps"], round(r["budget_gib"], 2))][r["schedule"]] = r
+        cells[(r["model"], r["device"], r["gbps"], round(r["budget_gib"], 2), r["budget_share"])][r["schedule"]] = r
     wins, baseline_wins, speedup_mt, speedup_bf = Counter(), Counter(), [], []
     none_fit, only_pm = 0, 0
     lines = ["| model | device | Gb/s | M | budget GiB | PipeMesh s (q, recomputed ops) | Megatron s | breadth-first s "
@@ -143,8 +156,7 @@ def sweep_report(rows: list[dict], ctx: dict, seconds: float) -> str:
         wins[best] += 1
         base = {k: v for k, v in fit.items() if k != "pipemesh"}
         if base:
-            bb = min(base, key=lambda k: base[k]["t_iter"])
-            baseline_wins[bb] += 1
+            baseline_wins[min(base, key=lambda k: base[k]["t_iter"])] += 1
         else:
             only_pm += 1
         pm = fit.get("pipemesh")
@@ -153,14 +165,12 @@ def sweep_report(rows: list[dict], ctx: dict, seconds: float) -> str:
                 acc.append(fit[name]["t_iter"] / pm["t_iter"])
 
         def cell(k: str) -> str:
-            r = by[k]
-            return "does not fit" if not r["fits"] else f"{r['t_iter']:.3f}"
+            return "does not fit" if not by[k]["fits"] else f"{by[k]['t_iter']:.3f}"
         vs = "-" if not (pm and base) else f"{min(b['t_iter'] for b in base.values()) / pm['t_iter']:.3f}x"
         pmc = "does not fit" if not pm else f"{pm['t_iter']:.3f} (q={pm['q']}, {pm['recompute_ops']})"
         lines.append(f"| {key[0]} | {key[1]} | {key[2]:g} | {by['pipemesh']['M']} | {key[3]:.1f} | {pmc} | "
                      f"{cell('megatron')} | {cell('breadth-first')} | {best} | {vs} |")
     simmed = [r for r in rows if r["fits"] and "sim_step" in r]
-    dev = max(abs(r["sim_pipeline"] / r["eq1_pipeline"] - 1) for r in simmed)
     total = sum(wins.values())
     prose = [
         f"{len(cells)} settings (model x device x bandwidth x budget); in {none_fit} no schedule fits, in {only_pm} "
@@ -171,14 +181,13 @@ def sweep_report(rows: list[dict], ctx: dict, seconds: float) -> str:
     ]
     if speedup_mt:
         prose.append(f"Megatron / PipeMesh iteration time: {min(speedup_mt):.3f}-{max(speedup_mt):.3f} "
-                     f"(median {sorted(speedup_mt)[len(speedup_mt) // 2]:.3f}) over {len(speedup_mt)} settings where "
-                     f"both fit; breadth-first / PipeMesh: {min(speedup_bf, default=float('nan')):.3f}-"
+                     f"(median {_median(speedup_mt):.3f}) over {len(speedup_mt)} settings where both fit; "
+                     f"breadth-first / PipeMesh: {min(speedup_bf, default=float('nan')):.3f}-"
                      f"{max(speedup_bf, default=float('nan')):.3f} over {len(speedup_bf)}.")
     split = defaultdict(Counter)
     for key, by in cells.items():
         if by["megatron"]["fits"] and by["breadth-first"]["fits"]:
-            frac = key[3] * GiB / DeviceSpec.preset(key[1]).memory
-            split[(key[1], round(frac, 2))][min(("megatron", "breadth-first"), key=lambda k: by[k]["t_iter"])] += 1
+            split[(key[1], key[4])][min(("megatron", "breadth-first"), key=lambda k: by[k]["t_iter"])] += 1
     if split:
         prose.append("Faster baseline by device and budget (share of device memory), where both fit: " + "; ".join(
             f"{dev} {frac:.0%}: Megatron {n['megatron']}, breadth-first {n['breadth-first']}"
@@ -189,20 +198,33 @@ def sweep_report(rows: list[dict], ctx: dict, seconds: float) -> str:
             by_bw[key[2]].append(by["megatron"]["t_iter"] / by["pipemesh"]["t_iter"])
     if by_bw:
         prose.append("Median Megatron / PipeMesh by bandwidth: " + ", ".join(
-            f"{bw:g} Gb/s {sorted(v)[len(v) // 2]:.3f}" for bw, v in sorted(by_bw.items())) + ".")
-    prose.append(f"Simulated pipeline (pipert's simulator on the pipemesh schedule, one replica) vs Eq. 1's compute + "
-                 f"bubble + PP: largest deviation {dev:.2%} over {len(simmed)} plans.")
+            f"{bw:g} Gb/s {_median(v):.3f}" for bw, v in sorted(by_bw.items())) + ".")
+    if simmed:
+        prose += _simulation_prose(simmed)
+    return "\n".join([
+        *report_header("PipeMesh vs Megatron interleaved 1F1B vs breadth-first (analytic model + simulator)", ctx,
+                       rebuilt), "",
+        __doc__.split("\n\n")[1], "", "## Summary (computed from the rows)", "",
+        *[f"- {p}" for p in prose], "", "## Iteration time per setting (seconds)", "", *lines, "",
+        "Columns: PipeMesh's q and how many operations per chunk it recomputes; 'PipeMesh vs best baseline' is the "
+        "best fitting baseline's time over PipeMesh's. Full rows (ZeRO shares, memory, simulated times) in "
+        "pipemesh.csv.", ""])
+
+
+def _simulation_prose(simmed: list[dict]) -> list[str]:
+    """What the simulated plans (middle budget) say against Eqs. 1-5."""
+    dev = max(abs(r["sim_pipeline"] / r["eq1_pipeline"] - 1) for r in simmed)
+    prose = [f"Simulated pipeline (pipert's simulator on the pipemesh schedule, one replica) vs Eq. 1's compute + "
+             f"bubble + PP: largest deviation {dev:.2%} over {len(simmed)} plans."]
     for kind in SCHEDULES:
         rs = [r for r in simmed if r["schedule"] == kind]
         if rs:
-            ratio = sorted((r["sim_dp"] - r["tail_gathers"]) / r["eq_dp_in_step"] for r in rs if r["eq_dp_in_step"] > 0)
+            ratio = sorted(r["sim_dp"] / r["dp_crit"] for r in rs if r["dp_crit"] > 0)
             prose.append(
                 f"{kind}, simulated with collectives ({len(rs)} plans): DP time added to the step "
-                f"{min(r['sim_dp'] for r in rs):.3f}-{max(r['sim_dp'] for r in rs):.3f} s, of which the ZeRO-1/2 "
-                f"gathers after the optimizer step (which Eq. 2 lets the next step's forward passes hide) are "
-                f"{min(r['tail_gathers'] for r in rs):.3f}-{max(r['tail_gathers'] for r in rs):.3f} s; the rest over "
-                f"Eqs. 2-5 without their all-gather side: "
-                + (f"{ratio[0]:.2f}-{ratio[-1]:.2f} (median {ratio[len(ratio) // 2]:.2f})." if ratio else "n/a.")
+                f"{min(r['sim_dp'] for r in rs):.3f}-{max(r['sim_dp'] for r in rs):.3f} s (the ZeRO-1/2 gathers at the "
+                f"step's start included), over Eqs. 2-5's exposed DP: "
+                + (f"{ratio[0]:.2f}-{ratio[-1]:.2f} (median {_median(ratio):.2f})." if ratio else "n/a.")
                 + f" DP link busy {min(r['dp_traffic'] / r['sim_step'] for r in rs):.0%}-"
                   f"{max(r['dp_traffic'] / r['sim_step'] for r in rs):.0%} of the simulated step.")
     sim_cells = defaultdict(dict)
@@ -216,180 +238,193 @@ def sweep_report(rows: list[dict], ctx: dict, seconds: float) -> str:
         if sb != eb:
             flips.append(f"{key[0]} {key[1]} {key[2]:g} Gb/s ({sb} {by[sb]['sim_step']:.3f} s vs {eb} "
                          f"{by[eb]['sim_step']:.3f} s)")
-    if sim_cells:
-        prose.append(f"Fastest simulated step (with collectives, middle budget, {len(sim_cells)} settings): "
-                     + ", ".join(f"{k} {sim_best[k]}" for k in SCHEDULES) + ". The simulator's winner differs from "
-                     f"the equations' in {len(flips)}" + (": " + "; ".join(flips) if flips else "") + ".")
-        pp = max(simmed, key=lambda r: r["sim_pipeline"] / r["eq1_pipeline"])
-        prose.append(f"Without collectives the simulated pipeline exceeds Eq. 1 by up to "
-                     f"{pp['sim_pipeline'] / pp['eq1_pipeline'] - 1:.1%} ({pp['schedule']} {pp['model']} {pp['device']} "
-                     f"{pp['gbps']:g} Gb/s, M={pp['M']}, q={pp['q']}): PP waits that T_PP = 2(P-1) C_PP does not count "
-                     f"(it assumes every receive but the first and last hides behind a pass).")
-    if simmed:
-        worst = max((r for r in simmed if r["eq_dp_in_step"] > 0),
-                    key=lambda r: (r["sim_dp"] - r["tail_gathers"]) / r["eq_dp_in_step"])
+    prose.append(f"Fastest simulated step (with collectives, middle budget, {len(sim_cells)} settings): "
+                 + ", ".join(f"{k} {sim_best[k]}" for k in SCHEDULES) + ". The simulator's winner differs from "
+                 f"the equations' in {len(flips)}" + (": " + "; ".join(flips) if flips else "") + ".")
+    pp = max(simmed, key=lambda r: r["sim_pipeline"] / r["eq1_pipeline"])
+    excess = pp["sim_pipeline"] / pp["eq1_pipeline"] - 1
+    prose.append(f"Without collectives the simulated pipeline exceeds Eq. 1 by up to {excess:.1%} ({pp['schedule']} "
+                 f"{pp['model']} {pp['device']} {pp['gbps']:g} Gb/s, M={pp['M']}, q={pp['q']})"
+                 + (": PP waits that T_PP = 2(P-1) C_PP does not count (it assumes every receive but the first and "
+                    "last hides behind a pass)." if excess > 0 else "."))
+    exposed = [r for r in simmed if r["dp_crit"] > 0]
+    if exposed:
+        worst = max(exposed, key=lambda r: r["sim_dp"] / r["dp_crit"])
+        busy = worst["dp_traffic"] / worst["sim_step"]
         prose.append(
-            f"Largest gap: {worst['schedule']} {worst['model']} {worst['device']} {worst['gbps']:g} Gb/s (q={worst['q']}, "
-            f"ZeRO-3 {worst['zero3']:.0%}): the simulator exposes {worst['sim_dp'] - worst['tail_gathers']:.3f} s where "
-            f"Eqs. 2-5 give {worst['eq_dp_in_step']:.3f} s, with the DP link busy "
-            f"{worst['dp_traffic'] / worst['sim_step']:.0%} of the step. Eqs. 3-5 give every collective its own window "
-            f"of passes, but in the 1F1B phase the forward and backward windows are the same wall time on the same "
-            f"link, and one group's collectives run in order; where the ZeRO-3 gathers repeat for every group of "
-            f"every chunk, the traffic approaches the step and the equations' windows overlap.")
-    return "\n".join([
-        "# PipeMesh vs Megatron interleaved 1F1B vs breadth-first (analytic model + simulator)", "",
-        context_markdown(ctx), f"- wall time: {seconds:.1f} s", "",
-        __doc__.split("\n\n")[1], "", "## Summary (computed from the rows)", "",
-        *[f"- {p}" for p in prose], "", "## Iteration time per setting (seconds)", "", *lines, "",
-        "Columns: PipeMesh's q and how many operations per chunk it recomputes; 'PipeMesh vs best baseline' is the "
-        "best fitting baseline's time over PipeMesh's. Full rows (ZeRO shares, memory, simulated times) in "
-        "pipemesh.csv.", ""])
+            f"Largest gap: {worst['schedule']} {worst['model']} {worst['device']} {worst['gbps']:g} Gb/s "
+            f"(q={worst['q']}, ZeRO-3 {worst['zero3']:.0%}): the simulator exposes {worst['sim_dp']:.3f} s of DP where "
+            f"Eqs. 2-5 give {worst['dp_crit']:.3f} s, with the DP link busy {busy:.0%} of the step."
+            + (" Eqs. 3-5 give every collective its own window of passes, but in the 1F1B phase the forward and "
+               "backward windows are the same wall time on the same link, and one group's collectives run in order; "
+               "where the ZeRO-3 gathers repeat for every group of every chunk, the traffic approaches the step and "
+               "the equations' windows overlap." if worst["sim_dp"] > worst["dp_crit"] and busy >= 0.5 else ""))
+    return prose
 
 
-def table4() -> tuple[list[dict], str]:
-    rows, lines = [], []
+def table4() -> list[dict]:
+    """Table IV's rows beside what the planner's equations predict from their component times,
+    with what the report derives from them (calibration, implied C_DP, the planner under the
+    paper's budget)."""
+    rows = []
     for key, cfg in TABLE_IV.items():
+        t_p, source = per_param_dp_time(cfg.cluster)
+        if cfg.cluster == "a100":
+            source += f", overlap {MEGATRON_OVERLAP_A100:.1%}"
         for system in ("pipemesh", "megatron"):
             r, p = cfg.row(system), predict(cfg, system)
-            rows.append({"config": key, "system": system, "M": r.chunks, "q": r.q or "",
-                         "bubble_paper": r.bubble, "bubble_model": p["bubble"],
-                         "dp_crit_paper": r.dp_crit, "dp_crit_model": p["dp_crit"], "C_DP": p["C_DP"],
-                         "mem_grad_paper": r.mem_grad, "mem_grad_model": p["mem_grad"],
-                         "mem_param_paper": r.mem_param, "mem_param_model": p["mem_param"],
-                         "mem_act_paper": r.mem_act, "mem_act_model": p.get("mem_act", "")})
+            c = components(cfg, system)
+            row = {"config": key, "system": system, "cluster": cfg.cluster, "P": cfg.stages, "D": cfg.dp,
+                   "params": cfg.params, "M": r.chunks, "q": r.q or "", "c_fwd": c.fwd, "pp_crit_paper": r.pp_crit,
+                   "t_p": t_p, "t_p_source": source,
+                   "bubble_paper": r.bubble, "bubble_model": p["bubble"],
+                   "dp_crit_paper": r.dp_crit, "dp_crit_model": p["dp_crit"], "C_DP": p["C_DP"],
+                   "C_DP_implied": megatron_implied_dp_comm(cfg) if system == "megatron" else "",
+                   "mem_grad_paper": r.mem_grad, "mem_grad_model": p["mem_grad"],
+                   "mem_param_paper": r.mem_param, "mem_param_model": p["mem_param"],
+                   "mem_act_paper": r.mem_act, "mem_act_model": p.get("mem_act", "")}
+            row.update(_plan_under_megatron_budget(cfg) if system == "pipemesh" else {})
+            rows.append(row)
+    return [{f: r.get(f, "") for f in TABLE4_FIELDS} for r in rows]
+
+
+TABLE4_FIELDS = ["config", "system", "cluster", "P", "D", "params", "M", "q", "c_fwd", "pp_crit_paper", "t_p",
+                 "t_p_source", "bubble_paper", "bubble_model", "dp_crit_paper", "dp_crit_model", "C_DP", "C_DP_implied",
+                 "mem_grad_paper", "mem_grad_model", "mem_param_paper", "mem_param_model", "mem_act_paper",
+                 "mem_act_model", "plan_budget_gib", "plan_q", "plan_enqueue", "plan_recomputed", "plan_ops",
+                 "plan_recompute_kinds", "plan_dp_crit", "plan_error"]
+"""Columns of pipemesh_table4.csv; ``plan_*`` only on PipeMesh rows, ``C_DP_implied`` only on Megatron's."""
+
+
+def _plan_under_megatron_budget(cfg) -> dict:
+    """The planner on ``cfg`` with Megatron's modelled memory as the budget and op times from the
+    analytic model on the cluster's GPU."""
+    c = components(cfg, "pipemesh")
+    cluster = Cluster(DeviceSpec.preset(cfg.cluster), 8, 400.0 if cfg.cluster == "a100" else 100.0)
+    base, ops = chunk_ops(cfg.model, cfg.tp, cluster, cfg.model.layers // (cfg.stages * c.chunks))
+    ops = [type(o)(o.name, o.size, o.time * 1e3) for o in ops]
+    cm = components(cfg, "megatron")
+    budget = 12 * cm.params / cm.dp + 4 * cm.params + megatron_activation(cfg)
+    out = {"plan_budget_gib": budget / GiB, "plan_ops": len(ops)}
+    try:
+        p = plan(c, ops, budget, base)
+    except ValueError as e:
+        return {**out, "plan_error": str(e)}
+    return {**out, "plan_q": p.queue.q, "plan_enqueue": " ".join(map(str, p.queue.enqueue)),
+            "plan_recomputed": len(p.recomputed), "plan_dp_crit": p.time["dp_crit"],
+            "plan_recompute_kinds": " ".join(sorted({n.split(".", 1)[1] for n in p.recomputed}))}
+
+
+def _err(r: dict, k: str) -> float:
+    return abs(r[f"{k}_model"] / r[f"{k}_paper"] - 1)
+
+
+def table4_report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
+    """pipemesh_table4.md from ``pipemesh_table4.csv`` (``rows``) and its context."""
+    rows = _present(rows)
+    pm = {r["config"]: r for r in rows if r["system"] == "pipemesh"}
+    mt = {r["config"]: r for r in rows if r["system"] == "megatron"}
+    lines = []
     for r in rows:
-        e_b = r["bubble_model"] / r["bubble_paper"] - 1
-        e_d = r["dp_crit_model"] / r["dp_crit_paper"] - 1
-        act = "" if r["mem_act_model"] == "" else f"{r['mem_act_model']:.2f} / {r['mem_act_paper']}"
-        lines.append(f"| {r['config']} | {r['system']} | {r['M']} | {r['q']} | {r['bubble_model']:.1f} / "
+        e_b, e_d = r["bubble_model"] / r["bubble_paper"] - 1, r["dp_crit_model"] / r["dp_crit_paper"] - 1
+        act = f"{r['mem_act_model']:.2f} / {r['mem_act_paper']}" if "mem_act_model" in r else ""
+        lines.append(f"| {r['config']} | {r['system']} | {r['M']} | {r.get('q', '')} | {r['bubble_model']:.1f} / "
                      f"{r['bubble_paper']} ({e_b:+.1%}) | {r['dp_crit_model']:.1f} / {r['dp_crit_paper']} ({e_d:+.1%}) "
                      f"| {r['mem_grad_model']:.2f} / {r['mem_grad_paper']} | {r['mem_param_model']:.2f} / "
                      f"{r['mem_param_paper']} | {act} |")
-    pm = [r for r in rows if r["system"] == "pipemesh"]
-    mt = [r for r in rows if r["system"] == "megatron"]
-    err = lambda r, k: abs(r[f"{k}_model"] / r[f"{k}_paper"] - 1)  # noqa: E731
-    t_a, src_a = per_param_dp_time("a100")
-    t_v, src_v = per_param_dp_time("v100")
-    falcon = TABLE_IV["falcon-v100"]
-    t_falcon = falcon.pipemesh.dp_crit / 2 * falcon.pipemesh.chunks / falcon.params
-    implied = []
-    for key in ("gpt3-v100", "falcon-v100"):
-        cfg = TABLE_IV[key]
-        c_mt = megatron_implied_dp_comm(cfg)
-        floor = 2 * c_mt * cfg.megatron.chunks / cfg.pipemesh.chunks
-        implied.append(f"{key}: Eq. 2 needs C_DP = {c_mt:.0f} ms per Megatron chunk (the per-parameter time "
-                       f"gives {components(cfg, 'megatron').dp_comm:.0f}) to reach Megatron's {cfg.megatron.dp_crit}; "
-                       f"that C_DP puts PipeMesh's floor 2 C_DP at {floor:.0f} ms against its measured "
-                       f"{cfg.pipemesh.dp_crit} ({floor / cfg.pipemesh.dp_crit - 1:+.1%})")
-    zero3 = []
-    for key, cfg in TABLE_IV.items():
-        c = components(cfg, "pipemesh")
-        psi_p_fit = (2 - cfg.pipemesh.mem_param * GiB / cfg.params) / (2 - 2 / cfg.dp)
-        zero3.append(f"{key} (M={c.chunks}): model M_p {predict(cfg, 'pipemesh')['mem_param']:.2f} GiB vs "
-                     f"{cfg.pipemesh.mem_param}; with 8/M read as 0, the measured M_p implies a ZeRO-3 share of "
-                     f"{psi_p_fit:.1%}")
-    budget_lines = []
-    for key, cfg in TABLE_IV.items():
-        c = components(cfg, "pipemesh")
-        cluster = Cluster(DeviceSpec.preset(cfg.cluster), 8, 400.0 if cfg.cluster == "a100" else 100.0)
-        base, ops = chunk_ops(cfg.model, cfg.tp, cluster, cfg.model.layers // (cfg.stages * c.chunks))
-        ops = [type(o)(o.name, o.size, o.time * 1e3) for o in ops]
-        cm = components(cfg, "megatron")
-        budget = 12 * cm.params / cm.dp + 4 * cm.params + megatron_activation(cfg)
-        try:
-            p = plan(c, ops, budget, base)
-            kinds = sorted({n.split(".", 1)[1] for n in p.recomputed})
-            budget_lines.append(f"{key}: budget {budget / GiB:.2f} GiB (modelled Megatron usage) -> q={p.queue.q} "
-                                f"(paper {cfg.pipemesh.q}), enqueue {list(p.queue.enqueue)}, recomputes "
-                                f"{len(p.recomputed)} of {len(ops)} ops ({', '.join(kinds) or 'none'}), "
-                                f"exposed DP {p.time['dp_crit']:.1f} ms (paper {cfg.pipemesh.dp_crit})")
-        except ValueError as e:
-            budget_lines.append(f"{key}: {e}")
-    md = [
-        "# PipeMesh Table IV through the planner's equations", "",
-        context_markdown(context()), "",
-        "Inputs are the paper's Table IV component times (ms per iteration) and its Table III shapes; "
-        "pipert/planner/paper.py states every derivation. Each cell: model / paper (relative error).", "",
-        "## Summary (computed)", "",
-        f"- Bubble, T_bubble = (P-1)(C^fwd + C^bwd) with B = batch / D: largest error "
-        f"{max(err(r, 'bubble') for r in rows):.2%} over all {len(rows)} rows. Reading B as the global batch "
-        f"would be off by the factor D = 3: B is micro-batches per pipeline.",
-        f"- Exposed DP (Eqs. 2-5), PipeMesh: largest error {max(err(r, 'dp_crit') for r in pm):.2%} over "
-        f"{len(pm)} rows. C_DP = t_p psi / M, t_p from one number per cluster: A100 {t_a * 1e9:.1f} ms per 1e9 "
-        f"parameters ({src_a}, {MEGATRON_OVERLAP_A100:.1%}), V100 {t_v * 1e9:.1f} ({src_v}). Falcon's PipeMesh row "
-        f"alone gives {t_falcon * 1e9:.1f} on V100 ({t_falcon / t_v - 1:+.2%}): the two systems send the same bytes.",
-        f"- Exposed DP, Megatron: " + "; ".join(
-            f"{r['config']} {r['dp_crit_model'] / r['dp_crit_paper'] - 1:+.1%}" for r in mt) +
-        " (llama2-v100 is the V100 calibration point). Interleaved Megatron on V100 exposes more than Eq. 2 "
-        "allows, and no single C_DP fits both rows:",
-        *[f"  - {s}" for s in implied],
-        "  Eq. 2 credits Megatron with hiding each chunk's all-gather behind P forward passes and its "
-        "reduce-scatter behind P backward passes; the measured V100 rows hide only "
-        + ", ".join(f"{1 - r['dp_crit_paper'] / (2 * r['C_DP'] * r['M']):.1%} ({r['config']})"
-                    for r in mt if r["M"] > 1 and r["config"] != "gpt3-a100")
-        + " of the 2 M C_DP they send, where Eq. 2 predicts "
-        + ", ".join(f"{1 - r['dp_crit_model'] / (2 * r['C_DP'] * r['M']):.1%}"
-                    for r in mt if r["M"] > 1 and r["config"] != "gpt3-a100")
-        + ". The paper does not model Megatron separately; its measured rows include what Eq. 2 leaves out "
-        "(contention of DP and PP traffic on the one 100 Gb/s NIC, Megatron's bucket boundaries).",
-        f"- Memory: Megatron M_g = M_p = 2 psi and M_a (live passes x layers x the paper's per-layer bytes; "
-        f"P live passes for M = 1) within {max(max(err(r, k) for k in ('mem_grad', 'mem_param', 'mem_act')) for r in mt):.1%}; "
-        f"PipeMesh M_g = (2/D + 4/M) psi within {max(err(r, 'mem_grad') for r in pm):.1%}. PipeMesh's M_p does not "
-        f"reproduce: with D = 3, 2/D + 8/M >= 2 for M <= 6, so the formula makes ZeRO-3 cost memory, yet the "
-        f"paper reports 84-91 % ZeRO-3 and less parameter memory:",
-        *[f"  - {s}" for s in zero3],
-        "  The measured values fit a per-ZeRO-3-parameter cost well below 2/D + 8/M; we keep the paper's formula "
-        "and use ZeRO-3 only where it saves memory under it (docs/pipemesh.md).",
-        "- The planner under the paper's budget (Megatron's usage as our memory model gives it; op times from the "
-        "analytic model on the cluster's GPU):",
-        *[f"  - {s}" for s in budget_lines],
-        "- PP crit is not compared: 2(P-1) C_PP with the table's values needs C_PP above C^fwd for PipeMesh on "
-        "V100, which the planner's premise (C_PP < C^fwd) excludes; the column is measured stall time.", "",
-        "## Rows", "",
-        "| config | system | M | q | bubble ms | exposed DP ms | M_g GiB | M_p GiB | M_a GiB |",
-        "|---|---|---|---|---|---|---|---|---|", *lines, ""]
-    return rows, "\n".join(md)
+    t_p = {r["cluster"]: (r["t_p"], r["t_p_source"]) for r in rows}
+    D = sorted({r["D"] for r in rows})
+    md = [*report_header("PipeMesh Table IV through the planner's equations", ctx, rebuilt), "",
+          "Inputs are the paper's Table IV component times (ms per iteration) and its Table III shapes; "
+          "pipert/planner/paper.py states every derivation. Each cell: model / paper (relative error).", "",
+          "## Summary (computed)", "",
+          f"- Bubble, T_bubble = (P-1)(C^fwd + C^bwd) with B = batch / D: largest error "
+          f"{max(_err(r, 'bubble') for r in rows):.2%} over all {len(rows)} rows. Reading B as the global batch "
+          f"would be off by the factor D = {'/'.join(map(str, D))}: B is micro-batches per pipeline."]
+    # PipeMesh exposes about 2 C_DP (Eq. 2's floor): each of its rows read that way gives a t_p
+    own = {k: r["dp_crit_paper"] / 2 * r["M"] / r["params"] for k, r in pm.items()}
+    close = min(own, key=lambda k: abs(own[k] / pm[k]["t_p"] - 1))
+    d_close = own[close] / pm[close]["t_p"] - 1
+    md.append(f"- Exposed DP (Eqs. 2-5), PipeMesh: largest error {max(_err(r, 'dp_crit') for r in pm.values()):.2%} "
+              f"over {len(pm)} rows. C_DP = t_p psi / M, t_p from one number per cluster: "
+              + ", ".join(f"{cl.upper()} {t * 1e9:.1f} ms per 1e9 parameters ({src})" for cl, (t, src) in sorted(t_p.items()))
+              + f". Each PipeMesh row read as exposed DP = 2 C_DP gives its own t_p; the closest, {close}, gives "
+              f"{own[close] * 1e9:.1f} ({d_close:+.2%})"
+              + (": the two systems send the same bytes." if abs(d_close) < 0.01 else "."))
+    inter = [r for r in mt.values() if r["M"] > 1 and r["cluster"] == "v100"]
+    under = all(r["dp_crit_model"] < r["dp_crit_paper"] for r in inter)
+    md.append("- Exposed DP, Megatron: " + "; ".join(
+        f"{k} {r['dp_crit_model'] / r['dp_crit_paper'] - 1:+.1%}" for k, r in mt.items()) + " (t_p: see above)."
+        + (f" Interleaved Megatron on V100 exposes {'more' if under else 'not always more'} than Eq. 2 allows, and "
+           f"the C_DP that fits each row differs:" if inter else ""))
+    for r in inter:
+        p = pm[r["config"]]
+        floor = 2 * r["C_DP_implied"] * r["M"] / p["M"]
+        md.append(f"  - {r['config']}: Eq. 2 needs C_DP = {r['C_DP_implied']:.0f} ms per Megatron chunk (the "
+                  f"per-parameter time gives {r['C_DP']:.0f}) to reach Megatron's {r['dp_crit_paper']}; that C_DP puts "
+                  f"PipeMesh's floor 2 C_DP at {floor:.0f} ms against its measured {p['dp_crit_paper']} "
+                  f"({floor / p['dp_crit_paper'] - 1:+.1%})")
+    if inter:
+        md.append("  Eq. 2 credits Megatron with hiding each chunk's all-gather behind P forward passes and its "
+                  "reduce-scatter behind P backward passes; the measured V100 rows hide "
+                  + ", ".join(f"{1 - r['dp_crit_paper'] / (2 * r['C_DP'] * r['M']):.1%} ({r['config']})" for r in inter)
+                  + " of the 2 M C_DP they send, where Eq. 2 predicts "
+                  + ", ".join(f"{1 - r['dp_crit_model'] / (2 * r['C_DP'] * r['M']):.1%}" for r in inter)
+                  + ". The paper does not model Megatron separately; its measured rows include what Eq. 2 leaves out "
+                  "(contention of DP and PP traffic on the one NIC, Megatron's bucket boundaries).")
+    mem_mt = max(max(_err(r, k) for k in ("mem_grad", "mem_param", "mem_act")) for r in mt.values())
+    m_max = [4 * d // (d - 1) for d in D]  # 2/D + 8/M >= 2 <=> M <= 4D / (D - 1)
+    less = [k for k in pm if pm[k]["mem_param_paper"] < mt[k]["mem_param_paper"]]
+    md.append(f"- Memory: Megatron M_g = M_p = 2 psi and M_a (live passes x layers x the paper's per-layer bytes; "
+              f"P live passes for M = 1) within {mem_mt:.1%}; PipeMesh M_g = (2/D + 4/M) psi within "
+              f"{max(_err(r, 'mem_grad') for r in pm.values()):.1%}. PipeMesh's M_p is off by up to "
+              f"{max(_err(r, 'mem_param') for r in pm.values()):.1%}: with D = {'/'.join(map(str, D))}, 2/D + 8/M >= 2 "
+              f"for M <= {'/'.join(map(str, m_max))}, so the formula makes ZeRO-3 cost memory, yet the paper reports "
+              f"less parameter memory than Megatron's in {len(less)} of {len(pm)} configurations:")
+    for k, r in pm.items():
+        share = (2 - r["mem_param_paper"] * GiB / r["params"]) / (2 - 2 / r["D"])
+        md.append(f"  - {k} (M={r['M']}): model M_p {r['mem_param_model']:.2f} GiB vs {r['mem_param_paper']}; with 8/M "
+                  f"read as 0, the measured M_p implies a ZeRO-3 share of {share:.1%}")
+    md += ["  The measured values fit a per-ZeRO-3-parameter cost well below 2/D + 8/M; we keep the paper's formula "
+           "and use ZeRO-3 only where it saves memory under it (docs/pipemesh.md).",
+           "- The planner under the paper's budget (Megatron's usage as our memory model gives it; op times from the "
+           "analytic model on the cluster's GPU):"]
+    for k, r in pm.items():
+        md.append(f"  - {k}: budget {r['plan_budget_gib']:.2f} GiB (modelled Megatron usage) -> "
+                  + (r["plan_error"] if "plan_error" in r else
+                     f"q={r['plan_q']} (paper {r['q']}), enqueue [{', '.join(str(r['plan_enqueue']).split())}], "
+                     f"recomputes {r['plan_recomputed']} of {r['plan_ops']} ops "
+                     f"({', '.join(str(r.get('plan_recompute_kinds', '')).split()) or 'none'}), exposed DP "
+                     f"{r['plan_dp_crit']:.1f} ms (paper {r['dp_crit_paper']})"))
+    c_pp = {k: r["pp_crit_paper"] / (2 * (r["P"] - 1)) for k, r in pm.items()}
+    above = [k for k in pm if c_pp[k] > pm[k]["c_fwd"]]
+    md += [f"- PP crit is not compared: read as 2(P-1) C_PP, PipeMesh's column gives C_PP above C^fwd in "
+           f"{len(above)} of {len(pm)} configurations ("
+           + ", ".join(f"{k} {c_pp[k]:.1f} vs {pm[k]['c_fwd']:.1f} ms" for k in pm)
+           + "), which the planner's premise (C_PP < C^fwd) excludes; the column is measured stall time.", "",
+           "## Rows", "",
+           "| config | system | M | q | bubble ms | exposed DP ms | M_g GiB | M_p GiB | M_a GiB |",
+           "|---|---|---|---|---|---|---|---|---|", *lines, ""]
+    return "\n".join(md)
 
 
-def read_rows(path) -> list[dict]:
-    """The rows of a pipemesh.csv, typed as ``sweep`` makes them."""
-    import csv
-    text, ints = {"model", "device", "schedule", "enqueue", "dequeue"}, {"M", "q", "recompute_ops"}
-    rows = []
-    with open(path) as f:
-        for r in csv.DictReader(f):
-            row = {}
-            for k, v in r.items():
-                if v == "":
-                    continue
-                row[k] = v if k in text else (v == "True") if k == "fits" else int(v) if k in ints else float(v)
-            rows.append(row)
-    return rows
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="one model, one device, two bandwidths, three budgets")
-    ap.add_argument("--report-only", action="store_true", help="rewrite pipemesh.md from pipemesh.csv (no sweep)")
-    args = ap.parse_args()
-    t0 = time.time()
-    if args.report_only:
-        rows = read_rows(RESULTS / "pipemesh.csv")
-        ctx = context({"command": "python benchmarks/bench_pipemesh.py --report-only (rows from pipemesh.csv)"})
-        (RESULTS / "pipemesh.md").write_text(sweep_report(rows, ctx, time.time() - t0))
-        return
-    t4rows, t4md = table4()
-    write_csv(RESULTS / "pipemesh_table4.csv", t4rows)
-    (RESULTS / "pipemesh_table4.md").write_text(t4md)
+    ap.add_argument("--from-csv", action="store_true",
+                    help="rebuild pipemesh.md and pipemesh_table4.md from the stored CSVs and contexts")
+    args = ap.parse_args(argv)
+    if args.from_csv:
+        print(f"wrote {rebuild('pipemesh', report)} and {rebuild('pipemesh_table4', table4_report)} from the stored CSVs")
+        return 0
+    ctx = context({"mode": "quick" if args.quick else "full"})  # the commit before this run writes results
+    write_results("pipemesh_table4", table4(), ctx, table4_report)
+    t0 = time.perf_counter()
     rows = sweep(args.quick)
-    fields = ["model", "device", "gbps", "M", "budget_gib", "schedule", "fits", "q", "enqueue", "dequeue", "t_iter",
-              "dp_crit", "recompute_ops", "recompute_per_pass", "memory_gib", "activations_gib", "zero3", "zero2",
-              "eq1_pipeline", "sim_pipeline", "sim_step", "sim_dp", "tail_gathers", "eq_dp_in_step", "dp_traffic"]
-    write_csv(RESULTS / "pipemesh.csv", rows, fields)
-    ctx = context({"command": "python benchmarks/bench_pipemesh.py" + (" --quick" if args.quick else "")})
-    (RESULTS / "pipemesh.md").write_text(sweep_report(rows, ctx, time.time() - t0))
-    print(f"wrote {RESULTS / 'pipemesh.md'} and {RESULTS / 'pipemesh_table4.md'} in {time.time() - t0:.1f} s")
+    write_results("pipemesh", rows, {**ctx, "wall seconds": f"{time.perf_counter() - t0:.1f}"}, report)
+    print(f"wrote {RESULTS / 'pipemesh.md'} and {RESULTS / 'pipemesh_table4.md'}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
