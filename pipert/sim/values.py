@@ -60,7 +60,7 @@ class Builder(CommState):
             raise ValueError(f"meta['collective_queue'] must be 'compute' or 'group', got {cq!r}")
         self.cq = "compute" if cq == "compute" else "group"
         self.q_of = {op: QUEUES.index(op_queue(op, self.cq).value) for op in Op}
-        self._resolve_cache: dict[tuple, tuple] = {}
+        self._plan_cache: dict[tuple, tuple] = {}
         self.fwd: dict[int, int] = {}   # u << 32 | m -> r << 32 | i of its F
         self.bwd: dict[int, int] = {}   # -> (r << 32 | i) << 1 | is_D
         self.wdone: dict[int, int] = {}
@@ -89,6 +89,7 @@ class Builder(CommState):
             acts = s.actions[r]
             self.r = r
             self.have = self._initial(r)
+            self._plan_cache = {}
             self.live: dict[int, float] = {}
             self.wg: dict[tuple[int, int], list] = {}
             self.open_sub: dict[tuple, tuple] = {}
@@ -201,22 +202,15 @@ class Builder(CommState):
     def _role_ok(self, role: int, a: Action, r: int) -> bool:
         return role == 0 or (role == 1) == (r == a.root) and role != 3
 
-    def _keys(self, a: Action, kind: int, uu: int, bits: int) -> tuple[int, ...]:
-        base = kind | bits
-        if kind == _WEIGHT or kind == _WGRAD:
-            return ((uu << 32) << SHIFT | base,)
-        mb = a.mb
-        if len(mb) == 1:
-            return (((uu << 32 | mb[0]) << SHIFT) | base,)
-        return tuple(((uu << 32 | m) << SHIFT) | base for m in mb)
-
-    def _resolved(self, a: Action, r: int, refs: tuple) -> tuple:
-        """(kind, unit offset, release, bits) of each ref of ``refs`` that applies to ``a`` on rank
-        r: edges and roles applied, the payload's kind filled in (a SEND keeps a unit's weights).
-        That depends only on the cache key's fields, so each key is resolved once."""
+    def _plan(self, a: Action, r: int, refs: tuple) -> tuple:
+        """Each ref of ``refs`` that applies to ``a`` on rank r (edges and roles applied, the
+        payload's kind filled in; a SEND keeps a unit's weights) as (is weight grad, unit,
+        release, shard, key of the unit's value (micro-batch 0), per micro-batch, size a write
+        adds to the running sum (None for model state and host copies)). That depends only on the
+        cache key's fields, so each key is planned once per rank."""
         u = a.unit
-        key = (id(refs), a.op, a.payload, u == 0, u == self.U - 1, r == a.root)
-        got = self._resolve_cache.get(key)
+        key = (id(refs), a.op, a.payload, u, r == a.root)
+        got = self._plan_cache.get(key)
         if got is not None:
             return got
         out = []
@@ -229,36 +223,56 @@ class Builder(CommState):
                 kind = _payload_kind(a)
                 if a.op is Op.SEND and kind == _WEIGHT:
                     release = False
-            out.append((kind, du, release, bits))
-        got = self._resolve_cache[key] = tuple(out)
+            uu = u + du
+            shard = bool(bits & SHARD)
+            size = None
+            if kind != _WGRAD and not bits & HOST and not self.static(kind, uu, shard):
+                size = self.size_of[kind][uu] / (len(self.holders[uu]) if shard else 1)
+            per_mb = kind != _WEIGHT and kind != _WGRAD
+            out.append((kind == _WGRAD, uu, release, shard, (uu << 32) << SHIFT | kind | bits, per_mb, size))
+        got = self._plan_cache[key] = tuple(out)
         return got
 
     def apply_reads(self, a: Action, r: int, i: int, n: int, refs: tuple, compute: bool, use: bool = True,
                     free: bool = True) -> None:
-        for kind, du, release, bits in self._resolved(a, r, refs):
-            uu = a.unit + du
-            if kind == _WGRAD:
+        have, live, kind = self.have, self.live, self.kind
+        mb = a.mb
+        for wg, uu, release, shard, ku, per_mb, _ in self._plan(a, r, refs):
+            if wg:
                 if use:
-                    self.take_wgrad(a, r, i, n, uu, bool(bits & SHARD))
+                    self.take_wgrad(a, r, i, n, uu, shard)
                 continue
-            for k in self._keys(a, kind, uu, bits):
-                p = self.use(r, i, k, n, compute) if use else self.have.get(k, MISSING)
+            for m in (mb if per_mb else (0,)):
+                k = ku | m << SHIFT
+                p = have.get(k, MISSING)
+                if use:
+                    if p >= 0:
+                        if not compute or kind[p]:  # an edge as in use(), without its call
+                            self.succ[p].append(n << 1 | 1)
+                            self.indeg[n] += 1
+                            if compute:
+                                self.comm_in.append((n, p))
+                            elif kind[n] == K_TRANSFER:
+                                self.tx_prod[n] = p
+                    elif p == MISSING:
+                        self.use(r, i, k, n, compute)
                 if release and free and p != MISSING:
-                    del self.have[k]
-                    self.mem -= self.live.pop(k, 0.0)
+                    del have[k]
+                    self.mem -= live.pop(k, 0.0)
 
     def apply_writes(self, a: Action, r: int, n: int, refs: tuple) -> None:
-        for kind, du, _, bits in self._resolved(a, r, refs):
-            uu = a.unit + du
-            if kind == _WGRAD:
-                self.add_wgrad(a, r, n, uu, bool(bits & SHARD))
+        have, live = self.have, self.live
+        mb = a.mb
+        for wg, uu, _, shard, ku, per_mb, size in self._plan(a, r, refs):
+            if wg:
+                self.add_wgrad(a, r, n, uu, shard)
                 continue
-            for k in self._keys(a, kind, uu, bits):
-                self.have[k] = n
-                if not bits & HOST and k not in self.live and not self.static(kind, uu, bool(bits & SHARD)):
-                    sz = self.size_of[kind][uu] / (len(self.holders[uu]) if bits & SHARD else 1)
-                    self.live[k] = sz
-                    self.mem += sz
+            for m in (mb if per_mb else (0,)):
+                k = ku | m << SHIFT
+                have[k] = n
+                if size is not None and k not in live:
+                    live[k] = size
+                    self.mem += size
 
     def static(self, kind: int, u: int, shard: bool) -> bool:
         """Model state a rank keeps across steps (not part of the running sum)."""
