@@ -73,6 +73,7 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
     """
     out: list[list[Action]] = [[] for _ in range(num_ranks)]
     cross: dict[tuple, tuple] = {}
+    unit_rank = placement.ranks if placement.kind == "unit" else None   # the rank depends on the unit only
     if weights:
         first_use, last_bwd = _weight_uses(compute, placement)
         for (r, u) in sorted(first_use):
@@ -89,17 +90,17 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
                 prog.append(Action(Op.RECV, unit=u, payload=Payload.WEIGHT, peer=placement.weight_owner[u]))
             first_piece = a.sub is None or a.sub[0] == 0
             last_piece = a.sub is None or a.sub[0] == a.sub[1] - 1
-            if first_piece and a.unit is not None:
-                for kind, v in _crossing_of(a, num_units, True, cross):
-                    src = _rank_of(placement, _cross_rank_unit(kind, v, True), mbs)
+            if first_piece and u is not None:
+                for payload, v, cu in _crossing_of(a, num_units, True, cross):
+                    src = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
                     if src != r:
-                        prog.append(Action(Op.RECV, unit=v, mb=mbs, payload=_PAYLOAD[kind], peer=src))
+                        prog.append(Action(Op.RECV, v, mbs, payload, src))
             prog.append(a)
-            if last_piece and a.unit is not None:
-                for kind, v in _crossing_of(a, num_units, False, cross):
-                    dst = _rank_of(placement, _cross_rank_unit(kind, v, False), mbs)
+            if last_piece and u is not None:
+                for payload, v, cu in _crossing_of(a, num_units, False, cross):
+                    dst = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
                     if dst != r:
-                        prog.append(Action(Op.SEND, unit=v, mb=mbs, payload=_PAYLOAD[kind], peer=dst))
+                        prog.append(Action(Op.SEND, v, mbs, payload, dst))
             if weights and last_bwd.get((r, u)) == i:
                 prog.append(Action(Op.SEND, unit=u, payload=Payload.WGRAD, peer=placement.weight_owner[u]))
     sched = Schedule(name, num_ranks, num_units, num_microbatches, placement, out, dict(meta or {}))
@@ -112,18 +113,17 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
 _PAYLOAD = {Value.ACT: Payload.ACT, Value.GRAD: Payload.GRAD}
 
 
-def _crossing_of(a: Action, num_units: int, reading: bool, cache: dict) -> list[tuple[Value, int]]:
-    """``_crossing`` of the values ``a`` reads (``reading``) or writes. Which they are depends
-    only on the op, the payload and whether the unit is the first or the last (the op table's
-    edges) and whether it names micro-batches, so each such shape is expanded once; more
-    micro-batches only repeat the keys."""
-    u = a.unit
-    key = (a.op, a.payload, u == 0, u == num_units - 1, not a.mb, reading)
+def _crossing_of(a: Action, num_units: int, reading: bool, cache: dict) -> tuple[tuple[Payload, int, int], ...]:
+    """(payload, unit, unit of the compute on the other side) of each activation/gradient value
+    ``a`` reads (``reading``) or writes (:func:`_crossing`, :func:`_cross_rank_unit`). Which they
+    are depends only on the op, the payload, the unit and whether it names micro-batches, so each
+    such shape is expanded once; more micro-batches only repeat the keys."""
+    key = (a.op, a.payload, a.unit, not a.mb, reading)
     got = cache.get(key)
     if got is None:
         refs = reads(a, num_units) if reading else writes(a, num_units)
-        got = cache[key] = tuple((kind, v - u) for kind, v in _crossing(refs))
-    return [(kind, u + du) for kind, du in got]
+        got = cache[key] = tuple((_PAYLOAD[kind], v, _cross_rank_unit(kind, v, reading)) for kind, v in _crossing(refs))
+    return got
 
 
 def _crossing(refs: list) -> list[tuple[Value, int]]:
@@ -168,10 +168,13 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
     out: list[list[Action]] = []
     for dst, acts in enumerate(schedule.actions):
         slot: dict[int, tuple[int, int]] = {}   # action index -> (new position, send index)
-        for src in {a.peer for a in acts if a.op is Op.RECV}:
+        recvs_from: dict[int, list[int]] = {}   # peer -> indices of its RECVs
+        for i, a in enumerate(acts):
+            if a.op is Op.RECV:
+                recvs_from.setdefault(a.peer, []).append(i)
+        for src, idx in recvs_from.items():
             order = sent.get((src, dst), {})
-            recvs = sorted((order.get(a.key, -1), i) for i, a in enumerate(acts)
-                           if a.op is Op.RECV and a.peer == src)
+            recvs = sorted((order.get(acts[i].key, -1), i) for i in idx)
             earliest = len(acts)
             for k, i in reversed(recvs):         # position = min over this and later-sent RECVs
                 earliest = min(earliest, i)
