@@ -184,35 +184,43 @@ class Builder(CommState):
         if op is Op.OPT:
             self.opt(a, r, i, n)
             return
+        compute = op in _COMPUTE_OPS
         first = last = True
-        if a.sub is not None and op in _COMPUTE_OPS:
+        if a.sub is not None and compute:
             first, last = self.sub_block(r, i, a)
         u = a.unit
-        compute = op in _COMPUTE_OPS
-        if first or last:  # a split compute reads at its first piece and frees what it read at its last
-            self.apply_reads(a, r, i, n, _READS[op], compute, use=first, free=last)
+        keeps = op is Op.F and bool(self.recomputed) and any((u, m) in self.recomputed for m in a.mb)
+        reads, writes = self._plan(a, r, keeps)
+        if reads and (first or last):  # a split compute reads at its first piece, frees what it read at its last
+            self.apply_reads(a, r, i, n, reads, compute, use=first, free=last)
         if op is Op.W and first and not last:  # its pieces fill the gradient from the first one on
             self.reserve_wgrad(u, n)
         if last:
             if compute:
                 self.mark_done(a, r, i)
-            refs = _F_KEEPS if op is Op.F and any((u, m) in self.recomputed for m in a.mb) else _WRITES[op]
-            self.apply_writes(a, r, n, refs)
+            if writes:
+                self.apply_writes(a, r, n, writes)
 
     def _role_ok(self, role: int, a: Action, r: int) -> bool:
         return role == 0 or (role == 1) == (r == a.root) and role != 3
 
-    def _plan(self, a: Action, r: int, refs: tuple) -> tuple:
+    def _plan(self, a: Action, r: int, keeps: bool) -> tuple[tuple, tuple]:
+        """(reads, writes) of ``a`` on rank r, ``keeps``: an F that keeps its input for a later
+        RECOMPUTE. That depends only on the cache key's fields, so each key is planned once per rank."""
+        key = (a.op, a.payload, a.unit, r == a.root, keeps)
+        got = self._plan_cache.get(key)
+        if got is None:
+            op = a.op
+            got = self._plan_cache[key] = (self._applied(a, r, _READS[op]),
+                                           self._applied(a, r, _F_KEEPS if keeps else _WRITES[op]))
+        return got
+
+    def _applied(self, a: Action, r: int, refs: tuple) -> tuple:
         """Each ref of ``refs`` that applies to ``a`` on rank r (edges and roles applied, the
         payload's kind filled in; a SEND keeps a unit's weights) as (is weight grad, unit,
         release, shard, key of the unit's value (micro-batch 0), per micro-batch, size a write
-        adds to the running sum (None for model state and host copies)). That depends only on the
-        cache key's fields, so each key is planned once per rank."""
+        adds to the running sum (None for model state and host copies))."""
         u = a.unit
-        key = (id(refs), a.op, a.payload, u, r == a.root)
-        got = self._plan_cache.get(key)
-        if got is not None:
-            return got
         out = []
         for kind, du, edge, release, role, bits in refs:
             if edge == 1 and u == 0 or edge == 2 and u == self.U - 1:
@@ -230,14 +238,13 @@ class Builder(CommState):
                 size = self.size_of[kind][uu] / (len(self.holders[uu]) if shard else 1)
             per_mb = kind != _WEIGHT and kind != _WGRAD
             out.append((kind == _WGRAD, uu, release, shard, (uu << 32) << SHIFT | kind | bits, per_mb, size))
-        got = self._plan_cache[key] = tuple(out)
-        return got
+        return tuple(out)
 
     def apply_reads(self, a: Action, r: int, i: int, n: int, refs: tuple, compute: bool, use: bool = True,
                     free: bool = True) -> None:
         have, live, kind = self.have, self.live, self.kind
         mb = a.mb
-        for wg, uu, release, shard, ku, per_mb, _ in self._plan(a, r, refs):
+        for wg, uu, release, shard, ku, per_mb, _ in refs:
             if wg:
                 if use:
                     self.take_wgrad(a, r, i, n, uu, shard)
@@ -263,7 +270,7 @@ class Builder(CommState):
     def apply_writes(self, a: Action, r: int, n: int, refs: tuple) -> None:
         have, live = self.have, self.live
         mb = a.mb
-        for wg, uu, _, shard, ku, per_mb, size in self._plan(a, r, refs):
+        for wg, uu, _, shard, ku, per_mb, size in refs:
             if wg:
                 self.add_wgrad(a, r, n, uu, shard)
                 continue
