@@ -161,10 +161,11 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
     follows its RECV. A schedule whose links are already in order is returned unchanged.
     """
     sent: dict[tuple[int, int], dict[tuple, int]] = {}
-    for src, _, a in schedule:
-        if a.op is Op.SEND:
-            link = sent.setdefault((src, a.peer), {})
-            link[a.key] = len(link)
+    for src, acts in enumerate(schedule.actions):
+        for a in acts:
+            if a.op is Op.SEND:
+                link = sent.setdefault((src, a.peer), {})
+                link[a.key] = len(link)
     out: list[list[Action]] = []
     for dst, acts in enumerate(schedule.actions):
         slot: dict[int, tuple[int, int]] = {}   # action index -> (new position, send index)
@@ -177,7 +178,8 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
             recvs = sorted((order.get(acts[i].key, -1), i) for i in idx)
             earliest = len(acts)
             for k, i in reversed(recvs):         # position = min over this and later-sent RECVs
-                earliest = min(earliest, i)
+                if i < earliest:
+                    earliest = i
                 slot[i] = (earliest, k)
         if all(pos == i for i, (pos, _) in slot.items()):   # every key (i, .) is distinct: the order stays
             out.append(acts)

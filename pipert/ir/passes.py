@@ -66,8 +66,8 @@ def post_receives_early(schedule: Schedule, computes: int = 1,
         if not slot or all(p == i for i, p in slot.items()):
             out.append(acts)
             continue
-        order = sorted(range(len(acts)), key=lambda i: (slot.get(i, float(i)), i))
-        out.append([acts[i] for i in order])
+        order = sorted([(slot.get(i, i), i) for i in range(len(acts))])
+        out.append([acts[i] for _, i in order])
     return _with(schedule, out)
 
 

@@ -85,6 +85,7 @@ class Builder(CommState):
     def run(self) -> None:
         s, U, M = self.s, self.U, self.M
         q_of, ctime = self.q_of, self.cost.compute_time
+        qname = {op: QUEUES[q] for op, q in q_of.items()}
         for r in range(self.P):
             acts = s.actions[r]
             self.r = r
@@ -100,14 +101,12 @@ class Builder(CommState):
             self.mem = 0.0
             nodes_r = self.nodes_r = [-1] * len(acts)
             cq: list[int] = []
-            qnames: list[str] = []
             trace: list[float] = []
             peak = busy = 0.0
             limit, over = self.limits[r], False
             for i, a in enumerate(acts):
                 op = a.op
                 q = q_of[op]
-                qnames.append(QUEUES[q])
                 u, mb = a.unit, a.mb
                 if ((u is not None and u >= U) or (mb and max(mb) >= M)) and self._bad_index(r, i, a):
                     trace.append(self.mem)
@@ -142,7 +141,7 @@ class Builder(CommState):
             self.compute_nodes.append(cq)
             self.busy.append(busy)
             self.peaks.append(peak)
-            self.queues.append(qnames)
+            self.queues.append([qname[a.op] for a in acts])
             self.memory_trace.append(trace)
         self.finish()
 
