@@ -86,6 +86,7 @@ class Builder(CommState):
         s, U, M = self.s, self.U, self.M
         q_of, ctime = self.q_of, self.cost.compute_time
         qname = {op: QUEUES[q] for op, q in q_of.items()}
+        plan = self._plan
         for r in range(self.P):
             acts = s.actions[r]
             self.r = r
@@ -127,7 +128,14 @@ class Builder(CommState):
                     n = self.p2p(a, r, i)
                 nodes_r[i] = n
                 if n >= 0:
-                    self.effects(a, r, i, n)
+                    if q == 1 or q == 2:  # a SEND/RECV: its plan is all of its effects
+                        reads, writes = plan(a, r, False)
+                        if reads:
+                            self.apply_reads(a, r, i, n, reads, False)
+                        if writes:
+                            self.apply_writes(a, r, n, writes)
+                    else:
+                        self.effects(a, r, i, n)
                 trace.append(self.mem)
                 if self.mem > peak:
                     peak = self.mem
