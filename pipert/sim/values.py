@@ -173,14 +173,17 @@ class Builder(CommState):
 
     def chain_compute(self, n: int) -> None:
         p = self.host
-        if p >= 0:
-            self.edge(p, n, 0)
+        if p >= 0:  # edge(p, n, 0) without its call: one per compute
+            self.succ[p].append(n << 1)
+            self.indeg[n] += 1
         self.host = n
 
     def post(self, n: int) -> None:
         """A SEND/RECV/collective is posted when the rank's program reaches it."""
-        if self.host >= 0:
-            self.edge(self.host, n, 0)
+        p = self.host
+        if p >= 0:  # edge(p, n, 0) without its call: one per message
+            self.succ[p].append(n << 1)
+            self.indeg[n] += 1
 
     # --- effects of one action ----------------------------------------------------------------
     def effects(self, a: Action, r: int, i: int, n: int) -> None:
