@@ -88,16 +88,20 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
                         prog.append(Action(Op.RECV, unit=u, payload=Payload.WGRAD, peer=src))
             if weights and (r, u) in first_use and first_use[(r, u)] == i:
                 prog.append(Action(Op.RECV, unit=u, payload=Payload.WEIGHT, peer=placement.weight_owner[u]))
+            if u is None:
+                prog.append(a)
+                continue
             first_piece = a.sub is None or a.sub[0] == 0
             last_piece = a.sub is None or a.sub[0] == a.sub[1] - 1
-            if first_piece and u is not None:
-                for payload, v, cu in _crossing_of(a, num_units, True, cross):
+            incoming, outgoing = _crossing_of(a, num_units, cross)
+            if first_piece:
+                for payload, v, cu in incoming:
                     src = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
                     if src != r:
                         prog.append(Action(Op.RECV, v, mbs, payload, src))
             prog.append(a)
-            if last_piece and u is not None:
-                for payload, v, cu in _crossing_of(a, num_units, False, cross):
+            if last_piece:
+                for payload, v, cu in outgoing:
                     dst = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
                     if dst != r:
                         prog.append(Action(Op.SEND, v, mbs, payload, dst))
@@ -113,16 +117,17 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
 _PAYLOAD = {Value.ACT: Payload.ACT, Value.GRAD: Payload.GRAD}
 
 
-def _crossing_of(a: Action, num_units: int, reading: bool, cache: dict) -> tuple[tuple[Payload, int, int], ...]:
-    """(payload, unit, unit of the compute on the other side) of each activation/gradient value
-    ``a`` reads (``reading``) or writes (:func:`_crossing`, :func:`_cross_rank_unit`). Which they
-    are depends only on the op, the payload, the unit and whether it names micro-batches, so each
-    such shape is expanded once; more micro-batches only repeat the keys."""
-    key = (a.op, a.payload, a.unit, not a.mb, reading)
+def _crossing_of(a: Action, num_units: int, cache: dict) -> tuple[tuple, tuple]:
+    """(read, written) activation/gradient values of ``a`` (:func:`_crossing`), each as
+    (payload, unit, unit of the compute on the other side; :func:`_cross_rank_unit`). Which
+    they are depends only on the op, the payload, the unit and whether it names micro-batches,
+    so each such shape is expanded once; more micro-batches only repeat the keys."""
+    key = (a.op, a.payload, a.unit, not a.mb)
     got = cache.get(key)
     if got is None:
-        refs = reads(a, num_units) if reading else writes(a, num_units)
-        got = cache[key] = tuple((_PAYLOAD[kind], v, _cross_rank_unit(kind, v, reading)) for kind, v in _crossing(refs))
+        got = cache[key] = tuple(
+            tuple((_PAYLOAD[kind], v, _cross_rank_unit(kind, v, reading)) for kind, v in _crossing(refs))
+            for refs, reading in ((reads(a, num_units), True), (writes(a, num_units), False)))
     return got
 
 
