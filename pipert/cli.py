@@ -17,7 +17,9 @@ def _schedule_names() -> list[str]:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from .scenario import load_or_build
     from .sim import simulate
-    sc, sched = load_or_build(args, args.schedule)
+    from .sim.engine import paused_gc
+    with paused_gc():  # building allocates one object per action and frees none of them cyclically
+        sc, sched = load_or_build(args, args.schedule)
     if args.passes:
         from .ir.passes import apply_passes
         sched = apply_passes(sched, [n for n in args.passes.split(",") if n])

@@ -11,7 +11,7 @@ Examples: ``F u3 m2``, ``B u0 m0,1``, ``SEND act u3 m2 ->1``, ``RECV grad u3 m2 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 
 __all__ = [
@@ -68,11 +68,11 @@ _PER_MB = frozenset({Payload.ACT, Payload.GRAD, Payload.STASH})
 _PLAIN_COMPUTE = frozenset({Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Action:
     """One step of one rank's program.
 
-    Invariants (checked in ``__post_init__``): compute ops other than OPT name a unit and
+    Invariants (checked in ``__init__``): compute ops other than OPT name a unit and
     at least one micro-batch; SEND/RECV name a payload and a peer; collectives name a
     payload and a group; WAIT names the op it completes in ``waits``.
     """
@@ -89,27 +89,34 @@ class Action:
     waits: Op | None = None
     _h: int = field(default=0, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        if not (type(self.op) is Op and type(self.mb) is tuple and type(self.group) is tuple and self.sub is None
-                and self.waits is None and (self.payload is None or type(self.payload) is Payload)):
-            self._normalise()
-        if not self._plain():
+    def __init__(self, op: Op, unit: int | None = None, mb: tuple[int, ...] = (), payload: Payload | None = None,
+                 peer: int | None = None, group: tuple[int, ...] = (), root: int | None = None, tag: int = 0,
+                 sub: tuple[int, int] | None = None, waits: Op | None = None) -> None:
+        # the dataclass __init__ of a frozen class sets each field through object.__setattr__;
+        # the slots' own setters do the same a few times faster (schedules hold 1e5+ actions)
+        if type(mb) is int:
+            mb = (mb,)
+        _set_op(self, op)
+        _set_unit(self, unit)
+        _set_mb(self, mb)
+        _set_payload(self, payload)
+        _set_peer(self, peer)
+        _set_group(self, group)
+        _set_root(self, root)
+        _set_tag(self, tag)
+        _set_sub(self, sub)
+        _set_waits(self, waits)
+        if type(op) is Op and type(mb) is tuple and type(group) is tuple \
+                and (payload is None or type(payload) is Payload) \
+                and _plain(op, unit, mb, payload, peer, group, root, sub, waits):
+            _set_h(self, hash((op, unit, mb, payload, peer, group, root, tag, sub, waits)))
+            return
+        self._normalise()
+        if not _plain(self.op, self.unit, self.mb, self.payload, self.peer, self.group, self.root, self.sub,
+                      self.waits):
             self._check()
-        object.__setattr__(self, "_h", hash((self.op, self.unit, self.mb, self.payload, self.peer,
-                                              self.group, self.root, self.tag, self.sub, self.waits)))
-
-    def _plain(self) -> bool:
-        """The common valid shapes, accepted without the full check: a compute of a unit's
-        micro-batches, or a SEND/RECV of an activation or gradient (fields as _check requires)."""
-        op = self.op
-        if self.sub is not None or self.waits is not None or self.group or self.root is not None:
-            return False
-        unit, mb = self.unit, self.mb
-        if unit is None or unit < 0 or not mb or min(mb) < 0:
-            return False
-        if op in _PLAIN_COMPUTE:
-            return self.payload is None and self.peer is None
-        return op in P2P_OPS and self.peer is not None and (self.payload is Payload.ACT or self.payload is Payload.GRAD)
+        _set_h(self, hash((self.op, self.unit, self.mb, self.payload, self.peer, self.group, self.root, self.tag,
+                           self.sub, self.waits)))
 
     def _normalise(self) -> None:
         if not isinstance(self.op, Op):
@@ -207,6 +214,23 @@ class Action:
             parts.append(f"#{self.tag}")
         return " ".join(parts)
 
+
+
+def _plain(op: Op, unit: int | None, mb: tuple, payload: Payload | None, peer: int | None, group: tuple,
+           root: int | None, sub: tuple | None, waits: Op | None) -> bool:
+    """The common valid shapes, accepted without the full check: a compute of a unit's
+    micro-batches, or a SEND/RECV of an activation or gradient (fields as _check requires)."""
+    if sub is not None or waits is not None or group or root is not None:
+        return False
+    if unit is None or unit < 0 or not mb or min(mb) < 0:
+        return False
+    if op in _PLAIN_COMPUTE:
+        return payload is None and peer is None
+    return op in P2P_OPS and peer is not None and (payload is Payload.ACT or payload is Payload.GRAD)
+
+
+(_set_op, _set_unit, _set_mb, _set_payload, _set_peer, _set_group, _set_root, _set_tag, _set_sub, _set_waits,
+ _set_h) = (Action.__dict__[f.name].__set__ for f in fields(Action))
 
 def _ints(text: str, token: str) -> tuple[int, ...]:
     try:

@@ -73,6 +73,7 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
     """
     out: list[list[Action]] = [[] for _ in range(num_ranks)]
     cross: dict[tuple, tuple] = {}
+    unit_rank = placement.ranks if placement.kind == "unit" else None   # the rank depends on the unit only
     if weights:
         first_use, last_bwd = _weight_uses(compute, placement)
         for (r, u) in sorted(first_use):
@@ -87,19 +88,23 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
                         prog.append(Action(Op.RECV, unit=u, payload=Payload.WGRAD, peer=src))
             if weights and (r, u) in first_use and first_use[(r, u)] == i:
                 prog.append(Action(Op.RECV, unit=u, payload=Payload.WEIGHT, peer=placement.weight_owner[u]))
+            if u is None:
+                prog.append(a)
+                continue
             first_piece = a.sub is None or a.sub[0] == 0
             last_piece = a.sub is None or a.sub[0] == a.sub[1] - 1
-            if first_piece and a.unit is not None:
-                for kind, v in _crossing_of(a, num_units, True, cross):
-                    src = _rank_of(placement, _cross_rank_unit(kind, v, True), mbs)
+            incoming, outgoing = _crossing_of(a, num_units, cross)
+            if first_piece:
+                for payload, v, cu in incoming:
+                    src = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
                     if src != r:
-                        prog.append(Action(Op.RECV, unit=v, mb=mbs, payload=_PAYLOAD[kind], peer=src))
+                        prog.append(Action(Op.RECV, v, mbs, payload, src))
             prog.append(a)
-            if last_piece and a.unit is not None:
-                for kind, v in _crossing_of(a, num_units, False, cross):
-                    dst = _rank_of(placement, _cross_rank_unit(kind, v, False), mbs)
+            if last_piece:
+                for payload, v, cu in outgoing:
+                    dst = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
                     if dst != r:
-                        prog.append(Action(Op.SEND, unit=v, mb=mbs, payload=_PAYLOAD[kind], peer=dst))
+                        prog.append(Action(Op.SEND, v, mbs, payload, dst))
             if weights and last_bwd.get((r, u)) == i:
                 prog.append(Action(Op.SEND, unit=u, payload=Payload.WGRAD, peer=placement.weight_owner[u]))
     sched = Schedule(name, num_ranks, num_units, num_microbatches, placement, out, dict(meta or {}))
@@ -112,18 +117,18 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
 _PAYLOAD = {Value.ACT: Payload.ACT, Value.GRAD: Payload.GRAD}
 
 
-def _crossing_of(a: Action, num_units: int, reading: bool, cache: dict) -> list[tuple[Value, int]]:
-    """``_crossing`` of the values ``a`` reads (``reading``) or writes. Which they are depends
-    only on the op, the payload and whether the unit is the first or the last (the op table's
-    edges) and whether it names micro-batches, so each such shape is expanded once; more
-    micro-batches only repeat the keys."""
-    u = a.unit
-    key = (a.op, a.payload, u == 0, u == num_units - 1, not a.mb, reading)
+def _crossing_of(a: Action, num_units: int, cache: dict) -> tuple[tuple, tuple]:
+    """(read, written) activation/gradient values of ``a`` (:func:`_crossing`), each as
+    (payload, unit, unit of the compute on the other side; :func:`_cross_rank_unit`). Which
+    they are depends only on the op, the payload, the unit and whether it names micro-batches,
+    so each such shape is expanded once; more micro-batches only repeat the keys."""
+    key = (a.op, a.payload, a.unit, not a.mb)
     got = cache.get(key)
     if got is None:
-        refs = reads(a, num_units) if reading else writes(a, num_units)
-        got = cache[key] = tuple((kind, v - u) for kind, v in _crossing(refs))
-    return [(kind, u + du) for kind, du in got]
+        got = cache[key] = tuple(
+            tuple((_PAYLOAD[kind], v, _cross_rank_unit(kind, v, reading)) for kind, v in _crossing(refs))
+            for refs, reading in ((reads(a, num_units), True), (writes(a, num_units), False)))
+    return got
 
 
 def _crossing(refs: list) -> list[tuple[Value, int]]:
@@ -161,20 +166,25 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
     follows its RECV. A schedule whose links are already in order is returned unchanged.
     """
     sent: dict[tuple[int, int], dict[tuple, int]] = {}
-    for src, _, a in schedule:
-        if a.op is Op.SEND:
-            link = sent.setdefault((src, a.peer), {})
-            link[a.key] = len(link)
+    for src, acts in enumerate(schedule.actions):
+        for a in acts:
+            if a.op is Op.SEND:
+                link = sent.setdefault((src, a.peer), {})
+                link[a.key] = len(link)
     out: list[list[Action]] = []
     for dst, acts in enumerate(schedule.actions):
         slot: dict[int, tuple[int, int]] = {}   # action index -> (new position, send index)
-        for src in {a.peer for a in acts if a.op is Op.RECV}:
+        recvs_from: dict[int, list[int]] = {}   # peer -> indices of its RECVs
+        for i, a in enumerate(acts):
+            if a.op is Op.RECV:
+                recvs_from.setdefault(a.peer, []).append(i)
+        for src, idx in recvs_from.items():
             order = sent.get((src, dst), {})
-            recvs = sorted((order.get(a.key, -1), i) for i, a in enumerate(acts)
-                           if a.op is Op.RECV and a.peer == src)
+            recvs = sorted((order.get(acts[i].key, -1), i) for i in idx)
             earliest = len(acts)
             for k, i in reversed(recvs):         # position = min over this and later-sent RECVs
-                earliest = min(earliest, i)
+                if i < earliest:
+                    earliest = i
                 slot[i] = (earliest, k)
         if all(pos == i for i, (pos, _) in slot.items()):   # every key (i, .) is distinct: the order stays
             out.append(acts)

@@ -47,11 +47,11 @@ def post_receives_early(schedule: Schedule, computes: int = 1,
         compute_pos = [i for i, a in enumerate(acts) if on_compute[a.op]]
         slot: dict[int, float] = {}   # index -> new sort position (a fractional slot before a compute)
         last_of_link: dict[int, float] = {}
-        ci = 0
+        ci = 0   # number of compute-queue actions before index i
         for i, a in enumerate(acts):
-            while ci < len(compute_pos) and compute_pos[ci] < i:
-                ci += 1
             if a.op is not Op.RECV:
+                if on_compute[a.op]:
+                    ci += 1
                 continue
             pos = float(i)
             if a.payload in kinds and computes:
@@ -66,8 +66,8 @@ def post_receives_early(schedule: Schedule, computes: int = 1,
         if not slot or all(p == i for i, p in slot.items()):
             out.append(acts)
             continue
-        order = sorted(range(len(acts)), key=lambda i: (slot.get(i, float(i)), i))
-        out.append([acts[i] for i in order])
+        order = sorted([(slot.get(i, i), i) for i in range(len(acts))])
+        out.append([acts[i] for _, i in order])
     return _with(schedule, out)
 
 

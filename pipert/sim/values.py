@@ -60,7 +60,7 @@ class Builder(CommState):
             raise ValueError(f"meta['collective_queue'] must be 'compute' or 'group', got {cq!r}")
         self.cq = "compute" if cq == "compute" else "group"
         self.q_of = {op: QUEUES.index(op_queue(op, self.cq).value) for op in Op}
-        self._resolve_cache: dict[tuple, tuple] = {}
+        self._plan_cache: dict[tuple, tuple] = {}
         self.fwd: dict[int, int] = {}   # u << 32 | m -> r << 32 | i of its F
         self.bwd: dict[int, int] = {}   # -> (r << 32 | i) << 1 | is_D
         self.wdone: dict[int, int] = {}
@@ -85,10 +85,13 @@ class Builder(CommState):
     def run(self) -> None:
         s, U, M = self.s, self.U, self.M
         q_of, ctime = self.q_of, self.cost.compute_time
+        qname = {op: QUEUES[q] for op, q in q_of.items()}
+        plan = self._plan
         for r in range(self.P):
             acts = s.actions[r]
             self.r = r
             self.have = self._initial(r)
+            self._plan_cache = {}
             self.live: dict[int, float] = {}
             self.wg: dict[tuple[int, int], list] = {}
             self.open_sub: dict[tuple, tuple] = {}
@@ -99,14 +102,12 @@ class Builder(CommState):
             self.mem = 0.0
             nodes_r = self.nodes_r = [-1] * len(acts)
             cq: list[int] = []
-            qnames: list[str] = []
             trace: list[float] = []
             peak = busy = 0.0
             limit, over = self.limits[r], False
             for i, a in enumerate(acts):
                 op = a.op
                 q = q_of[op]
-                qnames.append(QUEUES[q])
                 u, mb = a.unit, a.mb
                 if ((u is not None and u >= U) or (mb and max(mb) >= M)) and self._bad_index(r, i, a):
                     trace.append(self.mem)
@@ -127,7 +128,14 @@ class Builder(CommState):
                     n = self.p2p(a, r, i)
                 nodes_r[i] = n
                 if n >= 0:
-                    self.effects(a, r, i, n)
+                    if q == 1 or q == 2:  # a SEND/RECV: its plan is all of its effects
+                        reads, writes = plan(a, r, False)
+                        if reads:
+                            self.apply_reads(a, r, i, n, reads, False)
+                        if writes:
+                            self.apply_writes(a, r, n, writes)
+                    else:
+                        self.effects(a, r, i, n)
                 trace.append(self.mem)
                 if self.mem > peak:
                     peak = self.mem
@@ -141,7 +149,7 @@ class Builder(CommState):
             self.compute_nodes.append(cq)
             self.busy.append(busy)
             self.peaks.append(peak)
-            self.queues.append(qnames)
+            self.queues.append([qname[a.op] for a in acts])
             self.memory_trace.append(trace)
         self.finish()
 
@@ -165,14 +173,17 @@ class Builder(CommState):
 
     def chain_compute(self, n: int) -> None:
         p = self.host
-        if p >= 0:
-            self.edge(p, n, 0)
+        if p >= 0:  # edge(p, n, 0) without its call: one per compute
+            self.succ[p].append(n << 1)
+            self.indeg[n] += 1
         self.host = n
 
     def post(self, n: int) -> None:
         """A SEND/RECV/collective is posted when the rank's program reaches it."""
-        if self.host >= 0:
-            self.edge(self.host, n, 0)
+        p = self.host
+        if p >= 0:  # edge(p, n, 0) without its call: one per message
+            self.succ[p].append(n << 1)
+            self.indeg[n] += 1
 
     # --- effects of one action ----------------------------------------------------------------
     def effects(self, a: Action, r: int, i: int, n: int) -> None:
@@ -183,42 +194,43 @@ class Builder(CommState):
         if op is Op.OPT:
             self.opt(a, r, i, n)
             return
+        compute = op in _COMPUTE_OPS
         first = last = True
-        if a.sub is not None and op in _COMPUTE_OPS:
+        if a.sub is not None and compute:
             first, last = self.sub_block(r, i, a)
         u = a.unit
-        compute = op in _COMPUTE_OPS
-        if first or last:  # a split compute reads at its first piece and frees what it read at its last
-            self.apply_reads(a, r, i, n, _READS[op], compute, use=first, free=last)
+        keeps = op is Op.F and bool(self.recomputed) and any((u, m) in self.recomputed for m in a.mb)
+        reads, writes = self._plan(a, r, keeps)
+        if reads and (first or last):  # a split compute reads at its first piece, frees what it read at its last
+            self.apply_reads(a, r, i, n, reads, compute, use=first, free=last)
         if op is Op.W and first and not last:  # its pieces fill the gradient from the first one on
             self.reserve_wgrad(u, n)
         if last:
             if compute:
                 self.mark_done(a, r, i)
-            refs = _F_KEEPS if op is Op.F and any((u, m) in self.recomputed for m in a.mb) else _WRITES[op]
-            self.apply_writes(a, r, n, refs)
+            if writes:
+                self.apply_writes(a, r, n, writes)
 
     def _role_ok(self, role: int, a: Action, r: int) -> bool:
         return role == 0 or (role == 1) == (r == a.root) and role != 3
 
-    def _keys(self, a: Action, kind: int, uu: int, bits: int) -> tuple[int, ...]:
-        base = kind | bits
-        if kind == _WEIGHT or kind == _WGRAD:
-            return ((uu << 32) << SHIFT | base,)
-        mb = a.mb
-        if len(mb) == 1:
-            return (((uu << 32 | mb[0]) << SHIFT) | base,)
-        return tuple(((uu << 32 | m) << SHIFT) | base for m in mb)
+    def _plan(self, a: Action, r: int, keeps: bool) -> tuple[tuple, tuple]:
+        """(reads, writes) of ``a`` on rank r, ``keeps``: an F that keeps its input for a later
+        RECOMPUTE. That depends only on the cache key's fields, so each key is planned once per rank."""
+        key = (a.op, a.payload, a.unit, r == a.root, keeps)
+        got = self._plan_cache.get(key)
+        if got is None:
+            op = a.op
+            got = self._plan_cache[key] = (self._applied(a, r, _READS[op]),
+                                           self._applied(a, r, _F_KEEPS if keeps else _WRITES[op]))
+        return got
 
-    def _resolved(self, a: Action, r: int, refs: tuple) -> tuple:
-        """(kind, unit offset, release, bits) of each ref of ``refs`` that applies to ``a`` on rank
-        r: edges and roles applied, the payload's kind filled in (a SEND keeps a unit's weights).
-        That depends only on the cache key's fields, so each key is resolved once."""
+    def _applied(self, a: Action, r: int, refs: tuple) -> tuple:
+        """Each ref of ``refs`` that applies to ``a`` on rank r (edges and roles applied, the
+        payload's kind filled in; a SEND keeps a unit's weights) as (is weight grad, unit,
+        release, shard, key of the unit's value (micro-batch 0), per micro-batch, size a write
+        adds to the running sum (None for model state and host copies))."""
         u = a.unit
-        key = (id(refs), a.op, a.payload, u == 0, u == self.U - 1, r == a.root)
-        got = self._resolve_cache.get(key)
-        if got is not None:
-            return got
         out = []
         for kind, du, edge, release, role, bits in refs:
             if edge == 1 and u == 0 or edge == 2 and u == self.U - 1:
@@ -229,36 +241,55 @@ class Builder(CommState):
                 kind = _payload_kind(a)
                 if a.op is Op.SEND and kind == _WEIGHT:
                     release = False
-            out.append((kind, du, release, bits))
-        got = self._resolve_cache[key] = tuple(out)
-        return got
+            uu = u + du
+            shard = bool(bits & SHARD)
+            size = None
+            if kind != _WGRAD and not bits & HOST and not self.static(kind, uu, shard):
+                size = self.size_of[kind][uu] / (len(self.holders[uu]) if shard else 1)
+            per_mb = kind != _WEIGHT and kind != _WGRAD
+            out.append((kind == _WGRAD, uu, release, shard, (uu << 32) << SHIFT | kind | bits, per_mb, size))
+        return tuple(out)
 
     def apply_reads(self, a: Action, r: int, i: int, n: int, refs: tuple, compute: bool, use: bool = True,
                     free: bool = True) -> None:
-        for kind, du, release, bits in self._resolved(a, r, refs):
-            uu = a.unit + du
-            if kind == _WGRAD:
+        have, live, kind = self.have, self.live, self.kind
+        mb = a.mb
+        for wg, uu, release, shard, ku, per_mb, _ in refs:
+            if wg:
                 if use:
-                    self.take_wgrad(a, r, i, n, uu, bool(bits & SHARD))
+                    self.take_wgrad(a, r, i, n, uu, shard)
                 continue
-            for k in self._keys(a, kind, uu, bits):
-                p = self.use(r, i, k, n, compute) if use else self.have.get(k, MISSING)
+            for m in (mb if per_mb else (0,)):
+                k = ku | m << SHIFT
+                p = have.get(k, MISSING)
+                if use:
+                    if p >= 0:
+                        if not compute or kind[p]:  # an edge as in use(), without its call
+                            self.succ[p].append(n << 1 | 1)
+                            self.indeg[n] += 1
+                            if compute:
+                                self.comm_in.append((n, p))
+                            elif kind[n] == K_TRANSFER:
+                                self.tx_prod[n] = p
+                    elif p == MISSING:
+                        self.use(r, i, k, n, compute)
                 if release and free and p != MISSING:
-                    del self.have[k]
-                    self.mem -= self.live.pop(k, 0.0)
+                    del have[k]
+                    self.mem -= live.pop(k, 0.0)
 
     def apply_writes(self, a: Action, r: int, n: int, refs: tuple) -> None:
-        for kind, du, _, bits in self._resolved(a, r, refs):
-            uu = a.unit + du
-            if kind == _WGRAD:
-                self.add_wgrad(a, r, n, uu, bool(bits & SHARD))
+        have, live = self.have, self.live
+        mb = a.mb
+        for wg, uu, _, shard, ku, per_mb, size in refs:
+            if wg:
+                self.add_wgrad(a, r, n, uu, shard)
                 continue
-            for k in self._keys(a, kind, uu, bits):
-                self.have[k] = n
-                if not bits & HOST and k not in self.live and not self.static(kind, uu, bool(bits & SHARD)):
-                    sz = self.size_of[kind][uu] / (len(self.holders[uu]) if bits & SHARD else 1)
-                    self.live[k] = sz
-                    self.mem += sz
+            for m in (mb if per_mb else (0,)):
+                k = ku | m << SHIFT
+                have[k] = n
+                if size is not None and k not in live:
+                    live[k] = size
+                    self.mem += size
 
     def static(self, kind: int, u: int, shard: bool) -> bool:
         """Model state a rank keeps across steps (not part of the running sum)."""
