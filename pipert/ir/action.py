@@ -231,6 +231,27 @@ def _plain(op: Op, unit: int | None, mb: tuple, payload: Payload | None, peer: i
 
 (_set_op, _set_unit, _set_mb, _set_payload, _set_peer, _set_group, _set_root, _set_tag, _set_sub, _set_waits,
  _set_h) = (Action.__dict__[f.name].__set__ for f in fields(Action))
+_new = object.__new__
+
+
+def message_action(op: Op, unit: int, mb: tuple[int, ...], payload: Payload, peer: int) -> Action:
+    """``Action(op, unit, mb, payload, peer)`` without the checks, for lowering, whose inputs
+    already form a valid SEND/RECV (op in P2P_OPS, a unit, a compute's micro-batch tuple, a
+    Payload, a peer): the same fields and hash, in half the time (schedules hold 1e5+ messages)."""
+    a = _new(Action)
+    _set_op(a, op)
+    _set_unit(a, unit)
+    _set_mb(a, mb)
+    _set_payload(a, payload)
+    _set_peer(a, peer)
+    _set_group(a, ())
+    _set_root(a, None)
+    _set_tag(a, 0)
+    _set_sub(a, None)
+    _set_waits(a, None)
+    _set_h(a, hash((op, unit, mb, payload, peer, (), None, 0, None, None)))
+    return a
+
 
 def _ints(text: str, token: str) -> tuple[int, ...]:
     try:

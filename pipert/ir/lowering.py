@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 
-from .action import Action, Op, Payload
+from .action import Action, Op, Payload, message_action
 from .schedule import Placement, Schedule
 from .semantics import TABLE, Value, reads, writes
 
@@ -98,13 +98,13 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
                 for payload, v, cu in incoming:
                     src = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
                     if src != r:
-                        prog.append(Action(Op.RECV, v, mbs, payload, src))
+                        prog.append(message_action(Op.RECV, v, mbs, payload, src))
             prog.append(a)
             if last_piece:
                 for payload, v, cu in outgoing:
                     dst = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
                     if dst != r:
-                        prog.append(Action(Op.SEND, v, mbs, payload, dst))
+                        prog.append(message_action(Op.SEND, v, mbs, payload, dst))
             if weights and last_bwd.get((r, u)) == i:
                 prog.append(Action(Op.SEND, unit=u, payload=Payload.WGRAD, peer=placement.weight_owner[u]))
     sched = Schedule(name, num_ranks, num_units, num_microbatches, placement, out, dict(meta or {}))

@@ -21,7 +21,8 @@ __all__ = ["CommState"]
 
 class CommState:
     """Node arrays, error and missing-input lists, link and group matching state. The walk that
-    extends it provides ``post(n)``, ``chain_compute(n)`` and ``error(...)``."""
+    extends it provides ``host`` (the posting rank's last compute-queue node), ``post(n)``,
+    ``chain_compute(n)`` and ``error(...)``."""
 
     def __init__(self, s: Any, cost: Any, links: Any) -> None:
         self.s, self.cost, self.links = s, cost, links
@@ -82,7 +83,10 @@ class CommState:
                 self.mismatch(a, r, i, first, k, is_send)
         else:
             n = self.new_transfer(a, r, i, ls, lk)
-        self.post(n)
+        p = self.host
+        if p >= 0:  # post(n) without its call: one per message
+            self.succ[p].append(n << 1)
+            self.indeg[n] += 1
         return n
 
     def new_transfer(self, a: Action, r: int, i: int, ls: list, lk: int) -> int:
@@ -95,11 +99,18 @@ class CommState:
             occ, lat = self.links.transfer(lk // self.P, lk % self.P, nbytes) if self.links is not None \
                 else (0.0, 0.0)
             ls[5], ls[6] = ck, (nbytes, occ, lat)
-        n = self.node(K_TRANSFER, occ, lat)
+        n = len(self.kind)  # node(K_TRANSFER, occ, lat) without its call: one per transfer
+        self.kind.append(K_TRANSFER)
+        self.dur.append(occ)
+        self.lat.append(lat)
+        self.succ.append([])
         ls[4] += nbytes
         tx = ls[2]
         if tx:  # link FIFO: this transfer starts after the previous one frees the link
-            self.edge(tx[-1], n, 0)
+            self.succ[tx[-1]].append(n << 1)
+            self.indeg.append(1)
+        else:
+            self.indeg.append(0)
         tx.append(n)
         ls[3].append((a, r, i))
         return n

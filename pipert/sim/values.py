@@ -91,7 +91,7 @@ class Builder(CommState):
             acts = s.actions[r]
             self.r = r
             self.have = self._initial(r)
-            self._plan_cache = {}
+            plans = self._plan_cache = {}
             self.live: dict[int, float] = {}
             self.wg: dict[tuple[int, int], list] = {}
             self.open_sub: dict[tuple, tuple] = {}
@@ -129,7 +129,9 @@ class Builder(CommState):
                 nodes_r[i] = n
                 if n >= 0:
                     if q == 1 or q == 2:  # a SEND/RECV: its plan is all of its effects
-                        reads, writes = plan(a, r, False)
+                        key = (op, a.payload, u, r == a.root, False)
+                        got = plans.get(key)
+                        reads, writes = got if got is not None else plan(a, r, False)
                         if reads:
                             self.apply_reads(a, r, i, n, reads, False)
                         if writes:
