@@ -165,14 +165,18 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
     move earlier and non-RECV actions keep their relative order, so every consumer still
     follows its RECV. A schedule whose links are already in order is returned unchanged.
     """
-    sent: dict[tuple[int, int], dict[tuple, int]] = {}
+    sent: dict[tuple[int, int], dict[tuple, int]] = {}   # (src, dst) -> message key -> its SEND place
+    SEND = Op.SEND
     for src, acts in enumerate(schedule.actions):
         for a in acts:
-            if a.op is Op.SEND:
+            if a.op is SEND:
                 link = sent.setdefault((src, a.peer), {})
                 link[a.key] = len(link)
     out: list[list[Action]] = []
     for dst, acts in enumerate(schedule.actions):
+        if _in_send_order(acts, dst, sent):
+            out.append(acts)
+            continue
         slot: dict[int, tuple[int, int]] = {}   # action index -> (new position, send index)
         recvs_from: dict[int, list[int]] = {}   # peer -> indices of its RECVs
         for i, a in enumerate(acts):
@@ -193,3 +197,17 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
     if out == schedule.actions:
         return schedule
     return schedule.with_actions(out)
+
+
+def _in_send_order(acts: list[Action], dst: int, sent: dict[tuple[int, int], dict[tuple, int]]) -> bool:
+    """Whether every link's RECVs on rank dst already follow strictly increasing SEND places
+    (then :func:`order_recvs_by_send` keeps the list; a RECV nothing sent breaks the order)."""
+    last: dict[int, int] = {}
+    RECV = Op.RECV
+    for a in acts:
+        if a.op is RECV:
+            k = sent.get((a.peer, dst), {}).get(a.key, -1)
+            if k <= last.get(a.peer, -1):
+                return False
+            last[a.peer] = k
+    return True

@@ -87,6 +87,7 @@ class Builder(CommState):
         q_of, ctime = self.q_of, self.cost.compute_time
         qname = {op: QUEUES[q] for op, q in q_of.items()}
         plan = self._plan
+        kind, dur, lat, succ, indeg = self.kind, self.dur, self.lat, self.succ, self.indeg
         for r in range(self.P):
             acts = s.actions[r]
             self.r = r
@@ -117,9 +118,19 @@ class Builder(CommState):
                         n = self.collective(a, r, i, chained=True)
                     else:
                         d = ctime(a, r) if _TIMED[op] else 0.0
-                        n = self.node(K_COMPUTE, d)
+                        n = len(kind)  # node(K_COMPUTE, d) and chain_compute(n) without their calls
+                        kind.append(K_COMPUTE)
+                        dur.append(d)
+                        lat.append(0.0)
+                        succ.append([])
+                        p = self.host
+                        if p >= 0:
+                            succ[p].append(n << 1)
+                            indeg.append(1)
+                        else:
+                            indeg.append(0)
+                        self.host = n
                         busy += d
-                        self.chain_compute(n)
                     if n >= 0:
                         cq.append(n)
                 elif q == 3:
@@ -129,11 +140,10 @@ class Builder(CommState):
                 nodes_r[i] = n
                 if n >= 0:
                     if q == 1 or q == 2:  # a SEND/RECV: its plan is all of its effects
-                        key = (op, a.payload, u, r == a.root, False)
-                        got = plans.get(key)
+                        got = plans.get((op, a.payload, u, r == a.root, False))
                         reads, writes = got if got is not None else plan(a, r, False)
                         if reads:
-                            self.apply_reads(a, r, i, n, reads, False)
+                            self.message_reads(a, r, i, n, reads)
                         if writes:
                             self.apply_writes(a, r, n, writes)
                     else:
@@ -202,7 +212,8 @@ class Builder(CommState):
             first, last = self.sub_block(r, i, a)
         u = a.unit
         keeps = op is Op.F and bool(self.recomputed) and any((u, m) in self.recomputed for m in a.mb)
-        reads, writes = self._plan(a, r, keeps)
+        got = self._plan_cache.get((op, a.payload, u, r == a.root, keeps))
+        reads, writes = got if got is not None else self._plan(a, r, keeps)
         if reads and (first or last):  # a split compute reads at its first piece, frees what it read at its last
             self.apply_reads(a, r, i, n, reads, compute, use=first, free=last)
         if op is Op.W and first and not last:  # its pieces fill the gradient from the first one on
@@ -278,6 +289,29 @@ class Builder(CommState):
                 if release and free and p != MISSING:
                     del have[k]
                     self.mem -= live.pop(k, 0.0)
+
+    def message_reads(self, a: Action, r: int, i: int, n: int, refs: tuple) -> None:
+        """``apply_reads`` of a SEND's transfer node n (never a compute, never split): each value
+        read gets an edge from its producer, which the transfer then carries (``tx_prod``)."""
+        have = self.have
+        for ref in refs:
+            wg, _, release, _, ku, per_mb, _ = ref
+            if wg:
+                self.apply_reads(a, r, i, n, (ref,), False)
+                continue
+            for m in (a.mb if per_mb else (0,)):
+                k = ku | m << SHIFT
+                p = have.get(k, MISSING)
+                if p >= 0:
+                    self.succ[p].append(n << 1 | 1)
+                    self.indeg[n] += 1
+                    self.tx_prod[n] = p
+                elif p == MISSING:
+                    self.use(r, i, k, n, False)
+                    continue
+                if release:
+                    del have[k]
+                    self.mem -= self.live.pop(k, 0.0)
 
     def apply_writes(self, a: Action, r: int, n: int, refs: tuple) -> None:
         have, live = self.have, self.live
