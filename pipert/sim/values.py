@@ -143,7 +143,7 @@ class Builder(CommState):
                         got = plans.get((op, a.payload, u, r == a.root, False))
                         reads, writes = got if got is not None else plan(a, r, False)
                         if reads:
-                            self.message_reads(a, r, i, n, reads)
+                            self.comm_reads(a, r, i, n, reads)
                         if writes:
                             self.apply_writes(a, r, n, writes)
                     else:
@@ -215,7 +215,10 @@ class Builder(CommState):
         got = self._plan_cache.get((op, a.payload, u, r == a.root, keeps))
         reads, writes = got if got is not None else self._plan(a, r, keeps)
         if reads and (first or last):  # a split compute reads at its first piece, frees what it read at its last
-            self.apply_reads(a, r, i, n, reads, compute, use=first, free=last)
+            if compute:
+                self.compute_reads(a, r, i, n, reads, use=first, free=last)
+            else:
+                self.comm_reads(a, r, i, n, reads)
         if op is Op.W and first and not last:  # its pieces fill the gradient from the first one on
             self.reserve_wgrad(u, n)
         if last:
@@ -263,49 +266,49 @@ class Builder(CommState):
             out.append((kind == _WGRAD, uu, release, shard, (uu << 32) << SHIFT | kind | bits, per_mb, size))
         return tuple(out)
 
-    def apply_reads(self, a: Action, r: int, i: int, n: int, refs: tuple, compute: bool, use: bool = True,
-                    free: bool = True) -> None:
-        have, live, kind = self.have, self.live, self.kind
-        mb = a.mb
+    def compute_reads(self, a: Action, r: int, i: int, n: int, refs: tuple, use: bool = True,
+                      free: bool = True) -> None:
+        """Reads of compute node n (``use``: its first piece takes the values, ``free``: its last
+        releases them). A value from another queue's node gets an edge and counts as communicated
+        input (``comm_in``); one from this rank's compute queue is ordered by the queue already."""
+        have, kind = self.have, self.kind
         for wg, uu, release, shard, ku, per_mb, _ in refs:
             if wg:
                 if use:
                     self.take_wgrad(a, r, i, n, uu, shard)
                 continue
-            for m in (mb if per_mb else (0,)):
+            for m in (a.mb if per_mb else (0,)):
                 k = ku | m << SHIFT
                 p = have.get(k, MISSING)
-                if use:
-                    if p >= 0:
-                        if not compute or kind[p]:  # an edge as in use(), without its call
-                            self.succ[p].append(n << 1 | 1)
-                            self.indeg[n] += 1
-                            if compute:
-                                self.comm_in.append((n, p))
-                            elif kind[n] == K_TRANSFER:
-                                self.tx_prod[n] = p
-                    elif p == MISSING:
-                        self.use(r, i, k, n, compute)
-                if release and free and p != MISSING:
+                if p == MISSING:
+                    if use:
+                        self.use(r, i, k, n, True)
+                    continue
+                if use and p >= 0 and kind[p]:  # an edge as in use(), without its call
+                    self.succ[p].append(n << 1 | 1)
+                    self.indeg[n] += 1
+                    self.comm_in.append((n, p))
+                if release and free:
                     del have[k]
-                    self.mem -= live.pop(k, 0.0)
+                    self.mem -= self.live.pop(k, 0.0)
 
-    def message_reads(self, a: Action, r: int, i: int, n: int, refs: tuple) -> None:
-        """``apply_reads`` of a SEND's transfer node n (never a compute, never split): each value
-        read gets an edge from its producer, which the transfer then carries (``tx_prod``)."""
+    def comm_reads(self, a: Action, r: int, i: int, n: int, refs: tuple) -> None:
+        """Reads of non-compute node n (a transfer, collective or memory op): each value read gets
+        an edge from its producer, which a transfer then carries (``tx_prod``)."""
         have = self.have
-        for ref in refs:
-            wg, _, release, _, ku, per_mb, _ = ref
+        transfer = self.kind[n] == K_TRANSFER
+        for wg, uu, release, shard, ku, per_mb, _ in refs:
             if wg:
-                self.apply_reads(a, r, i, n, (ref,), False)
+                self.take_wgrad(a, r, i, n, uu, shard)
                 continue
             for m in (a.mb if per_mb else (0,)):
                 k = ku | m << SHIFT
                 p = have.get(k, MISSING)
-                if p >= 0:
+                if p >= 0:  # an edge as in use(), without its call
                     self.succ[p].append(n << 1 | 1)
                     self.indeg[n] += 1
-                    self.tx_prod[n] = p
+                    if transfer:
+                        self.tx_prod[n] = p
                 elif p == MISSING:
                     self.use(r, i, k, n, False)
                     continue
