@@ -175,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for register in _extra_commands():
         register(sub)
+    sub.metavar = "{" + ",".join(sub.choices) + "}"  # a missing command is named by its choices
     return p
 
 
