@@ -105,7 +105,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         from .scenario import file_shape
         given = {"--stages": args.stages, "--microbatches": None if args.microbatches is None else
                  args.microbatches // max(args.dp, 1), "--chunks": args.chunks}
-        P, M, V = file_shape(load_schedule(args.schedule), given)
+        P, M, V = file_shape(load_schedule(args.schedule), given, args.schedule)
         values.update(stages=P, microbatches=M * max(args.dp, 1), chunks=V)
     for name in _FILE_SHAPED:
         if values[name] is None:

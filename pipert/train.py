@@ -179,7 +179,7 @@ class TrainConfig:
             from .scenario import file_shape
             sched = load_schedule(self.schedule)
             file_shape(sched, {"--stages": self.stages, "--microbatches": self.microbatches // self.dp,
-                               "--chunks": self.chunks})
+                               "--chunks": self.chunks}, self.schedule)
             if sched.meta.get("cut", "layers") != "layers":
                 return  # pieces of layers: run_train checks the count against the cut
             units = sched.num_units
