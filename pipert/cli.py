@@ -93,6 +93,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 _FILE_SHAPED = ("stages", "microbatches", "chunks")
+_SHORT_FLAGS = {"stages": "-P", "microbatches": "-M"}  # as in simulate, compare, export, emulate, plan
 """Train flags a schedule file sets (the parser leaves them None unless given)."""
 
 
@@ -169,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
             t.add_argument(flag, action="store_true", help=doc)
         else:
             kind = type(default) if default is not None else int
-            t.add_argument(flag, type=kind, default=None if f.name in _FILE_SHAPED else default,
+            names = (flag, _SHORT_FLAGS[f.name]) if f.name in _SHORT_FLAGS else (flag,)
+            t.add_argument(*names, type=kind, default=None if f.name in _FILE_SHAPED else default,
                            help=doc + (" or a schedule file's" if f.name in _FILE_SHAPED else ""))
     t.set_defaults(fn=cmd_train)
 
