@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import fields
 
@@ -58,6 +59,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .compare import compare, print_ranking
     from .scenario import load_or_build, scenario_from_args
     names = args.schedules.split(",") if args.schedules else None
+    if names:
+        from .schedules import family
+        for name in names:
+            family(name)  # an unknown name is a typo, not a schedule that does not apply: refused
     if args.file:
         sc, sched = load_or_build(args, args.file)
         rows = compare(sc, names=names, files=[sched])
@@ -226,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"pipert {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader closed early (e.g. `| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -40,3 +40,24 @@ def test_helixpipe_with_the_analytic_model_takes_layers_per_stage(capsys):
     assert asyn["makespan"] <= out["makespan"]
     assert main(["simulate", "helixpipe", "-P", "3", "-M", "3", "--model", "tiny"]) == 2
     assert "do not split over P=3 stages; allowed P: divisors of 4" in capsys.readouterr().err
+
+
+def test_compare_refuses_an_unknown_schedule_name(capsys):
+    assert main(["compare", "--schedules", "1f1b,nope", "--plot", ""]) == 2
+    err = capsys.readouterr().err
+    assert "unknown schedule 'nope'; available: gpipe, 1f1b" in err
+
+
+def test_a_reader_that_closes_early_gets_no_traceback():
+    """`pipert simulate ... --grid | head -1`: output beyond the pipe's buffer, reader gone after one line."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from pipert.cli import main; sys.exit(main())",
+                          "simulate", "1f1b", "-P", "8", "-M", "256", "--grid"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert p.stdout.readline().startswith(b"schedule      1f1b")
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
