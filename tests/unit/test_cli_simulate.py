@@ -49,12 +49,13 @@ def test_compare_refuses_an_unknown_schedule_name(capsys):
 
 
 def test_a_reader_that_closes_early_gets_no_traceback():
-    """`pipert simulate ... --grid | head -1`: output beyond the pipe's buffer, reader gone after one line."""
+    """`python -m pipert simulate ... --grid | head -1`: output beyond the pipe's buffer, reader gone
+    after one line."""
     import os
     import subprocess
     import sys
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    p = subprocess.Popen([sys.executable, "-c", "import sys; from pipert.cli import main; sys.exit(main())",
+    p = subprocess.Popen([sys.executable, "-m", "pipert",
                           "simulate", "1f1b", "-P", "8", "-M", "256", "--grid"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     assert p.stdout.readline().startswith(b"schedule      1f1b")
