@@ -62,3 +62,22 @@ def test_a_reader_that_closes_early_gets_no_traceback():
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_plan_json_ranks_the_schedules_the_table_ranks(capsys):
+    assert main(["plan", "-P", "2", "-M", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["schedule"]: r for r in out["ranking"]}
+    assert out["stages"] == 2 and out["microbatches"] == 4 and "1f1b" in rows and "crosspipe-greedy" in rows
+    assert rows["1f1b"]["makespan"] == simulate(build_schedule("1f1b", stages=2, microbatches=4),
+                                                UniformCost(1.0, 2.0)).makespan
+    spans = [r["makespan"] for r in out["ranking"]]
+    assert spans == sorted(spans)
+
+
+def test_plan_pp_vs_dp_json(capsys):
+    assert main(["plan", "--pp-vs-dp", "--latencies", "4", "--bandwidths", "64", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert row["latency_s"] == 0.004 and row["bandwidth_Bps"] == 64e9
+    assert row["pp_vs_dp_speedup"] == row["dp_step"] / row["pp_step"]
+    assert row["pp_vs_single_dc"] == row["pp_step"] / row["single_dc_step"]
