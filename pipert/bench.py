@@ -60,6 +60,24 @@ class OverlapResult:
         return d
 
 
+def _parse_device(device: str) -> "torch.device":
+    """``device`` as a torch device this machine has: cpu, or cuda[:i] with i below the GPU count."""
+    import torch
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    allowed = "cpu" + (f", cuda or cuda:0..cuda:{n - 1}" if n else "")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device!r} is not a device; allowed: {allowed}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: device type {dev.type!r} unsupported; allowed: {allowed}")
+    if dev.type == "cuda" and not n:
+        raise ValueError(f"--device {device}: no CUDA device here; allowed: cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= n:
+        raise ValueError(f"--device {device}: this machine has {n} CUDA device(s); allowed: {allowed}")
+    return dev
+
+
 def measure_overlap(gemm: int = 512, computes: int = 8, message_bytes: int = 4 << 20, messages: int = 8,
                     latency: float = 0.0, bandwidth: float = math.inf, device: str = "cpu", repeats: int = 5,
                     backend: str | None = None) -> OverlapResult:
@@ -73,9 +91,7 @@ def measure_overlap(gemm: int = 512, computes: int = 8, message_bytes: int = 4 <
             raise ValueError(f"--{name} must be >= 1, got {v}")
     if message_bytes < 1:
         raise ValueError(f"--message-bytes must be >= 1, got {message_bytes}")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: no CUDA device here; allowed: cpu")
+    dev = _parse_device(device)
     a = torch.randn(gemm, gemm, device=dev)
     b = torch.randn(gemm, gemm, device=dev)
     src = torch.zeros(message_bytes, dtype=torch.uint8, device=dev)
@@ -134,7 +150,7 @@ def cmd_overlap(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="microbenchmarks of the runtime on this machine")
-    bs = b.add_subparsers(dest="bench", required=True)
+    bs = b.add_subparsers(dest="bench", required=True, metavar="{overlap}")
     o = bs.add_parser("overlap", help="compute on the compute queue against messages on the send/recv queues")
     o.add_argument("--gemm", type=int, default=512, help="n of each n x n GEMM (default: 512)")
     o.add_argument("--computes", type=int, default=8, help="GEMMs on the compute queue (default: 8)")

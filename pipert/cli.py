@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import fields
 
@@ -58,6 +59,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .compare import compare, print_ranking
     from .scenario import load_or_build, scenario_from_args
     names = args.schedules.split(",") if args.schedules else None
+    if names:
+        from .schedules import family
+        for name in names:
+            family(name)  # an unknown name is a typo, not a schedule that does not apply: refused
     if args.file:
         sc, sched = load_or_build(args, args.file)
         rows = compare(sc, names=names, files=[sched])
@@ -93,6 +98,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 _FILE_SHAPED = ("stages", "microbatches", "chunks")
+_SHORT_FLAGS = {"stages": "-P", "microbatches": "-M"}  # as in simulate, compare, export, emulate, plan
 """Train flags a schedule file sets (the parser leaves them None unless given)."""
 
 
@@ -105,7 +111,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         from .scenario import file_shape
         given = {"--stages": args.stages, "--microbatches": None if args.microbatches is None else
                  args.microbatches // max(args.dp, 1), "--chunks": args.chunks}
-        P, M, V = file_shape(load_schedule(args.schedule), given)
+        P, M, V = file_shape(load_schedule(args.schedule), given, args.schedule)
         values.update(stages=P, microbatches=M * max(args.dp, 1), chunks=V)
     for name in _FILE_SHAPED:
         if values[name] is None:
@@ -169,12 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
             t.add_argument(flag, action="store_true", help=doc)
         else:
             kind = type(default) if default is not None else int
-            t.add_argument(flag, type=kind, default=None if f.name in _FILE_SHAPED else default,
+            names = (flag, _SHORT_FLAGS[f.name]) if f.name in _SHORT_FLAGS else (flag,)
+            t.add_argument(*names, type=kind, default=None if f.name in _FILE_SHAPED else default,
                            help=doc + (" or a schedule file's" if f.name in _FILE_SHAPED else ""))
     t.set_defaults(fn=cmd_train)
 
     for register in _extra_commands():
         register(sub)
+    sub.metavar = "{" + ",".join(sub.choices) + "}"  # a missing command is named by its choices
     return p
 
 
@@ -223,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"pipert {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader closed early (e.g. `| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

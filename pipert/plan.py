@@ -4,6 +4,8 @@ pipeline parallelism with cross-DC data parallelism (CrossPipe §5.2), and plan 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 
 __all__ = ["register", "cmd_plan"]
 
@@ -20,6 +22,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for lat in args.latencies:
             for bw in args.bandwidths:
                 rows.append((lat / 1e3, bw * 1e9, compare_pp_dp(llama3_405b(lat / 1e3, bw * 1e9))))
+        if args.json:
+            print(json.dumps({"model": "llama3-405b", "rows": [
+                {"latency_s": lat, "bandwidth_Bps": bw, "pp_step": r.pp_time, "pp_schedule": r.pp_schedule,
+                 "dp_step": r.dp_time, "single_dc_step": r.single_dc_time, "pp_vs_dp_speedup": r.speedup,
+                 "pp_vs_single_dc": r.slowdown} for lat, bw, r in rows]}))
+            return 0
         print("Llama-3-405B over 2 datacenters (TP 8, PP 16, DP 64, s = 8192): cross-DC pipeline vs data parallel")
         print(format_pp_dp(rows))
         return 0
@@ -32,9 +40,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
                             cost_for=lambda v: sc.cost_for_units(sc.stages * v))
     links = "free links" if sc.links is None else \
         f"{sc.topology.num_dcs} DCs, latency {args.dc_latency:g}, transfer {args.dc_transfer:g}"
+    if args.json:
+        print(json.dumps({"stages": sc.stages, "microbatches": sc.microbatches, "memory_limit": sc.memory_limit,
+                          "ranking": [{"schedule": c.name, "makespan": _finite(c.makespan),
+                                       "peak_memory": _finite(c.peak_memory), "fits": c.fits,
+                                       "build_s": c.build_s, "note": c.note} for c in ranked]}))
+        return 0
     print(f"P={sc.stages} M={sc.microbatches} ({links}); times per stage")
     print(format_ranking(ranked, sc.memory_limit))
     return 0
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no infinity: a candidate that could not be built has None."""
+    return x if math.isfinite(x) else None
 
 
 def register(sub: argparse._SubParsersAction) -> None:

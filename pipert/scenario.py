@@ -119,16 +119,18 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-limit", type=float, default=None, help="per-rank memory limit (cost-model units)")
 
 
-def file_shape(schedule: Schedule, given: dict[str, int | None]) -> tuple[int, int, int | None]:
+def file_shape(schedule: Schedule, given: dict[str, int | None], path: str | None = None
+               ) -> tuple[int, int, int | None]:
     """(stages, micro-batches, chunks) of a schedule file; a flag in ``given`` (flag -> value,
-    None: not given) that contradicts the file raises ValueError naming both values.
+    None: not given) that contradicts the file raises ValueError naming both values and the
+    file (``path``, else the schedule's name).
     Chunks are units per rank when every rank holds the same number, else None."""
     U, P = schedule.num_units, schedule.num_ranks
     chunks = U // P if schedule.placement.kind == "unit" and U % P == 0 else None
     shape = {"--stages": P, "--microbatches": schedule.num_microbatches, "--chunks": chunks}
     for flag, value in given.items():
         if value is not None and value != shape[flag]:
-            raise ValueError(f"{flag} {value} contradicts schedule file {schedule.name!r}, which has "
+            raise ValueError(f"{flag} {value} contradicts schedule file {path or schedule.name!r}, which has "
                              f"{flag[2:]} = {shape[flag]}; leave {flag} out (a file keeps its shape)")
     return P, schedule.num_microbatches, chunks
 
@@ -182,12 +184,13 @@ def _check_topology_flags(args: argparse.Namespace, stages: int) -> None:
                          f"datacenter; allowed: a divisor of {stages // args.dcs}")
 
 
-def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = None) -> Scenario:
-    """The scenario of the flags; with ``schedule`` (a loaded file) its rank count, micro-batches
-    and chunks, flags that contradict them rejected (:func:`file_shape`)."""
+def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = None,
+                       path: str | None = None) -> Scenario:
+    """The scenario of the flags; with ``schedule`` (a loaded file, read from ``path``) its rank
+    count, micro-batches and chunks, flags that contradict them rejected (:func:`file_shape`)."""
     check_scenario_flags(args)
     if schedule is not None:
-        stages, microbatches, chunks = file_shape(schedule, shape_flags(args))
+        stages, microbatches, chunks = file_shape(schedule, shape_flags(args), path)
     else:
         stages = args.stages if args.stages is not None else DEFAULT_STAGES
         microbatches = args.microbatches if args.microbatches is not None else DEFAULT_MICROBATCHES
@@ -237,7 +240,7 @@ def load_or_build(args: argparse.Namespace, name: str) -> tuple[Scenario, Schedu
     from .ir.files import is_schedule_file, load_schedule
     if is_schedule_file(name):
         sched = load_schedule(name)
-        return scenario_from_args(args, sched), sched
+        return scenario_from_args(args, sched, name), sched
     sc = scenario_from_args(args)
     from .schedules import PipelineConfig, family
     fam = family(name)

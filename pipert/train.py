@@ -179,7 +179,7 @@ class TrainConfig:
             from .scenario import file_shape
             sched = load_schedule(self.schedule)
             file_shape(sched, {"--stages": self.stages, "--microbatches": self.microbatches // self.dp,
-                               "--chunks": self.chunks})
+                               "--chunks": self.chunks}, self.schedule)
             if sched.meta.get("cut", "layers") != "layers":
                 return  # pieces of layers: run_train checks the count against the cut
             units = sched.num_units
@@ -233,10 +233,13 @@ def build_program(cfg: TrainConfig):
     from .schedules.data_parallel import replicate
     from .ir.files import is_schedule_file, load_schedule
     from .scenario import LAYER_PER_CHUNK
-    opts = {"ranks_per_node": cfg.ranks_per_node} if cfg.ranks_per_node else {}
     if is_schedule_file(cfg.schedule):
         s = load_schedule(cfg.schedule)
     else:
+        from .schedules import family
+        accepted = family(cfg.schedule).options()  # None: any option
+        takes_nodes = cfg.ranks_per_node and (accepted is None or "ranks_per_node" in accepted)
+        opts = {"ranks_per_node": cfg.ranks_per_node} if takes_nodes else {}  # else it shapes the links only
         opts.update(cfg.option_dict())
         chunks = _layers_per_stage(cfg) if cfg.schedule in LAYER_PER_CHUNK else cfg.chunks
         s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp,

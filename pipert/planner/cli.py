@@ -49,7 +49,7 @@ def build_problem(args: argparse.Namespace) -> tuple[Components, int, list, floa
     if args.paper:
         from .paper import TABLE_IV, components, megatron_activation
         if args.paper not in TABLE_IV:
-            raise ValueError(f"--paper {args.paper!r}; allowed: {', '.join(TABLE_IV)}")
+            raise ValueError(f"--paper {args.paper!r} unknown; allowed: {', '.join(TABLE_IV)}")
         cfg = TABLE_IV[args.paper]
         c = components(cfg, "pipemesh")
         cluster = Cluster(DeviceSpec.preset(cfg.cluster), 8, 400.0 if cfg.cluster == "a100" else 100.0)
@@ -64,7 +64,7 @@ def build_problem(args: argparse.Namespace) -> tuple[Components, int, list, floa
                                       f"T,P,D={cfg.tp},{cfg.stages},{cfg.dp}); times in ms")
     name = args.model or "gpt3-58b"
     if name not in PAPER_MODELS:
-        raise ValueError(f"--model {name!r} with --pipemesh; allowed: {', '.join(PAPER_MODELS)}")
+        raise ValueError(f"--model {name!r} unknown with --pipemesh; allowed: {', '.join(PAPER_MODELS)}")
     m = PAPER_MODELS[name]
     dev = DeviceSpec.preset(args.device)
     if args.inter_node_gbps <= 0:

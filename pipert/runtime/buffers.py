@@ -74,12 +74,21 @@ def unpack(flat: torch.Tensor, spec: BoundarySpec) -> tuple[torch.Tensor, ...]:
 
 
 def flatten_params(module: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+    """Every parameter in one vector (empty for a unit without parameters)."""
+    return _cat(module, [p.detach().reshape(-1) for p in module.parameters()])
 
 
 def flatten_grads(module: nn.Module) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
-                      for p in module.parameters()])
+    """Every gradient in one vector, zeros where none (empty for a unit without parameters)."""
+    return _cat(module, [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
+                         for p in module.parameters()])
+
+
+def _cat(module: nn.Module, parts: list[torch.Tensor]) -> torch.Tensor:
+    if parts:
+        return torch.cat(parts)
+    buffer = next(module.buffers(), None)  # the unit's device, where it has one
+    return torch.zeros(0, device=None if buffer is None else buffer.device)
 
 
 def load_params(module: nn.Module, flat: torch.Tensor) -> None:

@@ -39,8 +39,18 @@ def test_overlap_share_is_one_without_room_to_save():
 @pytest.mark.parametrize("flags,needle", [(["--gemm", "0"], "--gemm must be >= 1"),
                                           (["--message-bytes", "0"], "--message-bytes must be >= 1"),
                                           (["--latency", "3 days"], "unknown time unit"),
+                                          (["--device", "tpu"], "--device 'tpu' is not a device; allowed: cpu"),
+                                          (["--device", "meta"], "device type 'meta' unsupported; allowed: cpu"),
                                           pytest.param(["--device", "cuda"], "no CUDA device", marks=pytest.mark.skipif(
                                               torch.cuda.is_available(), reason="a GPU is here"))])
 def test_bad_overlap_settings_are_named(flags, needle, capsys):
     assert main(["bench", "overlap", *flags]) == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,needle", [([], "required: {simulate,compare,export,train,emulate,plan,bench}"),
+                                         (["bench"], "required: {overlap}")])
+def test_missing_command_names_the_choices(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and needle in capsys.readouterr().err

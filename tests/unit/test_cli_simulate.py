@@ -40,3 +40,44 @@ def test_helixpipe_with_the_analytic_model_takes_layers_per_stage(capsys):
     assert asyn["makespan"] <= out["makespan"]
     assert main(["simulate", "helixpipe", "-P", "3", "-M", "3", "--model", "tiny"]) == 2
     assert "do not split over P=3 stages; allowed P: divisors of 4" in capsys.readouterr().err
+
+
+def test_compare_refuses_an_unknown_schedule_name(capsys):
+    assert main(["compare", "--schedules", "1f1b,nope", "--plot", ""]) == 2
+    err = capsys.readouterr().err
+    assert "unknown schedule 'nope'; available: gpipe, 1f1b" in err
+
+
+def test_a_reader_that_closes_early_gets_no_traceback():
+    """`python -m pipert simulate ... --grid | head -1`: output beyond the pipe's buffer, reader gone
+    after one line."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.Popen([sys.executable, "-m", "pipert",
+                          "simulate", "1f1b", "-P", "8", "-M", "256", "--grid"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert p.stdout.readline().startswith(b"schedule      1f1b")
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_plan_json_ranks_the_schedules_the_table_ranks(capsys):
+    assert main(["plan", "-P", "2", "-M", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["schedule"]: r for r in out["ranking"]}
+    assert out["stages"] == 2 and out["microbatches"] == 4 and "1f1b" in rows and "crosspipe-greedy" in rows
+    assert rows["1f1b"]["makespan"] == simulate(build_schedule("1f1b", stages=2, microbatches=4),
+                                                UniformCost(1.0, 2.0)).makespan
+    spans = [r["makespan"] for r in out["ranking"]]
+    assert spans == sorted(spans)
+
+
+def test_plan_pp_vs_dp_json(capsys):
+    assert main(["plan", "--pp-vs-dp", "--latencies", "4", "--bandwidths", "64", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert row["latency_s"] == 0.004 and row["bandwidth_Bps"] == 64e9
+    assert row["pp_vs_dp_speedup"] == row["dp_step"] / row["pp_step"]
+    assert row["pp_vs_single_dc"] == row["pp_step"] / row["single_dc_step"]

@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = [
     (["train", "--stages", "100000"], "--stages 100000 x 1 chunks of 1f1b = 100000 units, but model 'tiny' has 4 "
                                       "layers"),
+    (["train", "-P", "6"], "--stages 6 x 1 chunks of 1f1b = 6 units, but model 'tiny' has 4 layers"),
+    (["train", "-M", "3"], "--batch-size 16 is not divisible into 3 micro-batches; use a multiple of 3"),
     (["train", "--schedule", "interleaved-1f1b", "--stages", "4"], "--stages 4 x 2 chunks of interleaved-1f1b = 8 "
                                                                    "units"),
     (["train", "--seq", "100000"], "--seq 100000 exceeds the 128 positions of model 'tiny'; allowed: 1..128"),

@@ -57,3 +57,17 @@ def test_inconsistent_flags_are_rejected(kw, needle):
 def test_a_dc_count_that_does_not_divide_the_ranks_is_rejected():
     with pytest.raises(ValueError, match="--dcs 3 does not divide the 4 ranks"):
         LinkOptions.parse(dcs=3, dc_latency="1ms").links(4)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "tawpipe"])
+def test_train_ranks_per_node_shapes_the_links_of_any_schedule(schedule):
+    """--ranks-per-node is a link flag for every schedule and a generator option only for those
+    that take it (tawpipe groups ranks by node)."""
+    from pipert.schedules import build_schedule, family
+    from pipert.train import TrainConfig, build_program
+    cfg = TrainConfig(schedule=schedule, stages=4, microbatches=8, ranks_per_node=2, node_latency="10us")
+    cfg.validate()
+    takes = "ranks_per_node" in (family(schedule).options() or ())
+    expected = build_schedule(schedule, stages=4, microbatches=8, **({"ranks_per_node": 2} if takes else {}))
+    assert build_program(cfg).actions == expected.actions
+    assert cfg.link_options().ranks_per_node == 2

@@ -231,3 +231,13 @@ def test_every_sequence_builds_a_valid_mesh_program_or_is_rejected_before_runnin
             peak = max(peak, live)
         assert peak == peak_live_passes(P, V, B, e[0], stage)
     validate(replicate(s, 2, zeros[:s.num_units] + [1] * (s.num_units - len(zeros))))
+
+
+@pytest.mark.parametrize("zero", [(3, 2, 1) * 4, 0])
+def test_units_without_parameters_take_part_in_zero_and_data_parallelism(zero):
+    """The fine cut's attention units hold no parameters; their (empty) shards and gradients
+    pass through the collectives and the result equals the reference."""
+    from pipert.testing import Case, assert_exact, run_case
+    case = Case("pipemesh", 2, 8, chunks=2, dp=2, zero=zero, fine=True,
+                options=(("units_per_chunk", 3), ("enqueue", (4,)), ("dequeue", (2, 2))))
+    assert_exact([run_case(case).as_dict()])

@@ -191,6 +191,6 @@ def test_cli_plan_pipemesh_json_and_errors(capsys):
     err = capsys.readouterr().err
     assert "memory budget 5.000 GiB is below the minimum" in err
     assert main(["plan", "--pipemesh", "--paper", "gpt9"]) == 2
-    assert "allowed: gpt3-a100, gpt3-v100, llama2-v100, falcon-v100" in capsys.readouterr().err
+    assert "--paper 'gpt9' unknown; allowed: gpt3-a100, gpt3-v100, llama2-v100, falcon-v100" in capsys.readouterr().err
     assert main(["plan", "--pipemesh", "--model", "7b"]) == 2
-    assert "allowed: gpt3-58b, llama2-55b, falcon-66b" in capsys.readouterr().err
+    assert "--model '7b' unknown with --pipemesh; allowed: gpt3-58b, llama2-55b, falcon-66b" in capsys.readouterr().err
