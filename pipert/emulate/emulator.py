@@ -17,12 +17,13 @@ beside the simulator's prediction.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir import Action, Schedule
 from ..runtime.links import LinkEmulator, LinkSpec
-from ..runtime.streams import StreamSet, clock
+from ..runtime.streams import StreamSet, clock, ideal_done, sleep_until
 from ..sim.engine import analyze
 from ..sim.keys import K_COLLECTIVE, K_COMPUTE, K_TRANSFER
 
@@ -68,6 +69,16 @@ def scaled_link_emulator(links: Any, num_ranks: int, time_unit: float, backend: 
             sp = links.spec(s, d)
             em.set_link(s, d, LinkSpec(sp.latency * time_unit, sp.bandwidth / time_unit, sp.per_message * time_unit))
     return em
+
+
+def _arrive(sent: Any, latency: float) -> None:
+    """On a link's arrival stream: the message arrives one latency after its own occupancy
+    ended (ideally). Arrivals on one link keep their FIFO order, and messages in flight
+    together each pay only their own latency (a plain delay would queue them behind the
+    previous arrival)."""
+    t = sent.ideal_time + latency
+    sleep_until(t)
+    ideal_done(t)
 
 
 class _Issuer:
@@ -128,7 +139,7 @@ class _Issuer:
             if kind == K_TRANSFER and g.lat[n] > 0:
                 arrive = self.stream(("arrive",) + self.link_of[n])
                 arrive.wait(self.end0[n])
-                arrive.enqueue_delay(g.lat[n] * unit)
+                arrive.enqueue(functools.partial(_arrive, self.end0[n], g.lat[n] * unit))
                 self.end1[n] = arrive.record()
             else:
                 self.end1[n] = self.end0[n]
