@@ -1,6 +1,8 @@
 """The GPT-style model, the HelixPipe cut (2L+1 units) and recomputation by mode."""
 import pytest
 import torch
+
+from unit_testutil import run_chain, token_batch
 from torch import nn
 
 from pipert.models import (GPTConfig, GPTModel, HelixAttentionUnit, HelixUnit, LlamaModel, build_units,
@@ -15,16 +17,7 @@ def _cfg(name, **kw):
     return model_config(name, dtype="float64", max_seq=16, **kw)
 
 
-def _batch(b=2, s=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (b, s), generator=g), torch.randint(0, 256, (b, s), generator=g)
-
-
-def _chain(units, tokens, targets):
-    x = tokens
-    for u in units[:-1]:
-        x = u(x)
-    return units[-1](x, targets)
+_batch, _chain = token_batch, run_chain
 
 
 def _loss_and_grads(model, units, tok, tgt):

@@ -3,6 +3,8 @@ import math
 
 import pytest
 import torch
+
+from unit_testutil import run_chain, token_batch
 from torch import nn
 
 from pipert.data import ByteCorpus
@@ -13,16 +15,7 @@ from pipert.models.llama import Rotary, attention_core
 CFG = LlamaConfig.preset("tiny", dtype="float64", max_seq=16)
 
 
-def _batch(b=2, s=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (b, s), generator=g), torch.randint(0, 256, (b, s), generator=g)
-
-
-def _chain(units, tokens, targets):
-    x = tokens
-    for u in units[:-1]:
-        x = u(x)
-    return units[-1](x, targets)
+_batch, _chain = token_batch, run_chain
 
 
 # ---------------------------------------------------------------- config

@@ -31,3 +31,18 @@ def gpipe(P: int, M: int) -> Schedule:
     comp = [[Action(Op.F, unit=i, mb=(m,)) for m in range(M)] + [Action(Op.B, unit=i, mb=(m,)) for m in range(M)]
             for i in range(P)]
     return lower("gpipe", P, P, M, Placement.by_unit(list(range(P))), comp)
+
+
+def token_batch(b=2, s=8, seed=0):
+    """Random byte tokens and targets [b, s], seeded."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (b, s), generator=g), torch.randint(0, 256, (b, s), generator=g)
+
+
+def run_chain(units, tokens, targets):
+    """The loss of ``units`` applied in order (the last one takes the targets)."""
+    x = tokens
+    for u in units[:-1]:
+        x = u(x)
+    return units[-1](x, targets)
