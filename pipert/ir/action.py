@@ -2,11 +2,12 @@
 
 Text grammar (tokens separated by spaces, in this order, optional ones omitted)::
 
-    OP [PAYLOAD] [uU] [mM[,M...]] [sI/N] [->PEER | <-PEER] [@R,R,...] [^ROOT] [#TAG]
+    OP [PAYLOAD] [uU] [zK] [mM[,M...]] [sI/N] [->PEER | <-PEER] [@R,R,...] [^ROOT] [#TAG]
     WAIT <text of the SEND or RECV it completes>
 
 Examples: ``F u3 m2``, ``B u0 m0,1``, ``SEND act u3 m2 ->1``, ``RECV grad u3 m2 <-2``,
-``BROADCAST weight u5 @3,4,5 ^4``, ``OPT u2``, ``WAIT RECV act u3 m2 <-0``.
+``BROADCAST weight u5 @3,4,5 ^4``, ``OPT u2``, ``WAIT RECV act u3 m2 <-0``,
+``ALLGATHER weight u2 z3 @0,2`` (the ZeRO-3 class of unit 2's parameters).
 ``parse(str(a)) == a`` holds for every valid action.
 """
 from __future__ import annotations
@@ -74,7 +75,9 @@ class Action:
 
     Invariants (checked in ``__init__``): compute ops other than OPT name a unit and
     at least one micro-batch; SEND/RECV name a payload and a peer; collectives name a
-    payload and a group; WAIT names the op it completes in ``waits``.
+    payload and a group; WAIT names the op it completes in ``waits``; ``zclass`` (0..3) names
+    the parameters of the unit with that ZeRO stage and is only for weight or weight-gradient
+    payloads of messages, collectives and memory ops (docs/semantics.md, "ZeRO classes").
     """
 
     op: Op
@@ -87,11 +90,12 @@ class Action:
     tag: int = 0
     sub: tuple[int, int] | None = None
     waits: Op | None = None
+    zclass: int | None = None
     _h: int = field(default=0, init=False, repr=False, compare=False)
 
     def __init__(self, op: Op, unit: int | None = None, mb: tuple[int, ...] = (), payload: Payload | None = None,
                  peer: int | None = None, group: tuple[int, ...] = (), root: int | None = None, tag: int = 0,
-                 sub: tuple[int, int] | None = None, waits: Op | None = None) -> None:
+                 sub: tuple[int, int] | None = None, waits: Op | None = None, zclass: int | None = None) -> None:
         # the dataclass __init__ of a frozen class sets each field through object.__setattr__;
         # the slots' own setters do the same a few times faster (schedules hold 1e5+ actions)
         if type(mb) is int:
@@ -106,17 +110,18 @@ class Action:
         _set_tag(self, tag)
         _set_sub(self, sub)
         _set_waits(self, waits)
-        if type(op) is Op and type(mb) is tuple and type(group) is tuple \
+        _set_zclass(self, zclass)
+        if zclass is None and type(op) is Op and type(mb) is tuple and type(group) is tuple \
                 and (payload is None or type(payload) is Payload) \
                 and _plain(op, unit, mb, payload, peer, group, root, sub, waits):
-            _set_h(self, hash((op, unit, mb, payload, peer, group, root, tag, sub, waits)))
+            _set_h(self, hash((op, unit, mb, payload, peer, group, root, tag, sub, waits, None)))
             return
         self._normalise()
-        if not _plain(self.op, self.unit, self.mb, self.payload, self.peer, self.group, self.root, self.sub,
-                      self.waits):
+        if self.zclass is not None or not _plain(self.op, self.unit, self.mb, self.payload, self.peer, self.group,
+                                                 self.root, self.sub, self.waits):
             self._check()
         _set_h(self, hash((self.op, self.unit, self.mb, self.payload, self.peer, self.group, self.root, self.tag,
-                           self.sub, self.waits)))
+                           self.sub, self.waits, self.zclass)))
 
     def _normalise(self) -> None:
         if not isinstance(self.op, Op):
@@ -141,7 +146,7 @@ class Action:
         # rebuilt through __init__: the cached hash depends on the process's string-hash seed,
         # so an unpickled copy (e.g. a program sent to spawned ranks) must compute its own
         return (Action, (self.op, self.unit, self.mb, self.payload, self.peer, self.group, self.root, self.tag,
-                         self.sub, self.waits))
+                         self.sub, self.waits, self.zclass))
 
     def _check(self) -> None:
         op = self.op
@@ -176,6 +181,13 @@ class Action:
             raise ScheduleFormatError(f"{where}: sub-block must be (index, count) with 0 <= index < count")
         if any(m < 0 for m in self.mb) or (self.unit is not None and self.unit < 0):
             raise ScheduleFormatError(f"{where}: unit and micro-batch indices must be >= 0")
+        if self.zclass is not None:
+            if self.zclass not in (0, 1, 2, 3):
+                raise ScheduleFormatError(f"{where}: ZeRO class z{self.zclass} unknown; allowed: z0, z1, z2, z3")
+            if self.payload not in (Payload.WEIGHT, Payload.WGRAD) or op in COMPUTE_OPS:
+                raise ScheduleFormatError(f"{where}: a ZeRO class (z{self.zclass}) names part of a unit's weights or "
+                                          f"weight gradient: only messages, collectives and memory ops of payload "
+                                          f"weight or wgrad take one")
 
     # --- derived views -------------------------------------------------------------
     @property
@@ -199,6 +211,8 @@ class Action:
             parts.append(self.payload.value)
         if self.unit is not None:
             parts.append(f"u{self.unit}")
+        if self.zclass is not None:
+            parts.append(f"z{self.zclass}")
         if self.mb:
             parts.append("m" + ",".join(map(str, self.mb)))
         if self.sub is not None:
@@ -230,7 +244,7 @@ def _plain(op: Op, unit: int | None, mb: tuple, payload: Payload | None, peer: i
 
 
 (_set_op, _set_unit, _set_mb, _set_payload, _set_peer, _set_group, _set_root, _set_tag, _set_sub, _set_waits,
- _set_h) = (Action.__dict__[f.name].__set__ for f in fields(Action))
+ _set_zclass, _set_h) = (Action.__dict__[f.name].__set__ for f in fields(Action))
 _new = object.__new__
 
 
@@ -249,7 +263,8 @@ def message_action(op: Op, unit: int, mb: tuple[int, ...], payload: Payload, pee
     _set_tag(a, 0)
     _set_sub(a, None)
     _set_waits(a, None)
-    _set_h(a, hash((op, unit, mb, payload, peer, (), None, 0, None, None)))
+    _set_zclass(a, None)
+    _set_h(a, hash((op, unit, mb, payload, peer, (), None, 0, None, None, None)))
     return a
 
 
@@ -283,6 +298,8 @@ def parse_action(text: str) -> Action:
                 kw["payload"] = Payload(tok)
             elif tok[0] == "u":
                 kw["unit"] = int(tok[1:])
+            elif tok[0] == "z":
+                kw["zclass"] = int(tok[1:])
             elif tok[0] == "m":
                 kw["mb"] = _ints(tok[1:], tok)
             elif tok[0] == "s" and "/" in tok:

@@ -33,6 +33,12 @@ Rules that hold for every op (the consumers apply them; nothing else decides):
 - *Payload.* SEND, RECV, collectives and memory ops act on the value their payload names
   (:data:`PAYLOAD_VALUE`): the value of the action's unit and micro-batches.
 - *OPT without a unit* steps every unit whose weights the rank holds.
+- *ZeRO classes.* A unit whose parameters have several ZeRO stages (``Placement.mixed``) has one
+  ``WEIGHT`` and one ``WGRAD`` value per stage present, its *classes*, each with its share of the
+  unit's bytes (``Placement.class_share``) and the rules of its stage. An action whose payload is
+  the weights or gradient of such a unit names one class (``zclass``, text ``z3``) and acts on that
+  class alone; a compute or OPT of the unit reads and writes every class. Keys of class values:
+  :func:`class_mb`.
 - *Counted memory.* Every value is counted while present, except the weights a rank holds from
   the start (its own units: static memory, not part of the running sum). OFFLOAD moves a value
   off the device (it stops counting, and reading it is an error until PREFETCH brings it back).
@@ -50,7 +56,7 @@ from .action import Action, Op, Payload
 
 __all__ = ["Value", "Queue", "Role", "Ref", "OpSpec", "TABLE", "PAYLOAD_VALUE", "MEMORY_KIND", "PER_UNIT",
            "spec", "op_queue", "queue_of", "expand_refs", "reads", "writes", "recomputed", "held_weights", "ValueKey",
-           "describe", "releases_on_send"]
+           "describe", "releases_on_send", "class_mb", "class_of"]
 
 
 class Value(IntEnum):
@@ -199,13 +205,25 @@ def releases_on_send(payload: Payload) -> bool:
 
 
 ValueKey = tuple[Value, int, int]
-"""(kind, unit, micro-batch); micro-batch -1 for per-unit kinds."""
+"""(kind, unit, micro-batch); for per-unit kinds the micro-batch slot is :func:`class_mb`."""
+
+
+def class_mb(zclass: int | None) -> int:
+    """Micro-batch slot of a per-unit value's key: -1 for the whole unit, -2-k for ZeRO class k."""
+    return -1 if zclass is None else -2 - zclass
+
+
+def class_of(slot: int) -> int | None:
+    """Inverse of :func:`class_mb`."""
+    return None if slot == -1 else -2 - slot
 
 
 def describe(key: ValueKey) -> str:
     kind, u, m = key
     name = MEMORY_KIND[kind]
-    return f"{name} u{u}" if kind in PER_UNIT else f"{name} u{u} m{m}"
+    if kind in PER_UNIT:
+        return f"{name} u{u}" + ("" if m == -1 else f" z{class_of(m)}")
+    return f"{name} u{u} m{m}"
 
 
 def expand_refs(a: Action, refs: tuple[Ref, ...], num_units: int, rank: int | None = None
@@ -224,7 +242,7 @@ def expand_refs(a: Action, refs: tuple[Ref, ...], num_units: int, rank: int | No
             ref = Ref(kind, ref.du, ref.edge, False, ref.role, ref.shard, ref.host)
         uu = u + ref.du
         if kind in PER_UNIT:
-            yield (kind, uu, -1), ref
+            yield (kind, uu, class_mb(a.zclass if ref.value is None else None)), ref
         else:
             for m in a.mb:
                 yield (kind, uu, m), ref

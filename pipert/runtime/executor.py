@@ -340,7 +340,7 @@ class RankExecutor:
     def _payload_out(self, i: int, a: Action, release: bool) -> torch.Tensor:
         """The flat tensor a SEND or collective carries (values leave the table if ``release``)."""
         if a.payload is Payload.WEIGHT or a.payload is Payload.WGRAD:
-            return self.state.flat(a.unit, a.payload)
+            return self.state.flat(a.unit, a.payload, a.zclass)
         kind = _PAYLOAD_KIND[a.payload]
         parts = []
         for m in a.mb:
@@ -356,7 +356,7 @@ class RankExecutor:
 
     def _send(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
         if a.payload is Payload.WGRAD:
-            t = self.state.take_wgrad(a.unit)
+            t = self.state.take_wgrad(a.unit, a.zclass)
         else:
             t = self._payload_out(i, a, release=True)
         handle = self._post(lambda: self.transport.isend(t, a.peer), i, a)
@@ -366,10 +366,11 @@ class RankExecutor:
 
     def _recv(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
         if a.payload is Payload.WEIGHT or a.payload is Payload.WGRAD:
-            st, u = self.state, a.unit
-            buf = st.new_flat(u)
+            st, u, zc = self.state, a.unit, a.zclass
+            buf = st.new_flat(u, zc)
             handle = self._post(lambda: self.transport.irecv(buf, a.peer), i, a)
-            done = (lambda: st.bind(u, buf)) if a.payload is Payload.WEIGHT else (lambda: st.add_grads(u, buf))
+            done = (lambda: st.bind(u, buf, zc)) if a.payload is Payload.WEIGHT else \
+                (lambda: st.add_grads(u, buf, zc=zc))
             st.expect(u, handle, done, i, a, self._complete, buf)
             return
         kind = _PAYLOAD_KIND[a.payload]
@@ -393,7 +394,7 @@ class RankExecutor:
                 if key in self.pending:
                     self._settle(key)
             return
-        target = Action(Op.SEND, unit=a.unit, mb=a.mb, payload=a.payload, peer=a.peer, tag=a.tag)
+        target = Action(Op.SEND, unit=a.unit, mb=a.mb, payload=a.payload, peer=a.peer, tag=a.tag, zclass=a.zclass)
         for handle, _, j, s in reversed(self.sends):
             if s == target and j < i:
                 self._complete(handle, j, s)

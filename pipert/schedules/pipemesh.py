@@ -193,7 +193,8 @@ def _runs(passes: list[tuple[int, int, str, int]], side: str) -> list[tuple[int,
     return [tuple(r) for r in runs]
 
 
-def overlap_collectives(acts: list[Action], zeros: Sequence[int], groups: Sequence[tuple[int, ...]],
+def overlap_collectives(acts: list[Action], parts: Sequence[Sequence[tuple[int | None, int]]],
+                        groups: Sequence[tuple[int, ...]],
                         held: Sequence[int], units_per_chunk: int = 1
                         ) -> tuple[dict[int, list[Action]], list[Action]]:
     """PipeMesh's collectives for one base rank's program ``acts`` (its OPTs are dropped by the
@@ -212,6 +213,9 @@ def overlap_collectives(acts: list[Action], zeros: Sequence[int], groups: Sequen
       when there is none); the shards accumulate;
     - the tail steps the optimizer of every held unit after all reductions. Between steps the
       whole weights of ZeRO-1/2 units are those the step started with; the shards are current.
+
+    ``parts[u]`` lists unit u's ZeRO parts as (class, stage) (``Placement.zero_parts``): the
+    rules above apply to each part, and the part's class goes on its actions.
     """
     k = units_per_chunk
     passes = _passes(acts, k)
@@ -219,8 +223,9 @@ def overlap_collectives(acts: list[Action], zeros: Sequence[int], groups: Sequen
     items: list[tuple[int, int, int, Action]] = []  # (index, 0 after / 1 before, seq, action)
     tail_red: list[Action] = []
 
-    def chunk_units(c: int) -> list[int]:
-        return [u for u in range(c * k, c * k + k) if u in held_set]
+    def chunk_parts(c: int, stages: tuple[int, ...]) -> list[tuple[int, int | None]]:
+        """(unit, class) of the chunk's held parts whose stage is in ``stages``, in unit order."""
+        return [(u, zc) for u in range(c * k, c * k + k) if u in held_set for zc, z in parts[u] if z in stages]
 
     def put(index: int, prio: int, a: Action) -> None:
         items.append((index, prio, len(items), a))
@@ -235,16 +240,17 @@ def overlap_collectives(acts: list[Action], zeros: Sequence[int], groups: Sequen
                 merged[-1][1], merged[-1][3] = max(merged[-1][1], e), max(merged[-1][3], b)
             else:
                 merged.append([s, e, a, b, side])
-        z3 = [u for u in chunk_units(c) if zeros[u] == 3]
+        z3 = chunk_parts(c, (3,))
         prev_free = -1
         for n, (s, e, a, b, side) in enumerate(merged):
-            gathered = z3 + ([u for u in chunk_units(c) if zeros[u] in (1, 2)] if n == 0 else [])
+            gathered = z3 + (chunk_parts(c, (1, 2)) if n == 0 else [])
             order = gathered if side == "F" else gathered[::-1]
-            for j, u in enumerate(order):
+            for j, (u, zc) in enumerate(order):
                 target = max(a - len(order) + j, prev_free + 1, 0)
-                put(passes[target][0], 1, Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u]))
-            for u in z3:
-                put(e + 1, 0, Action(Op.FREE, unit=u, payload=Payload.WEIGHT))
+                put(passes[target][0], 1, Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u],
+                                                 zclass=zc))
+            for u, zc in z3:
+                put(e + 1, 0, Action(Op.FREE, unit=u, payload=Payload.WEIGHT, zclass=zc))
             prev_free = b
     # weight gradients
     bwd = [j for j, p in enumerate(passes) if p[2] == "B"]
@@ -252,11 +258,12 @@ def overlap_collectives(acts: list[Action], zeros: Sequence[int], groups: Sequen
         runs = [r for r in _runs(passes, "B") if r[0] == c]
         for n, (_, _, last) in enumerate(runs):
             final = n == len(runs) - 1
-            units = [u for u in chunk_units(c)[::-1] if zeros[u] >= 2 or final]
+            reduced = chunk_parts(c, (0, 1, 2, 3) if final else (2, 3))[::-1]
             after = [j for j in bwd if j > last]
-            for b, u in enumerate(units):
-                op = Op.ALLREDUCE if zeros[u] == 0 else Op.REDUCESCATTER
-                a = Action(op, unit=u, payload=Payload.WGRAD, group=groups[u])
+            for b, (u, zc) in enumerate(reduced):
+                z = next(z for c2, z in parts[u] if c2 == zc)
+                op = Op.ALLREDUCE if z == 0 else Op.REDUCESCATTER
+                a = Action(op, unit=u, payload=Payload.WGRAD, group=groups[u], zclass=zc)
                 if b < len(after):
                     put(passes[after[b]][0], 1, a)
                 else:

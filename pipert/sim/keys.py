@@ -2,7 +2,8 @@
 
 A value key packs ``(kind, shard, unit, micro-batch)`` of pipert.ir.semantics into one int:
 kind in the low 3 bits, the shard flag in bit 3, the host flag in bit 4, then the micro-batch
-(32 bits), then the unit. Per-unit kinds (weights, weight gradients) use micro-batch 0.
+(32 bits), then the unit. Per-unit kinds (weights, weight gradients) use micro-batch 0 for the
+whole unit and k+1 for ZeRO class k of a unit with several (pipert.ir.semantics, "ZeRO classes").
 """
 from __future__ import annotations
 
@@ -32,4 +33,6 @@ def unpack_key(key: int) -> tuple[Value, int, int, bool, bool]:
 def describe_key(key: int) -> str:
     kind, u, m, shard, host = unpack_key(key)
     name = ("shard of " if shard else "") + MEMORY_KIND[kind] + (" (offloaded)" if host else "")
-    return f"{name} u{u}" if kind in PER_UNIT else f"{name} u{u} m{m}"
+    if kind in PER_UNIT:  # the micro-batch slot of a per-unit value: 0 whole unit, k+1 ZeRO class k
+        return f"{name} u{u}" + (f" z{m - 1}" if m else "")
+    return f"{name} u{u} m{m}"
