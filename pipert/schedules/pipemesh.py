@@ -3,7 +3,7 @@
 Notation: the paper's B (micro-batches per pipeline per step) is ``microbatches``, its M (chunks
 per stage) is ``chunks`` (V). Chunk c of stage s is chunk ``c*P + s`` of the model (Megatron's
 looping placement); a chunk is ``units_per_chunk`` consecutive units, each of which may get its
-own ZeRO stage over the data-parallel replicas (``replicate(..., zero=[...])``: mixed ZeRO per
+own ZeRO stage over the data-parallel replicas, or one per parameter (``replicate(..., zero=[...])``: mixed ZeRO per
 parameter group of a chunk).
 
 Enqueue sequence ``e`` and dequeue sequence ``d`` each sum to B. Forward queue: for each
