@@ -59,6 +59,12 @@ def replicate(base: Schedule, dp: int, zero: int | list = 0, zero_numel: list | 
     ranks = tuple(tuple(base.placement.rank(u, m // dp) + (m % dp) * P for m in range(M * dp)) for u in range(U))
     placement = Placement("table", ranks, base.placement.weight_owner, tuple(groups), tuple(zeros), zero_numel)
     parts = [placement.zero_parts(u) for u in range(U)]
+    moved = sorted({a.unit for _, _, a in base if a.op in (Op.SEND, Op.RECV) and placement.mixed(a.unit)
+                    and a.payload in (Payload.WEIGHT, Payload.WGRAD)})
+    if moved:
+        raise ValueError(f"schedule {base.name!r} moves the weights or gradients of unit(s) {moved} between ranks; "
+                         f"ZeRO stages per parameter need a schedule that passes activations only (one stage per "
+                         f"unit is allowed)")
     if base.meta.get("update_every"):
         raise ValueError(f"schedule {base.name!r} steps the optimizer several times per batch; data "
                          f"parallelism over it is not supported")

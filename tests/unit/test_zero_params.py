@@ -151,3 +151,22 @@ def test_mixed_units_train_exactly_and_memory_is_measured_as_modelled(name, opts
     s, _ = _mixed(name, spec, **opts)
     assert any(s.placement.mixed(u) for u in range(s.num_units))
     check_conforms(s)
+
+
+def test_weight_passing_schedules_take_one_stage_per_unit_only():
+    s = build_schedule("weipipe-interleave", stages=2, microbatches=2)
+    zeros, numel = resolve_zero(SPEC, _names(tiny_units(s.num_units, "float64")))
+    with pytest.raises(ValueError, match="moves the weights or gradients of unit.*need a schedule that passes "
+                                         "activations only"):
+        replicate(s, 2, zeros, numel)
+
+
+def test_offloaded_weights_of_a_mixed_unit_move_class_by_class():
+    from pipert.ir.passes import offload_weights
+    base = build_schedule("interleaved-1f1b", stages=1, microbatches=2, chunks=2)   # no sends between computes
+    zeros, numel = resolve_zero(SPEC, _names(tiny_units(base.num_units, "float64")))
+    s = replicate(base, 2, zeros, numel)
+    moved = [a for a in offload_weights(s).actions[0] if a.op in (Op.OFFLOAD, Op.PREFETCH)]
+    assert moved and {a.zclass for a in moved} == {0, 1, 2, 3}
+    assert not validate(offload_weights(s), all_errors=True)
+    check_conforms(offload_weights(s))
