@@ -44,6 +44,8 @@ class Case:
     zero: int | str | tuple = 0
     """ZeRO over the replicas (with dp > 1): a stage for every unit, one per unit, or a per-parameter
     spec (``pipert.schedules.zero_rules``: "3:mlp,2:attn,1", "p=0.4,g=0.7")."""
+    zero3_buffers: int = 1
+    """Gathered copies of ZeRO-3 weights: 1, or 2 (forward and backward apart)."""
     links: tuple = ()
     """Emulated links as (name, value) pairs of ``pipert.linkflags.LinkOptions.parse``
     (e.g. ``(("dcs", 2), ("dc_latency", "2ms"))``); empty: messages are not delayed."""
@@ -196,7 +198,7 @@ def build_case_schedule(case: Case):
     from .schedules.zero_rules import resolve_zero
     zeros, numel = resolve_zero(case.zero, [[(n, p.numel()) for n, p in m.named_parameters()]
                                             for m in _case_units(case, s)])
-    return replicate(s, case.dp, zeros, numel)
+    return replicate(s, case.dp, zeros, numel, case.zero3_buffers)
 
 
 def _case_units(case: Case, schedule: Any) -> list[nn.Module]:

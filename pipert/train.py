@@ -50,6 +50,8 @@ class TrainConfig:
     zero: str = "0"
     """ZeRO over the replicas (with --dp > 1): a stage 0-3 for every unit, or per parameter by rules
     ("3:mlp,2:attn,1") or shares ("p=0.4,g=0.7"); see pipert.schedules.zero_rules."""
+    zero3_buffers: int = 1
+    """Gathered copies of ZeRO-3 weights: 1, or 2 (forward and backward computes apart)."""
     passes: str = ""
     """Comma-separated lowering passes applied to the schedule (recompute, offload_stashes, expand_folds, ...)."""
     steps: int = 300
@@ -132,6 +134,9 @@ class TrainConfig:
                 check_zero_spec(self.zero)
             except ValueError as e:
                 raise ValueError(f"--zero: {e}") from None
+        if self.zero3_buffers not in (1, 2):
+            raise ValueError(f"--zero3-buffers must be 1 (one gathered copy of ZeRO-3 weights) or 2 (forward and "
+                             f"backward copies), got {self.zero3_buffers}")
         if self.zero != "0" and self.dp == 1:
             raise ValueError(f"--zero {self.zero} shards over data-parallel replicas: give --dp > 1")
         if self.microbatches % self.dp:
@@ -257,7 +262,7 @@ def build_program(cfg: TrainConfig):
     from .schedules.zero_rules import resolve_zero
     skeleton = _rank_units(cfg, s, torch.device("cpu"), keep=[])  # names and shapes only (meta device)
     zeros, numel = resolve_zero(cfg.zero, [[(n, p.numel()) for n, p in m.named_parameters()] for m in skeleton])
-    return replicate(s, cfg.dp, zeros, numel)
+    return replicate(s, cfg.dp, zeros, numel, cfg.zero3_buffers)
 
 
 def _layers_per_stage(cfg: TrainConfig) -> int:

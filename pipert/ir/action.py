@@ -2,12 +2,13 @@
 
 Text grammar (tokens separated by spaces, in this order, optional ones omitted)::
 
-    OP [PAYLOAD] [uU] [zK] [mM[,M...]] [sI/N] [->PEER | <-PEER] [@R,R,...] [^ROOT] [#TAG]
+    OP [PAYLOAD] [uU] [zK] [fwd|bwd] [mM[,M...]] [sI/N] [->PEER | <-PEER] [@R,R,...] [^ROOT] [#TAG]
     WAIT <text of the SEND or RECV it completes>
 
 Examples: ``F u3 m2``, ``B u0 m0,1``, ``SEND act u3 m2 ->1``, ``RECV grad u3 m2 <-2``,
 ``BROADCAST weight u5 @3,4,5 ^4``, ``OPT u2``, ``WAIT RECV act u3 m2 <-0``,
-``ALLGATHER weight u2 z3 @0,2`` (the ZeRO-3 class of unit 2's parameters).
+``ALLGATHER weight u2 z3 @0,2`` (the ZeRO-3 class of unit 2's parameters), ``FREE weight u2 z3 bwd``
+(its gathered copy for backward computes).
 ``parse(str(a)) == a`` holds for every valid action.
 """
 from __future__ import annotations
@@ -77,7 +78,9 @@ class Action:
     at least one micro-batch; SEND/RECV name a payload and a peer; collectives name a
     payload and a group; WAIT names the op it completes in ``waits``; ``zclass`` (0..3) names
     the parameters of the unit with that ZeRO stage and is only for weight or weight-gradient
-    payloads of messages, collectives and memory ops (docs/semantics.md, "ZeRO classes").
+    payloads of messages, collectives and memory ops (docs/semantics.md, "ZeRO classes"); ``side``
+    ("fwd" or "bwd") names one of the two gathered copies of ZeRO-3 weights (ALLGATHER and FREE of
+    weights only; docs/semantics.md, "Separate ZeRO-3 buffers").
     """
 
     op: Op
@@ -91,11 +94,13 @@ class Action:
     sub: tuple[int, int] | None = None
     waits: Op | None = None
     zclass: int | None = None
+    side: str | None = None
     _h: int = field(default=0, init=False, repr=False, compare=False)
 
     def __init__(self, op: Op, unit: int | None = None, mb: tuple[int, ...] = (), payload: Payload | None = None,
                  peer: int | None = None, group: tuple[int, ...] = (), root: int | None = None, tag: int = 0,
-                 sub: tuple[int, int] | None = None, waits: Op | None = None, zclass: int | None = None) -> None:
+                 sub: tuple[int, int] | None = None, waits: Op | None = None, zclass: int | None = None,
+                 side: str | None = None) -> None:
         # the dataclass __init__ of a frozen class sets each field through object.__setattr__;
         # the slots' own setters do the same a few times faster (schedules hold 1e5+ actions)
         if type(mb) is int:
@@ -111,17 +116,18 @@ class Action:
         _set_sub(self, sub)
         _set_waits(self, waits)
         _set_zclass(self, zclass)
-        if zclass is None and type(op) is Op and type(mb) is tuple and type(group) is tuple \
+        _set_side(self, side)
+        if zclass is None and side is None and type(op) is Op and type(mb) is tuple and type(group) is tuple \
                 and (payload is None or type(payload) is Payload) \
                 and _plain(op, unit, mb, payload, peer, group, root, sub, waits):
-            _set_h(self, hash((op, unit, mb, payload, peer, group, root, tag, sub, waits, None)))
+            _set_h(self, hash((op, unit, mb, payload, peer, group, root, tag, sub, waits, None, None)))
             return
         self._normalise()
-        if self.zclass is not None or not _plain(self.op, self.unit, self.mb, self.payload, self.peer, self.group,
+        if self.zclass is not None or self.side is not None or not _plain(self.op, self.unit, self.mb, self.payload, self.peer, self.group,
                                                  self.root, self.sub, self.waits):
             self._check()
         _set_h(self, hash((self.op, self.unit, self.mb, self.payload, self.peer, self.group, self.root, self.tag,
-                           self.sub, self.waits, self.zclass)))
+                           self.sub, self.waits, self.zclass, self.side)))
 
     def _normalise(self) -> None:
         if not isinstance(self.op, Op):
@@ -146,7 +152,7 @@ class Action:
         # rebuilt through __init__: the cached hash depends on the process's string-hash seed,
         # so an unpickled copy (e.g. a program sent to spawned ranks) must compute its own
         return (Action, (self.op, self.unit, self.mb, self.payload, self.peer, self.group, self.root, self.tag,
-                         self.sub, self.waits, self.zclass))
+                         self.sub, self.waits, self.zclass, self.side))
 
     def _check(self) -> None:
         op = self.op
@@ -188,6 +194,12 @@ class Action:
                 raise ScheduleFormatError(f"{where}: a ZeRO class (z{self.zclass}) names part of a unit's weights or "
                                           f"weight gradient: only messages, collectives and memory ops of payload "
                                           f"weight or wgrad take one")
+        if self.side is not None:
+            if self.side not in ("fwd", "bwd"):
+                raise ScheduleFormatError(f"{where}: side {self.side!r} unknown; allowed: fwd, bwd")
+            if op not in (Op.ALLGATHER, Op.FREE) or self.payload is not Payload.WEIGHT:
+                raise ScheduleFormatError(f"{where}: a side ({self.side}) names a gathered copy of ZeRO-3 weights: "
+                                          f"only ALLGATHER and FREE of payload weight take one")
 
     # --- derived views -------------------------------------------------------------
     @property
@@ -213,6 +225,8 @@ class Action:
             parts.append(f"u{self.unit}")
         if self.zclass is not None:
             parts.append(f"z{self.zclass}")
+        if self.side is not None:
+            parts.append(self.side)
         if self.mb:
             parts.append("m" + ",".join(map(str, self.mb)))
         if self.sub is not None:
@@ -244,7 +258,7 @@ def _plain(op: Op, unit: int | None, mb: tuple, payload: Payload | None, peer: i
 
 
 (_set_op, _set_unit, _set_mb, _set_payload, _set_peer, _set_group, _set_root, _set_tag, _set_sub, _set_waits,
- _set_zclass, _set_h) = (Action.__dict__[f.name].__set__ for f in fields(Action))
+ _set_zclass, _set_side, _set_h) = (Action.__dict__[f.name].__set__ for f in fields(Action))
 _new = object.__new__
 
 
@@ -264,7 +278,8 @@ def message_action(op: Op, unit: int, mb: tuple[int, ...], payload: Payload, pee
     _set_sub(a, None)
     _set_waits(a, None)
     _set_zclass(a, None)
-    _set_h(a, hash((op, unit, mb, payload, peer, (), None, 0, None, None, None)))
+    _set_side(a, None)
+    _set_h(a, hash((op, unit, mb, payload, peer, (), None, 0, None, None, None, None)))
     return a
 
 
@@ -294,7 +309,9 @@ def parse_action(text: str) -> Action:
         rest = rest[1:]
     for tok in rest:
         try:
-            if tok in Payload._value2member_map_:
+            if tok in ("fwd", "bwd"):
+                kw["side"] = tok
+            elif tok in Payload._value2member_map_:
                 kw["payload"] = Payload(tok)
             elif tok[0] == "u":
                 kw["unit"] = int(tok[1:])

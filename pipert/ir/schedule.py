@@ -32,7 +32,9 @@ class Placement:
     tuple with one stage per parameter of the unit (its module's ``named_parameters()`` order), with
     ``zero_numel[u]`` the parameters' element counts: the unit's parameters then form one *ZeRO
     class* per stage present, each sharded and communicated on its own (actions name it, ``z3``);
-    a tuple whose stages are all equal is stored as that one stage.
+    a tuple whose stages are all equal is stored as that one stage. ``zero3_buffers`` is 1 (forward
+    and backward computes read one gathered copy of ZeRO-3 weights) or 2 (separate copies, named
+    ``fwd``/``bwd`` on their ALLGATHER and FREE).
     """
 
     kind: str
@@ -41,6 +43,7 @@ class Placement:
     replicas: tuple[tuple[int, ...], ...] | None = None
     zero: tuple | None = None
     zero_numel: tuple | None = None
+    zero3_buffers: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -59,6 +62,9 @@ class Placement:
             self._set_zero(n)
         elif self.zero_numel is not None:
             raise ScheduleFormatError("placement zero_numel needs per-parameter stages in 'zero'")
+        if self.zero3_buffers not in (1, 2):
+            raise ScheduleFormatError(f"placement zero3_buffers must be 1 (one gathered copy of ZeRO-3 weights) "
+                                      f"or 2 (forward and backward copies), got {self.zero3_buffers!r}")
 
     def _set_zero(self, n: int) -> None:
         zero, numel = list(self.zero), list(self.zero_numel or [None] * n)
@@ -156,13 +162,15 @@ class Placement:
             d["zero"] = [list(z) if isinstance(z, tuple) else z for z in self.zero]
         if self.zero_numel is not None:
             d["zero_numel"] = [list(n) if n is not None else None for n in self.zero_numel]
+        if self.zero3_buffers != 1:
+            d["zero3_buffers"] = self.zero3_buffers
         return d
 
     @staticmethod
     def from_dict(d: dict) -> "Placement":
         try:
             return Placement(d["kind"], tuple(d["ranks"]), tuple(d["weight_owner"]), d.get("replicas"),
-                             d.get("zero"), d.get("zero_numel"))
+                             d.get("zero"), d.get("zero_numel"), d.get("zero3_buffers", 1))
         except (KeyError, TypeError) as e:
             raise ScheduleFormatError(f"placement needs 'kind', 'ranks' and 'weight_owner': {e}") from None
 

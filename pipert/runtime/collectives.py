@@ -45,7 +45,8 @@ def _unit_collective(ex: "RankExecutor", i: int, a: Action) -> None:
         shard = st.shards[(u, zc)].detach()
         out = shard.new_empty(shard.numel() * len(st.group(u)))
         handle = _post(ex, i, a, shard, out)
-        done, buffer = (lambda: st.bind(u, out, zc)), out
+        done = (lambda: st.bind(u, out, zc)) if a.side is None else (lambda: st.keep_copy(u, zc, a.side, out))
+        buffer = out
     elif op is Op.REDUCESCATTER:
         full = st.padded_flat(u, a.payload, zc)
         out = st.shard_buffer(u, full, zc)
@@ -125,7 +126,9 @@ def run_memory_op(ex: "RankExecutor", i: int, a: Action) -> None:
             st.settle_weights(u)
         if op is Op.OFFLOAD:
             st.offload(("weight", u, zc), st.flat(u, Payload.WEIGHT, zc))
-        if op in (Op.FREE, Op.OFFLOAD):
+        if a.side is not None:
+            st.free_copy(u, i, zc, a.side)
+        elif op in (Op.FREE, Op.OFFLOAD):
             st.free(u, i, zc)
         else:
             st.bind(u, st.restore(("weight", u, zc)), zc)

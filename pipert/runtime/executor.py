@@ -290,8 +290,8 @@ class RankExecutor:
             if self.trace:
                 self.result.op_times.append((op.value, a.unit, time.perf_counter() - t0))
             return
-        if op is Op.F or graph:
-            self.state.ready(u)
+        if op is Op.F or graph or op is Op.W and self.state.split:  # W: its saved parameters, the bwd copy
+            self.state.ready(u, "fwd" if op is Op.F else "bwd")
         runner = self.runners[u]
         first = a.sub is None or a.sub[0] == 0
         reads_by_mb = {k[2]: k for k in rd} if first else {}

@@ -177,7 +177,8 @@ class Pipeline:
     ``dp=D`` trains D data-parallel replicas of the pipeline (``stages * D`` ranks, laid out as a
     ``(dp, pp)`` DeviceMesh under torch.distributed); ``zero`` is the ZeRO stage (0-3) of every
     unit, one per unit, per parameter, or a rule or share spec such as ``"3:mlp,2:attn,1"``
-    (``pipert.schedules.zero_rules``; ``pipert.schedules.data_parallel``). ``microbatches`` counts all
+    (``pipert.schedules.zero_rules``; ``pipert.schedules.data_parallel``); ``zero3_buffers=2`` keeps
+    the gathered ZeRO-3 weights of forward and backward computes apart. ``microbatches`` counts all
     replicas' micro-batches. ``measure_memory`` records the bytes each rank's program holds after
     every action (``last_results[r].memory``); ``program`` is what the ranks run.
 
@@ -195,7 +196,7 @@ class Pipeline:
                  timeout: float = 60.0, schedule_options: dict | None = None, fault: Fault | None = None,
                  trace: bool = False, links: Any = None, measure_memory: bool = False, record: bool = False,
                  pool: Any = None, dp: int = 1, zero: int | str | Sequence = 0, queues: str = "streams",
-                 staging: bool | None = None) -> None:
+                 staging: bool | None = None, zero3_buffers: int = 1) -> None:
         if backend not in ("local", "dist"):
             raise ValueError(f"backend {backend!r} unknown; allowed: 'local', 'dist'")
         if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
@@ -213,8 +214,8 @@ class Pipeline:
             from ..schedules.data_parallel import replicate
             from ..schedules.zero_rules import resolve_zero
             zeros, numel = resolve_zero(zero, [[(n, p.numel()) for n, p in m.named_parameters()] for m in units])
-            schedule = replicate(schedule, dp, zeros, numel)
-        elif zero not in (0, None, "0") and schedule.placement.replicas is None:
+            schedule = replicate(schedule, dp, zeros, numel, zero3_buffers)
+        elif (zero not in (0, None, "0") or zero3_buffers != 1) and schedule.placement.replicas is None:
             raise ValueError(f"zero={zero!r} needs data-parallel replicas (dp > 1)")
         validate(schedule)
         if schedule.num_units != len(units):

@@ -14,7 +14,10 @@ The executor reads and writes whole-unit values through this object:
   with its own optimizer; ``OPT u`` steps the shard with the reduce-scattered gradient shard.
   A unit with per-parameter stages is handled part by part: each ZeRO class (the parameters of
   one stage, in module order) has its own flat tensor, shards and shard optimizer, and actions
-  naming a class (``zclass``) read and write that class alone;
+  naming a class (``zclass``) read and write that class alone. With separate ZeRO-3 buffers
+  (``Placement.zero3_buffers == 2``) each ZeRO-3 part keeps its gathered ``fwd`` and ``bwd`` copies
+  apart; a compute binds the parameters to its side's copy before it runs (a stash's saved
+  parameters resolve against the bound storage when the backward reads them);
 - ``free``/``offload``/``prefetch`` of weights: parameters are rebound to a one-element
   placeholder of their shape (reading it before an ALLGATHER, RECV or PREFETCH is an error the
   validator rules out), or to host buffers from the pinned pool.
@@ -54,6 +57,9 @@ class UnitState:
         pl = schedule.placement
         self.held = {u for u in runners if rank in pl.holders(u)}
         self.parts = {u: pl.zero_parts(u) for u in runners}   # unit -> [(class, stage)]
+        self.split = pl.zero3_buffers == 2
+        self.copies: dict[tuple, torch.Tensor] = {}   # (unit, class, side) -> gathered flat ZeRO-3 weights
+        self.bound: dict[Part, str] = {}              # part -> side of the copy its parameters are views of
         self._part_params = {(u, zc): self._select(u, zc) for u in runners for zc, _ in self.parts[u]}
         self.pending: dict[int, list] = {}        # unit -> [(handle, on_done, index, action, buffer)]
         self._cursor = threading.local()
@@ -170,11 +176,13 @@ class UnitState:
             self.pending.setdefault(u, []).append((handle, on_done, i, a, buffer))
         self._complete = complete
 
-    def ready(self, u: int) -> None:
-        """Complete what brings unit u's weights (before a compute)."""
+    def ready(self, u: int, side: str = "fwd") -> None:
+        """Complete what brings unit u's weights (before a compute of ``side``, fwd or bwd)."""
         self.settle_weights(u)
-        for zc, _ in self.parts[u]:
-            if (u, zc) in self.freed:
+        for zc, z in self.parts[u]:
+            if self.split and z >= 3 and u in self.held:
+                self._bind_copy(u, zc, side)
+            elif (u, zc) in self.freed:
                 from .executor import PipelineError
                 what = "weights" if zc is None else f"ZeRO-{zc} weights"
                 raise PipelineError(f"rank {self.rank}: unit {u}'s {what} were freed or offloaded at action "
@@ -209,6 +217,34 @@ class UnitState:
         """The part's parameters become views of ``flat`` (no copy)."""
         load_params(self.runners[u].module, flat[:self.numel(u, zc)], self.params(u, zc))
         self.freed.pop((u, zc), None)
+
+    def keep_copy(self, u: int, zc: int | None, side: str, flat: torch.Tensor) -> None:
+        """A gathered copy of ZeRO-3 weights for computes of ``side`` (bound by :meth:`ready`)."""
+        self.copies[(u, zc, side)] = flat
+
+    def _bind_copy(self, u: int, zc: int | None, side: str) -> None:
+        flat = self.copies.get((u, zc, side))
+        if flat is None:
+            from .executor import PipelineError
+            raise PipelineError(f"rank {self.rank}: unit {u}'s ZeRO-3 weights{'' if zc is None else f' (z{zc})'} "
+                                f"have no gathered {side} copy (was the schedule validated?)")
+        if self.bound.get((u, zc)) != side or (u, zc) in self.freed:
+            load_params(self.runners[u].module, flat[:self.numel(u, zc)], self.params(u, zc))
+            self.bound[(u, zc)] = side
+            self.freed.pop((u, zc), None)
+
+    def free_copy(self, u: int, i: int, zc: int | None, side: str) -> None:
+        """Drop the ``side`` copy of gathered ZeRO-3 weights; parameters bound to it move to the
+        other copy, or become placeholders when there is none."""
+        self.copies.pop((u, zc, side), None)
+        if self.bound.get((u, zc)) != side:
+            return
+        other = "bwd" if side == "fwd" else "fwd"
+        if (u, zc, other) in self.copies:
+            self._bind_copy(u, zc, other)
+        else:
+            self.bound.pop((u, zc))
+            self.free(u, i, zc)
 
     def add_grads(self, u: int, flat: torch.Tensor, accumulate: bool = True, zc: int | None = None) -> None:
         self.fresh_grads(u)
@@ -328,7 +364,10 @@ class UnitState:
             held = u in self.held
             for zc, z in self.parts[u]:
                 params = self.params(u, zc)
-                if (not held or z >= 3) and (u, zc) not in self.freed:
+                if self.split and held and z >= 3:  # the gathered copies present
+                    size = sum(p.numel() for p in params) * (params[0].element_size() if params else 0)
+                    total += size * sum((u, zc, side) in self.copies for side in ("fwd", "bwd"))
+                elif (not held or z >= 3) and (u, zc) not in self.freed:
                     total += sum(p.numel() * p.element_size() for p in params)
                 if not held or z >= 2:
                     total += sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)

@@ -195,7 +195,7 @@ def _runs(passes: list[tuple[int, int, str, int]], side: str) -> list[tuple[int,
 
 def overlap_collectives(acts: list[Action], parts: Sequence[Sequence[tuple[int | None, int]]],
                         groups: Sequence[tuple[int, ...]],
-                        held: Sequence[int], units_per_chunk: int = 1
+                        held: Sequence[int], units_per_chunk: int = 1, split: bool = False
                         ) -> tuple[dict[int, list[Action]], list[Action]]:
     """PipeMesh's collectives for one base rank's program ``acts`` (its OPTs are dropped by the
     caller): ``(before, tail)``, where ``before[i]`` goes right before action i and ``tail`` after
@@ -215,7 +215,10 @@ def overlap_collectives(acts: list[Action], parts: Sequence[Sequence[tuple[int |
       whole weights of ZeRO-1/2 units are those the step started with; the shards are current.
 
     ``parts[u]`` lists unit u's ZeRO parts as (class, stage) (``Placement.zero_parts``): the
-    rules above apply to each part, and the part's class goes on its actions.
+    rules above apply to each part, and the part's class goes on its actions. ``split`` keeps the
+    gathered ZeRO-3 weights of forward and backward runs apart (the paper's separate B_Z3^fwd and
+    B_Z3^bwd buffers): forward runs and backward runs never merge, each gathers and frees its own
+    copy (``fwd``/``bwd``), and the ZeRO-1/2 gathers go with the chunk's first forward run.
     """
     k = units_per_chunk
     passes = _passes(acts, k)
@@ -241,17 +244,22 @@ def overlap_collectives(acts: list[Action], parts: Sequence[Sequence[tuple[int |
             else:
                 merged.append([s, e, a, b, side])
         z3 = chunk_parts(c, (3,))
-        prev_free = -1
-        for n, (s, e, a, b, side) in enumerate(merged):
-            gathered = z3 + (chunk_parts(c, (1, 2)) if n == 0 else [])
-            order = gathered if side == "F" else gathered[::-1]
-            for j, (u, zc) in enumerate(order):
-                target = max(a - len(order) + j, prev_free + 1, 0)
-                put(passes[target][0], 1, Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u],
-                                                 zclass=zc))
-            for u, zc in z3:
-                put(e + 1, 0, Action(Op.FREE, unit=u, payload=Payload.WEIGHT, zclass=zc))
-            prev_free = b
+        tracks = [[list(sp) for sp in spans if sp[4] == side] for side in "FB"] if split else [merged]
+        for track in tracks:
+            prev_free = -1
+            for n, (s, e, a, b, side) in enumerate(track):
+                copy = ("fwd" if side == "F" else "bwd") if split else None
+                gathered = [(u, zc, copy) for u, zc in z3]
+                if n == 0 and (side == "F" or not split):
+                    gathered += [(u, zc, None) for u, zc in chunk_parts(c, (1, 2))]
+                order = gathered if side == "F" else gathered[::-1]
+                for j, (u, zc, cp) in enumerate(order):
+                    target = max(a - len(order) + j, prev_free + 1, 0)
+                    put(passes[target][0], 1, Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u],
+                                                     zclass=zc, side=cp))
+                for u, zc in z3:
+                    put(e + 1, 0, Action(Op.FREE, unit=u, payload=Payload.WEIGHT, zclass=zc, side=copy))
+                prev_free = b
     # weight gradients
     bwd = [j for j, p in enumerate(passes) if p[2] == "B"]
     for c in sorted({p[3] for p in passes}):

@@ -15,7 +15,7 @@ from ..ir.action import COLLECTIVE_OPS, Action, Op, Payload
 from ..ir.semantics import MEMORY_KIND, PAYLOAD_VALUE, TABLE, Role, Value, op_queue, recomputed
 from .comm import CommState
 from .errors import ScheduleError
-from .keys import HOST, INITIAL, K_COMPUTE, K_TRANSFER, MISSING, QUEUES, SHARD, SHIFT, describe_key
+from .keys import BWD, HOST, INITIAL, K_COMPUTE, K_TRANSFER, MISSING, QUEUES, SHARD, SHIFT, describe_key
 
 __all__ = ["Builder"]
 
@@ -57,6 +57,13 @@ class Builder(CommState):
         self.share = [{sl: pl.class_share(u, None if sl == 0 else sl - 1) for sl in self.slots[u]}
                       for u in range(self.U)]
         self.mixed = [pl.mixed(u) for u in range(self.U)]
+        # separate ZeRO-3 buffers: B, D and RECOMPUTE read the backward copy (slot + BWD)
+        self.split = pl.zero3_buffers == 2
+        self.bslots = [tuple(sl + BWD if self.split and self.stage[u][sl] == 3 else sl for sl in self.slots[u])
+                       for u in range(self.U)]
+        for u in range(self.U):
+            for sl, b in zip(self.slots[u], self.bslots[u]):
+                self.stage[u][b], self.share[u][b] = self.stage[u][sl], self.share[u][sl]
         mem = cost.memory
         kinds = [k for k in MEMORY_KIND.values() if k != "kept"]
         self.sz = {k: [mem(k, u) for u in range(self.U)] for k in kinds}
@@ -120,7 +127,8 @@ class Builder(CommState):
                 if ((u is not None and u >= U) or (mb and max(mb) >= M)) and self._bad_index(r, i, a):
                     trace.append(self.mem)
                     continue
-                if (a.zclass is not None or a.payload in _UNIT_PAYLOADS and self.mixed[u]) and self._bad_class(r, i, a):
+                if (a.zclass is not None or a.side is not None or a.payload in _UNIT_PAYLOADS and
+                        (self.mixed[u] or self.split)) and self._bad_class(r, i, a):
                     trace.append(self.mem)
                     continue
                 if q == 0:
@@ -150,7 +158,7 @@ class Builder(CommState):
                 nodes_r[i] = n
                 if n >= 0:
                     if q == 1 or q == 2:  # a SEND/RECV: its plan is all of its effects
-                        got = plans.get((op, a.payload, u, r == a.root, False, a.zclass))
+                        got = plans.get((op, a.payload, u, r == a.root, False, a.zclass, a.side))
                         reads, writes = got if got is not None else plan(a, r, False)
                         if reads:
                             self.comm_reads(a, r, i, n, reads)
@@ -179,7 +187,8 @@ class Builder(CommState):
         have: dict[int, int] = {}
         for u in range(self.U):
             if r in self.holders[u]:
-                for sl, z in self.stage[u].items():
+                for sl in self.slots[u]:
+                    z = self.stage[u][sl]
                     if z <= 2:
                         have[(u << 32 | sl) << SHIFT | _WEIGHT] = INITIAL
                     if z >= 1:
@@ -191,11 +200,19 @@ class Builder(CommState):
         messages, collectives and memory ops must name one."""
         u, z = a.unit, a.zclass
         classes = [sl - 1 for sl in self.slots[u]] if self.mixed[u] else []
+        stage = self.stage[u].get(0 if z is None else z + 1)
+        gathered = self.split and stage == 3 and a.payload is Payload.WEIGHT and a.op in (Op.ALLGATHER, Op.FREE)
         if z is None and self.mixed[u]:
             detail = f"unit {u} has ZeRO classes {classes}: name one (z{classes[0]}..)"
         elif z is not None and z not in classes:
             detail = (f"unit {u} has ZeRO classes {classes}" if classes else
                       f"unit {u} has one ZeRO stage ({self.stage[u][0]}): its actions name no class") + f", not z{z}"
+        elif gathered and a.side is None:
+            detail = (f"the schedule keeps separate forward and backward copies of gathered ZeRO-3 weights "
+                      f"(placement zero3_buffers=2): name one (fwd or bwd)")
+        elif a.side is not None and not gathered:
+            detail = (f"side {a.side} names a copy of gathered ZeRO-3 weights, which this schedule does not keep "
+                      f"apart (placement zero3_buffers={2 if self.split else 1}, stage {stage})")
         else:
             return False
         self.error(r, i, a, "zero_class", detail)
@@ -237,7 +254,7 @@ class Builder(CommState):
             first, last = self.sub_block(r, i, a)
         u = a.unit
         keeps = op is Op.F and bool(self.recomputed) and any((u, m) in self.recomputed for m in a.mb)
-        got = self._plan_cache.get((op, a.payload, u, r == a.root, keeps, a.zclass))
+        got = self._plan_cache.get((op, a.payload, u, r == a.root, keeps, a.zclass, a.side))
         reads, writes = got if got is not None else self._plan(a, r, keeps)
         if reads and (first or last):  # a split compute reads at its first piece, frees what it read at its last
             if compute:
@@ -259,7 +276,7 @@ class Builder(CommState):
     def _plan(self, a: Action, r: int, keeps: bool) -> tuple[tuple, tuple]:
         """(reads, writes) of ``a`` on rank r, ``keeps``: an F that keeps its input for a later
         RECOMPUTE. That depends only on the cache key's fields, so each key is planned once per rank."""
-        key = (a.op, a.payload, a.unit, r == a.root, keeps, a.zclass)
+        key = (a.op, a.payload, a.unit, r == a.root, keeps, a.zclass, a.side)
         got = self._plan_cache.get(key)
         if got is None:
             op = a.op
@@ -295,7 +312,11 @@ class Builder(CommState):
                     size = self.size_of[kind][uu]
                 out.append((False, uu, release, shard, base, None, size))
                 continue
-            slots = ((0 if a.zclass is None else a.zclass + 1,) if payload else self.slots[uu])
+            if payload:
+                # the shard is one per class; the side names one of its gathered copies
+                slots = ((0 if a.zclass is None else a.zclass + 1) + (BWD if a.side == "bwd" and not shard else 0),)
+            else:
+                slots = self.bslots[uu] if kind == _WEIGHT and a.op in _BWD_READERS else self.slots[uu]
             sized = []
             for sl in slots:
                 size = None
@@ -475,7 +496,8 @@ class Builder(CommState):
                 continue
             j = self.opt_count.get(u, 0)
             self.opt_count[u] = j + 1
-            for sl, z in self.stage[u].items():
+            for sl in self.slots[u]:
+                z = self.stage[u][sl]
                 shard = z >= 1
                 bit = SHARD if shard else 0
                 wkey = (u << 32 | sl) << SHIFT | _WEIGHT | bit
@@ -550,6 +572,8 @@ class Builder(CommState):
 
 
 _UNIT_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD})
+_BWD_READERS = frozenset({Op.B, Op.D, Op.RECOMPUTE})
+"""Computes that read the backward copy of gathered ZeRO-3 weights (pipert.ir.semantics)."""
 
 
 def _payload_kind(a: Action) -> int:
