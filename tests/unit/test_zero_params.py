@@ -247,3 +247,32 @@ def test_forward_and_backward_runs_hold_their_own_copies_and_both_count():
 ])
 def test_separate_copies_train_exactly_and_memory_is_measured_as_modelled(name, opts, spec):
     check_conforms(_split(name, spec, **opts))
+
+
+def test_the_emulator_realises_per_class_collectives_as_simulated():
+    from pipert.cost import Links, Topology
+    from pipert.cost.topology import LinkSpec
+    from pipert.emulate import emulate
+    s = _split("pipemesh", SPEC, chunks=2, enqueue=(4,), dequeue=(2, 2))
+    units = tiny_units(s.num_units, "float64")
+    x, y = make_batch(4)
+    cost = ProfiledCost(profile_units(units, split_microbatches(x, 4)[0], split_microbatches(y, 4)[0]))
+    slow = LinkSpec(0.0, 50e6)  # a tiny unit's float64 weights take about a millisecond
+    links = Links(Topology(4), specs={"intra_node": slow, "inter_node": slow})
+    r = emulate(s, cost, links, time_unit=1.0)
+    assert r.ideal_makespan == pytest.approx(r.predicted, abs=1e-6), r
+    assert r.makespan >= r.ideal_makespan - 1e-6
+
+
+def test_train_takes_a_per_parameter_spec_and_separate_copies(capsys):
+    import json
+    from pipert.train import build_program, run_train
+    cfg = TrainConfig(schedule="pipemesh", stages=2, dp=2, zero=SPEC, zero3_buffers=2, options="enqueue=4;dequeue=2,2",
+                      microbatches=8, batch_size=8, seq=16, steps=1, json=True, check=True, dtype="float64",
+                      backend="local")
+    program = build_program(cfg)
+    assert program.placement.zero3_buffers == 2 and program.placement.mixed(0)
+    run_train(cfg)
+    step = json.loads([line for line in capsys.readouterr().out.splitlines() if line.startswith("{")][0])
+    assert step["max_grad_rel_err"] <= 1e-10 and step["max_param_rel_err"] <= 1e-10, step
+    assert abs(step["loss"] - step["ref_loss"]) <= 1e-12 * abs(step["ref_loss"])
