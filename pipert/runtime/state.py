@@ -153,6 +153,8 @@ class UnitState:
         self.stash.clear()
         self.stepped.clear()
         self.pending.clear()
+        self.copies.clear()  # gathered ZeRO-3 copies live within a step (bound parameters rebind at use)
+        self.bound.clear()
 
     def pending_check(self, rank: int) -> None:
         """End of a step: a held unit's weights or gradient still in flight are model state for
