@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from operator import attrgetter
 from typing import Any
 
 from ..ir.action import COLLECTIVE_OPS, Action, Op
@@ -114,11 +115,12 @@ class Builder(CommState):
             trace: list[float] = []
             peak = busy = 0.0
             limit, over = self.limits[r], False
+            check = _out_of_range(acts, U, M)   # indices are checked per action only where one is bad
             for i, a in enumerate(acts):
                 op = a.op
                 q = q_of[op]
                 u, mb = a.unit, a.mb
-                if ((u is not None and u >= U) or (mb and max(mb) >= M)) and self._bad_index(r, i, a):
+                if check and self._bad_index(r, i, a):
                     trace.append(self.mem)
                     continue
                 if q == 0:
@@ -547,6 +549,16 @@ class Builder(CommState):
     def finish(self) -> None:
         from .checks import finish_checks
         finish_checks(self)
+
+
+def _out_of_range(acts: list[Action], num_units: int, num_microbatches: int) -> bool:
+    """Whether an action of ``acts`` names a unit or micro-batch beyond the schedule's (a scan
+    without a Python-level loop; unit 0 and actions without micro-batches are skipped as falsy)."""
+    return max(filter(None, map(_UNIT, acts)), default=-1) >= num_units or \
+        max(map(max, filter(None, map(_MB, acts))), default=-1) >= num_microbatches
+
+
+_UNIT, _MB = attrgetter("unit"), attrgetter("mb")
 
 
 def _payload_kind(a: Action) -> int:

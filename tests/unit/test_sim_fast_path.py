@@ -73,3 +73,12 @@ def test_fast_path_reports_a_repeated_fold_as_the_general_path_does() -> None:
     fast, general = _walk(s, True), _walk(s, False)
     assert fast == general
     assert any(e[2] == "duplicate" for e in fast[-1])
+
+
+def test_an_out_of_range_unit_or_microbatch_is_named_at_its_action() -> None:
+    s = build_schedule("1f1b", stages=2, microbatches=2)
+    for bad in (Action(Op.F, 0, (2,)), Action(Op.F, 0, (0, 5)), Action(Op.F, 2, (0,))):
+        acts = [list(a) for a in s.actions]
+        acts[1].insert(1, bad)
+        errors = _walk(s.with_actions(acts), True)[-1]
+        assert (1, 1, "bad_index") in [e[:3] for e in errors]
