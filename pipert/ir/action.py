@@ -241,7 +241,17 @@ _new = object.__new__
 def message_action(op: Op, unit: int, mb: tuple[int, ...], payload: Payload, peer: int) -> Action:
     """``Action(op, unit, mb, payload, peer)`` without the checks, for lowering, whose inputs
     already form a valid SEND/RECV (op in P2P_OPS, a unit, a compute's micro-batch tuple, a
-    Payload, a peer): the same fields, in a third of the time (schedules hold 1e5+ messages)."""
+    Payload, a peer): the same action in a third of the time (schedules hold 1e5+ messages)."""
+    return _unchecked(op, unit, mb, payload, peer)
+
+
+def compute_action(op: Op, unit: int, mb: tuple[int, ...]) -> Action:
+    """``Action(op, unit, mb)`` without the checks, for generators whose inputs already form a
+    valid compute (op in F, B, D, W, RECOMPUTE, a unit >= 0, a tuple of micro-batches >= 0)."""
+    return _unchecked(op, unit, mb, None, None)
+
+
+def _unchecked(op: Op, unit: int, mb: tuple[int, ...], payload: Payload | None, peer: int | None) -> Action:
     a = _new(Action)
     _set_op(a, op)
     _set_unit(a, unit)

@@ -166,16 +166,19 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
     move earlier and non-RECV actions keep their relative order, so every consumer still
     follows its RECV. A schedule whose links are already in order is returned unchanged.
     """
-    sent: dict[tuple[int, int], dict[tuple, int]] = {}   # (src, dst) -> message key -> its SEND place
+    sent: dict[int, dict[int, dict[tuple, int]]] = {}   # dst -> src -> message key -> its SEND place
     SEND, RECV = Op.SEND, Op.RECV
     for src, acts in enumerate(schedule.actions):
+        to: dict[int, dict[tuple, int]] = {}   # dst -> sent[dst][src]
         for a in acts:
             if a.op is SEND:
-                link = sent.setdefault((src, a.peer), {})
-                link[a.key] = len(link)
+                link = to.get(a.peer)
+                if link is None:
+                    link = to[a.peer] = sent.setdefault(a.peer, {}).setdefault(src, {})
+                link[(a.payload, a.unit, a.mb, a.tag)] = len(link)   # a.key without the property call
     out: list[list[Action]] = []
     for dst, acts in enumerate(schedule.actions):
-        if _in_send_order(acts, dst, sent):
+        if _in_send_order(acts, sent.get(dst, {})):
             out.append(acts)
             continue
         slot: dict[int, tuple[int, int]] = {}   # action index -> (new position, send index)
@@ -184,7 +187,7 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
             if a.op is RECV:
                 recvs_from.setdefault(a.peer, []).append(i)
         for src, idx in recvs_from.items():
-            order = sent.get((src, dst), {})
+            order = sent.get(dst, {}).get(src, {})
             recvs = sorted((order.get(acts[i].key, -1), i) for i in idx)
             earliest = len(acts)
             for k, i in reversed(recvs):         # position = min over this and later-sent RECVs
@@ -200,15 +203,18 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
     return schedule.with_actions(out)
 
 
-def _in_send_order(acts: list[Action], dst: int, sent: dict[tuple[int, int], dict[tuple, int]]) -> bool:
-    """Whether every link's RECVs on rank dst already follow strictly increasing SEND places
-    (then :func:`order_recvs_by_send` keeps the list; a RECV nothing sent breaks the order)."""
+def _in_send_order(acts: list[Action], links: dict[int, dict[tuple, int]]) -> bool:
+    """Whether every link's RECVs on a rank already follow strictly increasing SEND places
+    (``links``: its sources' message key -> SEND place; then :func:`order_recvs_by_send` keeps the
+    list; a RECV nothing sent breaks the order)."""
     last: dict[int, int] = {}
     RECV = Op.RECV
     for a in acts:
         if a.op is RECV:
-            k = sent.get((a.peer, dst), {}).get(a.key, -1)
-            if k <= last.get(a.peer, -1):
+            peer = a.peer
+            link = links.get(peer)
+            k = -1 if link is None else link.get((a.payload, a.unit, a.mb, a.tag), -1)
+            if k <= last.get(peer, -1):
                 return False
-            last[a.peer] = k
+            last[peer] = k
     return True

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum, IntEnum
+from operator import attrgetter
 from typing import Iterator
 
 from .action import Action, Op, Payload
@@ -246,9 +247,14 @@ def writes(a: Action, num_units: int, rank: int | None = None, recompute: bool =
     return list(expand_refs(a, refs, num_units, rank))
 
 
+_OP = attrgetter("op")
+
+
 def recomputed(actions: list[Action]) -> set[tuple[int, int]]:
     """(unit, micro-batch) pairs that a RECOMPUTE of this rank's list rebuilds."""
     rec = Op.RECOMPUTE
+    if rec not in map(_OP, actions):   # the common case, scanned without a Python-level loop
+        return set()
     return {(a.unit, m) for a in actions if a.op is rec for m in a.mb}
 
 

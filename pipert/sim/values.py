@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from operator import attrgetter
 from typing import Any
 
 from ..ir.action import COLLECTIVE_OPS, Action, Op
@@ -46,6 +47,10 @@ _TIMED = {op: s.timed for op, s in TABLE.items()}
 
 class Builder(CommState):
     """Pass 1 (see module doc). ``run`` fills the node arrays and the per-rank results."""
+
+    fast = True
+    """Plain computes through :meth:`plain_compute`; False: every action through :meth:`effects`
+    (the same graph, tested)."""
 
     def __init__(self, s: Any, cost: Any, links: Any, memory_limit: Any) -> None:
         super().__init__(s, cost, links)
@@ -91,6 +96,7 @@ class Builder(CommState):
         qname = {op: QUEUES[q] for op, q in q_of.items()}
         plan = self._plan
         kind, dur, lat, succ, indeg = self.kind, self.dur, self.lat, self.succ, self.indeg
+        fast = self.fast
         for r in range(self.P):
             acts = s.actions[r]
             self.r = r
@@ -109,11 +115,12 @@ class Builder(CommState):
             trace: list[float] = []
             peak = busy = 0.0
             limit, over = self.limits[r], False
+            check = _out_of_range(acts, U, M)   # indices are checked per action only where one is bad
             for i, a in enumerate(acts):
                 op = a.op
                 q = q_of[op]
                 u, mb = a.unit, a.mb
-                if ((u is not None and u >= U) or (mb and max(mb) >= M)) and self._bad_index(r, i, a):
+                if check and self._bad_index(r, i, a):
                     trace.append(self.mem)
                     continue
                 if q == 0:
@@ -149,6 +156,8 @@ class Builder(CommState):
                             self.comm_reads(a, r, i, n, reads)
                         if writes:
                             self.apply_writes(a, r, n, writes)
+                    elif fast and a.sub is None and op in _COMPUTE_OPS:
+                        self.plain_compute(a, r, i, n)
                     else:
                         self.effects(a, r, i, n)
                 trace.append(self.mem)
@@ -229,6 +238,43 @@ class Builder(CommState):
                 self.mark_done(a, r, i)
             if writes:
                 self.apply_writes(a, r, n, writes)
+
+    def plain_compute(self, a: Action, r: int, i: int, n: int) -> None:
+        """effects() of an F, B, D, W or RECOMPUTE without sub-blocks, the most common actions:
+        the same plan, reads (taken and freed at once), once-per-(unit, micro-batch) check and
+        writes, with compute_reads and mark_done inlined (``fast`` off: effects())."""
+        op, u, mb = a.op, a.unit, a.mb
+        rec = self.recomputed
+        keeps = op is _F and bool(rec) and any((u, m) in rec for m in mb)
+        got = self._plan_cache.get((op, a.payload, u, r == a.root, keeps))
+        reads, writes = got if got is not None else self._plan(a, r, keeps)
+        have, kind = self.have, self.kind
+        for wg, uu, release, shard, ku, per_mb, _ in reads:
+            if wg:
+                self.take_wgrad(a, r, i, n, uu, shard)
+                continue
+            for m in (mb if per_mb else (0,)):
+                k = ku | m << SHIFT
+                p = have.get(k, MISSING)
+                if p == MISSING:
+                    self.use(r, i, k, n, True)
+                    continue
+                if p >= 0 and kind[p]:  # a value from another queue: an edge, communicated input
+                    self.succ[p].append(n << 1 | 1)
+                    self.indeg[n] += 1
+                    self.comm_in.append((n, p))
+                if release:
+                    del have[k]
+                    self.mem -= self.live.pop(k, 0.0)
+        if op is not _RECOMPUTE:
+            fk = u << 32 | mb[0]
+            table = self.fwd if op is _F else self.wdone if op is _W else self.bwd
+            if len(mb) > 1 or fk in table:  # a fold, or a second run: mark_done checks and names it
+                self.mark_done(a, r, i)
+            else:
+                table[fk] = (r << 32 | i) << 1 | (op is _D) if table is self.bwd else r << 32 | i
+        if writes:
+            self.apply_writes(a, r, n, writes)
 
     def _role_ok(self, role: int, a: Action, r: int) -> bool:
         return role == 0 or (role == 1) == (r == a.root) and role != 3
@@ -503,6 +549,16 @@ class Builder(CommState):
     def finish(self) -> None:
         from .checks import finish_checks
         finish_checks(self)
+
+
+def _out_of_range(acts: list[Action], num_units: int, num_microbatches: int) -> bool:
+    """Whether an action of ``acts`` names a unit or micro-batch beyond the schedule's (a scan
+    without a Python-level loop; unit 0 and actions without micro-batches are skipped as falsy)."""
+    return max(filter(None, map(_UNIT, acts)), default=-1) >= num_units or \
+        max(map(max, filter(None, map(_MB, acts))), default=-1) >= num_microbatches
+
+
+_UNIT, _MB = attrgetter("unit"), attrgetter("mb")
 
 
 def _payload_kind(a: Action) -> int:
