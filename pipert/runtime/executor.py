@@ -67,9 +67,9 @@ class StepResult:
     losses: dict[int, float] = field(default_factory=dict)  # micro-batch -> loss (last-unit ranks only)
     sent_bytes: dict[str, int] = field(default_factory=dict)  # payload (or op:payload) -> bytes this rank sent
     trace: list[tuple[str, float, float]] = field(default_factory=list)  # (action, start, end) if traced
-    op_times: list[tuple[str, int | None, float]] = field(default_factory=list)
-    """If traced: (op, unit, seconds) of every compute per micro-batch and of OPT, the unit's work
-    alone (waits for received values excluded)."""
+    op_times: list[tuple[str, int | None, float, float]] = field(default_factory=list)
+    """If traced: (op, unit, seconds, CPU seconds of the computing thread) of every compute per
+    micro-batch and of OPT, the unit's work alone (waits for received values excluded)."""
     memory: list[int] = field(default_factory=list)  # bytes held after each action, if measured
     stashes: list[list[tuple[int, int]]] = field(default_factory=list)
     """If measured: after each action, the (unit, micro-batch) stashes holding saved tensors
@@ -285,10 +285,10 @@ class RankExecutor:
     def _compute(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
         op, u = a.op, a.unit
         if op is Op.OPT:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             self.state.optimize(a)
             if self.trace:
-                self.result.op_times.append((op.value, a.unit, time.perf_counter() - t0))
+                self.result.op_times.append((op.value, a.unit, time.perf_counter() - t0, time.thread_time() - c0))
             return
         if op is Op.F or graph:
             self.state.ready(u)
@@ -299,10 +299,11 @@ class RankExecutor:
         for m in a.mb:
             key = reads_by_mb.get(m)
             x = self._take(key, i, a) if key is not None else None
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             out = self._run(runner, a, m, x, graph)
             if self.trace:
-                self.result.op_times.append((op.value, u, (time.perf_counter() - t0) * (a.sub[1] if a.sub else 1)))
+                k = a.sub[1] if a.sub else 1
+                self.result.op_times.append((op.value, u, (time.perf_counter() - t0) * k, (time.thread_time() - c0) * k))
             if self.record:
                 self.result.order.append((i, op.value, u, m, digest(x), digest(out)))
             key = writes_by_mb.get(m)
