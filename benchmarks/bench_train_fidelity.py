@@ -58,6 +58,8 @@ def row(schedule: str, label: str, recs: list[dict], warmup: int, lat: float, bw
             "predicted_shared_s": round(shared, 5), "rel_error_shared": round((shared - measured) / measured, 4),
             "max_forward_s": round(med("max_forward_s"), 6),
             "compute_s_all_ranks": round(busy, 5), "cpu_share": round(busy / (cores * measured), 3),
+            "message_overhead_s": round(med("message_overhead_s"), 7),
+            "action_overhead_s": round(med("action_overhead_s"), 7),
             "actions_per_rank": actions_per_rank(schedule), "load_1min": round(os.getloadavg()[0], 2),
             "processes": P, "cores": cores}
 
@@ -142,6 +144,15 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
         lines += ["", f"The shared prediction is closer to the measurement than the one with a core per rank in "
                       f"{better} of {len(shared_rows)} runs (median error {statistics.median(r['rel_error_shared'] for r in shared_rows):+.1%} "
                       f"against {statistics.median(r['rel_error'] for r in shared_rows):+.1%})."]
+    measured_overheads = [r for r in rows if r.get("action_overhead_s", "") != ""]
+    if measured_overheads:
+        med = lambda k: statistics.median(r[k] for r in measured_overheads)  # noqa: E731
+        lines += ["", f"Both predictions also count what the job measured beyond its computes "
+                      f"(`pipert.runtime.fidelity`): every link is slower by the messages' transit beyond the link "
+                      f"model (median over the runs {med('message_overhead_s') * 1e6:.0f} us), and in the shared "
+                      f"prediction each compute carries its process's other CPU (median "
+                      f"{med('action_overhead_s') * 1e6:.0f} us per compute: issuing, queue hand-offs, gloo calls, "
+                      f"link timers)."]
     misses = [r for r in rows if abs(judged(r)) > TARGET]
     if misses:
         lines += ["", "## Misses, from the data", ""]
@@ -153,7 +164,13 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
                     f"({gap * 1e3:+.1f} ms per step). The ranks' computes add up to "
                     f"{r['compute_s_all_ranks']:.3f} s, a CPU share of {r['cpu_share']:.2f} of {r['cores']} cores "
                     f"over the measured step ({r['processes']} processes)")
-            if gap > 0 and uses_shared(r):
+            if gap > 0 and uses_shared(r) and r in measured_overheads:
+                text += (f"; the shared prediction already has the {r['processes']} ranks' computes and their "
+                         f"processes' other CPU share the {r['cores']} cores and every message pay its measured "
+                         f"transit, so the rest is cores the machine's other processes took (load average "
+                         f"{r['load_1min']:.1f} at the end of the run, {r['processes']} of it these ranks) and the "
+                         f"waits of the ranks' threads for a core after each message.")
+            elif gap > 0 and uses_shared(r):
                 text += (f"; the shared prediction already has the {r['processes']} ranks' computes share the "
                          f"{r['cores']} cores, so the rest is time outside the computes that neither prediction "
                          f"counts: {gap / r['actions_per_rank'] * 1e6:.0f} us per action of a rank's "

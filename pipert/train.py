@@ -391,7 +391,8 @@ def _print_fidelity(predicted: list[dict], measured: list[float]) -> None:
 def _predicted(pipe, backend: str, rank: int, links, measured: float) -> dict:
     """The simulator's step time from this step's measured compute times, beside the measured one
     (every rank of a dist job must call this; rank 0 gets the numbers)."""
-    from .runtime.fidelity import local_measurements, predict_step, predict_step_shared, profile_from_measurements
+    from .runtime.fidelity import (local_measurements, message_overhead, predict_step, predict_step_shared,
+                                   profile_from_measurements)
     mine = local_measurements(pipe)
     parts = [mine]
     if backend != "local":
@@ -405,11 +406,11 @@ def _predicted(pipe, backend: str, rank: int, links, measured: float) -> dict:
     shared = predict_step_shared(pipe.program, prof, links)
     out = {"measured_step_s": measured, "predicted_step_s": predicted,
            "predicted_rel_err": (predicted - measured) / measured, "max_forward_s": prof.max_forward,
-           "compute_s_all_ranks": prof.busy}
+           "compute_s_all_ranks": prof.busy, "message_overhead_s": message_overhead(prof.messages, links)}
     if shared is not None:
         out.update(predicted_shared_step_s=shared, predicted_shared_rel_err=(shared - measured) / measured,
                    ranks_per_host=[prof.host_of_rank.count(h) for h in range(len(prof.cores))],
-                   cores_per_host=prof.cores)
+                   cores_per_host=prof.cores, action_overhead_s=prof.action_overhead)
     return out
 def _resume(cfg: TrainConfig, pipe, ref_units, ref_opt) -> int:
     """The first step to run: 0, or the checkpoint's step after loading it (and, with --check,

@@ -70,6 +70,11 @@ class StepResult:
     op_times: list[tuple[str, int | None, float, float]] = field(default_factory=list)
     """If traced: (op, unit, seconds, CPU seconds of the computing thread) of every compute per
     micro-batch and of OPT, the unit's work alone (waits for received values excluded)."""
+    messages: list[tuple] = field(default_factory=list)
+    """If traced: every point-to-point message of the step, ("send", peer, k, bytes, posted at) on
+    its sender and ("recv", peer, k, wait began, completed) on its receiver, k its index on its
+    directed link in the step (FIFO: the k-th send meets the k-th receive), times
+    ``time.perf_counter()`` (one clock for the processes of one host)."""
     memory: list[int] = field(default_factory=list)  # bytes held after each action, if measured
     stashes: list[list[tuple[int, int]]] = field(default_factory=list)
     """If measured: after each action, the (unit, micro-batch) stashes holding saved tensors
@@ -152,6 +157,8 @@ class RankExecutor:
         self.pending: dict[tuple, tuple] = {}      # value key -> (handle, buffer, slot, index, action)
         self.sends: list[tuple[Handle, Any, int, Action]] = []
         self.result = StepResult()
+        self._link_index: dict[tuple[str, int], int] = {}  # (SEND|RECV, peer) -> messages posted
+        self._recv_index: dict[int, int] = {}  # action index of a posted RECV -> its k on the link
         self._error: BaseException | None = None
         q = self.queues
         posted: dict[tuple, Any] = {}    # value key -> event of the post that brings it
@@ -229,8 +236,12 @@ class RankExecutor:
 
     # ------------------------------------------------------------------ waits
     def _complete(self, handle: Handle, i: int, a: Action) -> None:
+        k = self._recv_index.pop(i, None) if self.trace and a.op is Op.RECV else None
+        t0 = time.perf_counter()
         try:
             handle.wait(self.timeout)
+            if k is not None:
+                self.result.messages.append(("recv", a.peer, k, t0, time.perf_counter()))
         except CommTimeout:
             verb = "to" if a.op is Op.SEND or a.waits is Op.SEND else "from"
             raise PipelineTimeout(
@@ -240,7 +251,14 @@ class RankExecutor:
             raise PipelineError(f"rank {self.rank} failed at action {i} ({a}): peer rank {peer_text(a)} "
                                 f"went away ({e})", self.rank, a.peer) from None
 
-    def _post(self, post: Callable[[], Handle], i: int, a: Action) -> Handle:
+    def _post(self, post: Callable[[], Handle], i: int, a: Action, nbytes: int = 0) -> Handle:
+        if self.trace and a.op in (Op.SEND, Op.RECV):
+            k = self._link_index.get((a.op.value, a.peer), 0)
+            self._link_index[(a.op.value, a.peer)] = k + 1
+            if a.op is Op.SEND:
+                self.result.messages.append(("send", a.peer, k, nbytes, time.perf_counter()))
+            else:
+                self._recv_index[i] = k
         try:
             return post()
         except PeerFailure as e:
@@ -360,7 +378,7 @@ class RankExecutor:
             t = self.state.take_wgrad(a.unit)
         else:
             t = self._payload_out(i, a, release=True)
-        handle = self._post(lambda: self.transport.isend(t, a.peer), i, a)
+        handle = self._post(lambda: self.transport.isend(t, a.peer), i, a, t.numel() * t.element_size())
         self._count(a.payload.value, t)
         with self._sends_lock:
             self.sends.append((handle, t, i, a))

@@ -402,10 +402,12 @@ class Pipeline:
             for mod in self.modules[r].values():
                 for p in mod.parameters():
                     p.grad = None
+        cpu0 = time.process_time()
         if self.backend == "local":
             results = self._run_local(xs, ys)
         else:
             results = {self.ranks[0]: self._executors[self.ranks[0]].run(xs, ys)}
+        self.last_process_cpu = time.process_time() - cpu0  # every thread of this process, in the run
         self.last_results = results
         total = sum(sum(r.losses.values()) for r in results.values())
         count = sum(len(r.losses) for r in results.values())

@@ -3,7 +3,7 @@ import pytest
 
 from pipert.cost import UniformCost
 from pipert.cost.topology import Links, LinkSpec, Topology
-from pipert.runtime.fidelity import predict_step, predict_step_shared, profile_from_measurements
+from pipert.runtime.fidelity import message_overhead, predict_step, predict_step_shared, profile_from_measurements
 from pipert.runtime.pipeline import program_for
 from pipert.schedules import build_schedule
 from pipert.sim import simulate
@@ -70,3 +70,47 @@ def test_a_traced_step_records_wall_and_cpu_seconds_of_every_compute():
     assert len(times) == 2 * 2 * 4 + 2
     # a compute's CPU seconds are its thread's: never more than its wall time (clock granularity aside)
     assert all(0 <= cpu <= wall + 1e-3 for _, _, wall, cpu in times)
+
+
+def test_message_overhead_counts_only_readers_that_waited():
+    msgs = [(0, "send", 1, 0, 100, 1.0), (0, "send", 1, 1, 100, 1.0),
+            (1, "recv", 0, 0, 0.5, 1.2),   # waited from 0.5: got it 0.2 s after it arrived
+            (1, "recv", 0, 1, 2.0, 2.1)]   # came after it arrived: says nothing of the transit
+    assert message_overhead(msgs) == pytest.approx(0.2)
+    # on a link of 0.5 s latency and 0.1 s per message: arrivals at 1.6 and (FIFO) 1.7
+    links = Links(Topology(2, num_dcs=2), {"inter_dc": LinkSpec(0.5, 1000.0)})
+    msgs[2:] = [(1, "recv", 0, 0, 0.5, 1.65), (1, "recv", 0, 1, 1.0, 1.75)]
+    assert message_overhead(msgs, links) == pytest.approx(0.05)
+    assert message_overhead([]) == 0.0
+
+
+def test_message_and_action_overheads_reach_both_predictions():
+    program = program_for(build_schedule("1f1b", stages=4, microbatches=8))
+    parts = _parts(program, 1.0, 2.0, spread=0.0, cpu=0.5, cores=4)
+    for p in parts:  # 0.1 CPU s per compute beyond the computes; one message 0.3 s late
+        p["process_cpu"] = sum(t[3] for t in p["times"]) + 0.1 * len(p["times"])
+        p["clock_host"] = "h"
+    parts[0]["messages"] = [(0, "send", 1, 0, 8, 0.0)]
+    parts[1]["messages"] = [(1, "recv", 0, 0, 0.0, 0.3)]
+    prof = profile_from_measurements(parts, program.num_units)
+    assert prof.action_overhead == pytest.approx(0.1) and len(prof.messages) == 2
+    links = Links(Topology(4), {c: LinkSpec(0.3) for c in ("local", "intra_node", "inter_node", "inter_dc")})
+    own = simulate(program, UniformCost(tf=1.0, tb=2.0, t_opt=0.25, act_bytes=1000), links=links).makespan
+    assert predict_step(program, prof) == pytest.approx(own, rel=1e-12)
+    cpu = simulate(program, UniformCost(tf=0.6, tb=1.1, t_opt=0.225, act_bytes=1000), links=links).makespan
+    assert predict_step_shared(program, prof) == pytest.approx(cpu, rel=1e-12)  # a core per rank
+    parts[1]["clock_host"] = "elsewhere"  # two clocks: the messages' times do not compare
+    assert profile_from_measurements(parts, program.num_units).messages == []
+
+
+def test_a_traced_step_records_each_message_at_both_ends():
+    from pipert.runtime.pipeline import Pipeline
+    from pipert.testing import make_batch, sgd, tiny_units
+    pipe = Pipeline(tiny_units(2, "float64"), build_schedule("1f1b", stages=2, microbatches=4), optimizer=sgd,
+                    trace=True)
+    pipe.step(*make_batch(4))
+    sends = {(r, m[1], m[2]): m for r, res in pipe.last_results.items() for m in res.messages if m[0] == "send"}
+    recvs = {(m[1], r, m[2]): m for r, res in pipe.last_results.items() for m in res.messages if m[0] == "recv"}
+    assert sorted(sends) == sorted(recvs) == [(0, 1, k) for k in range(4)] + [(1, 0, k) for k in range(4)]
+    assert all(sends[key][3] > 0 and sends[key][4] <= recvs[key][4] for key in sends)  # posted before read
+    assert pipe.last_process_cpu > 0
