@@ -126,18 +126,29 @@ def _check_held(path: Path, modules: dict[int, nn.Module], problems: list[str]) 
 def _holdings(pipe) -> tuple[dict[int, nn.Module], list[tuple[Any, dict]], list[tuple[int, int]], list[tuple]]:
     """What this process holds: one module per whole unit, their optimizers (each with the names
     of its parameters), every (rank, unit) pair of a ZeRO-sharded unit, and (rank, unit, first
-    rank) of each further replica of a whole unit in this process (the local backend)."""
+    rank, whether the module is copied too) of each further replica of a whole unit (or of the
+    stage-0 optimizer of a unit with per-parameter stages) in this process (the local backend)."""
     modules: dict[int, nn.Module] = {}
     first: dict[int, int] = {}
     optimizers: list[tuple[Any, dict]] = []
     sharded: list[tuple[int, int]] = []
     copies: list[tuple] = []
+    pl = pipe.schedule.placement
     for r in pipe.ranks:
         for u in pipe.schedule.units_owned(r):
-            if pipe.schedule.placement.zero_stage(u):
+            if any(z for _, z in pl.zero_parts(u)):
                 sharded.append((r, u))
+                if u not in pipe.optimizers[r]:
+                    continue
+                # the stage-0 class of a unit with per-parameter stages: one optimizer is read and
+                # written, further replicas in this process copy it
+                if u in first:
+                    copies.append((r, u, first[u], False))
+                else:
+                    first[u] = r
+                    optimizers.append((pipe.optimizers[r][u], _param_names({u: pipe.modules[r][u]})))
             elif u in modules:
-                copies.append((r, u, first[u]))
+                copies.append((r, u, first[u], True))
             else:
                 modules[u], first[u] = pipe.modules[r][u], r
                 if u in pipe.optimizers[r]:
@@ -147,8 +158,9 @@ def _holdings(pipe) -> tuple[dict[int, nn.Module], list[tuple[Any, dict]], list[
 
 def _copy_replicas(pipe, copies: list[tuple]) -> None:
     """Further replicas in this process take the first one's weights and optimizer state."""
-    for r, u, src in copies:
-        pipe.modules[r][u].load_state_dict(pipe.modules[src][u].state_dict())
+    for r, u, src, whole in copies:
+        if whole:
+            pipe.modules[r][u].load_state_dict(pipe.modules[src][u].state_dict())
         if u in pipe.optimizers[src]:
             pipe.optimizers[r][u].load_state_dict(copy.deepcopy(pipe.optimizers[src][u].state_dict()))
 
@@ -352,57 +364,71 @@ def _gather(pipe, rank: int, u: int, shard_of: Callable[[Any], torch.Tensor]) ->
     return whole
 
 
-def _pieces(module: nn.Module, u: int, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``unit{u}.{name}`` -> that parameter's part of the unit's flat tensor."""
-    out, off = {}, 0
-    for n, p in module.named_parameters():
+def _names(st, module: nn.Module, u: int, zc: int | None) -> list[str]:
+    """Names of the parameters of unit u's ZeRO class ``zc`` (None: all), in module order."""
+    ids = {id(p) for p in st.params(u, zc)}
+    return [n for n, p in module.named_parameters() if id(p) in ids]
+
+
+def _pieces(module: nn.Module, u: int, flat: torch.Tensor, names: list[str]) -> dict[str, torch.Tensor]:
+    """``unit{u}.{name}`` -> that parameter's piece of the flat tensor of the parameters ``names``."""
+    params, out, off = dict(module.named_parameters()), {}, 0
+    for n in names:
+        p = params[n]
         out[f"unit{u}.{n}"] = flat[off:off + p.numel()].view(p.shape).clone()
         off += p.numel()
     return out
 
 
-def _shard_state(st, u: int) -> dict[str, Any]:
-    opt = st.shard_opt.get(u)
+def _shard_state(st, part: tuple) -> dict[str, Any]:
+    opt = st.shard_opt.get(part)
     if opt is None:
         return {}
     if not isinstance(opt, torch.optim.Optimizer):
-        raise CheckpointError(f"unit {u} is sharded with ZeRO and steps fp32 master copies (bf16/fp16 weights); "
-                              f"checkpoints of such units are not supported: use zero=0 or float32/float64")
-    return opt.state.get(st.shards[u], {})
+        raise CheckpointError(f"unit {part[0]} is sharded with ZeRO and steps fp32 master copies (bf16/fp16 "
+                              f"weights); checkpoints of such units are not supported: use zero=0 or float32/float64")
+    return opt.state.get(st.shards[part], {})
 
 
 def _zero_entries(pipe, sharded: list[tuple[int, int]]) -> dict[str, Any]:
-    """Whole-unit entries (as a zero=0 unit writes them) of the ZeRO units this process holds."""
+    """Whole-unit entries (as a zero=0 unit writes them) of the ZeRO units this process holds;
+    a unit with per-parameter stages writes each ZeRO class's parameters from its shards."""
     out: dict[str, Any] = {}
     for u, r in sorted(dict((u, r) for r, u in reversed(sharded)).items()):  # one holder per unit
         st, module = pipe._executors[r].state, pipe.modules[r][u]
         out.update({f"model.unit{u}.{k}": v for k, v in module.state_dict().items()
                     if k not in dict(module.named_parameters())})  # buffers are whole on every holder
-        weights = _gather(pipe, r, u, lambda s: s.shards[u].detach())
-        out.update({f"model.{k}": v for k, v in _pieces(module, u, weights).items()})
-        state, n = _shard_state(st, u), st.shards[u].numel()
-        for key in sorted(state):
-            v = state[key]
-            if isinstance(v, torch.Tensor) and v.numel() == n and v.dim() == 1:
-                whole = _gather(pipe, r, u, lambda s: _shard_state(s, u)[key])
-                out.update({f"optim.{k}.{key}": t for k, t in _pieces(module, u, whole).items()})
-            else:  # per-shard scalars (AdamW's step) are the same on every holder
-                out.update({f"optim.unit{u}.{name}.{key}": v for name, _ in module.named_parameters()})
-        if u in st.shard_opt:
-            hyper = json.dumps({k: v for k, v in st.shard_opt[u].param_groups[0].items() if k != "params"})
-            out.update({f"optim.unit{u}.{name}.hyper": hyper for name, _ in module.named_parameters()})
+        for zc, z in st.parts[u]:
+            names, part = _names(st, module, u, zc), (u, zc)
+            if z == 0:  # whole on every holder; its optimizer is the owner's (see _holdings)
+                out.update({f"model.unit{u}.{n}": p.detach() for n, p in module.named_parameters() if n in names})
+                continue
+            weights = _gather(pipe, r, u, lambda s: s.shards[part].detach())
+            out.update({f"model.{k}": v for k, v in _pieces(module, u, weights, names).items()})
+            state, n = _shard_state(st, part), st.shards[part].numel()
+            for key in sorted(state):
+                v = state[key]
+                if isinstance(v, torch.Tensor) and v.numel() == n and v.dim() == 1:
+                    whole = _gather(pipe, r, u, lambda s: _shard_state(s, part)[key])
+                    out.update({f"optim.{k}.{key}": t for k, t in _pieces(module, u, whole, names).items()})
+                else:  # per-shard scalars (AdamW's step) are the same on every holder
+                    out.update({f"optim.unit{u}.{name}.{key}": v for name in names})
+            if part in st.shard_opt:
+                hyper = json.dumps({k: v for k, v in st.shard_opt[part].param_groups[0].items() if k != "params"})
+                out.update({f"optim.unit{u}.{name}.hyper": hyper for name in names})
     return out
 
 
 def _zero_placeholders(pipe, sharded: list[tuple[int, int]], md: dict) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for r, u in sharded:
-        module = pipe.modules[r][u]
+        module, st = pipe.modules[r][u], pipe._executors[r].state
         params = dict(module.named_parameters())
         for k, v in module.state_dict().items():
             out[f"model.unit{u}.{k}"] = torch.empty(v.shape, dtype=v.dtype, device=v.device) if k in params else v
-        for name in params:
-            out.update(_placeholders(md, f"optim.unit{u}.{name}."))
+        for zc, z in st.parts[u]:
+            for name in (_names(st, module, u, zc) if z else ()):  # stage 0: the owner's optimizer loads it
+                out.update(_placeholders(md, f"optim.unit{u}.{name}."))
     return out
 
 
@@ -411,35 +437,45 @@ def _apply_zero(pipe, sharded: list[tuple[int, int]], sd: dict[str, Any]) -> Non
     keep the whole weights in the module."""
     for r, u in sharded:
         st, module = pipe._executors[r].state, pipe.modules[r][u]
-        names = [n for n, _ in module.named_parameters()]
-        if not names:
-            continue
-        k, _ = st.position(u)
-        size = st.shards[u].numel()
+        for zc, z in st.parts[u]:
+            _apply_part(st, module, u, zc, z, sd)
 
-        def shard(key: str) -> torch.Tensor:
-            flat = torch.cat([sd[key.format(name=n)].reshape(-1) for n in names])
-            return st._padded(u, flat)[k * size:(k + 1) * size]
 
-        with torch.no_grad():
-            st.shards[u].copy_(shard(f"model.unit{u}.{{name}}"))
-            if st.zero[u] < 3:
-                for n, p in module.named_parameters():
+def _apply_part(st, module: nn.Module, u: int, zc: int | None, z: int, sd: dict[str, Any]) -> None:
+    names = _names(st, module, u, zc)
+    if not names:
+        return
+    part = (u, zc)
+    with torch.no_grad():
+        if z < 3:
+            for n, p in module.named_parameters():
+                if n in names:
                     p.copy_(sd[f"model.unit{u}.{n}"])
-        opt = st.shard_opt.get(u)
-        if opt is None:
+    if z == 0:
+        return
+    k, _ = st.position(u)
+    size = st.shards[part].numel()
+
+    def shard(key: str) -> torch.Tensor:
+        flat = torch.cat([sd[key.format(name=n)].reshape(-1) for n in names])
+        return st._padded(u, flat)[k * size:(k + 1) * size]
+
+    with torch.no_grad():
+        st.shards[part].copy_(shard(f"model.unit{u}.{{name}}"))
+    opt = st.shard_opt.get(part)
+    if opt is None:
+        return
+    _shard_state(st, part)  # refuses master-weight optimizers
+    prefix = f"optim.unit{u}.{names[0]}."
+    keys = [key[len(prefix):] for key in sd if key.startswith(prefix) and "." not in key[len(prefix):]]
+    state = {}
+    for key in keys:
+        if key == "hyper":
             continue
-        _shard_state(st, u)  # refuses master-weight optimizers
-        prefix = f"optim.unit{u}.{names[0]}."
-        keys = [key[len(prefix):] for key in sd if key.startswith(prefix) and "." not in key[len(prefix):]]
-        state = {}
-        for key in keys:
-            if key == "hyper":
-                continue
-            first = sd[prefix + key]
-            whole = isinstance(first, torch.Tensor) and first.shape == dict(module.named_parameters())[names[0]].shape
-            # every holder gets its own tensors: optimizers update their state in place
-            state[key] = shard(f"optim.unit{u}.{{name}}.{key}").clone() if whole else copy.deepcopy(first)
-        hyper = json.loads(sd[prefix + "hyper"])
-        group = {**{a: b for a, b in opt.param_groups[0].items() if a != "params"}, **hyper, "params": [0]}
-        opt.load_state_dict({"state": {0: state} if state else {}, "param_groups": [group]})
+        first = sd[prefix + key]
+        whole = isinstance(first, torch.Tensor) and first.shape == dict(module.named_parameters())[names[0]].shape
+        # every holder gets its own tensors: optimizers update their state in place
+        state[key] = shard(f"optim.unit{u}.{{name}}.{key}").clone() if whole else copy.deepcopy(first)
+    hyper = json.loads(sd[prefix + "hyper"])
+    group = {**{a: b for a, b in opt.param_groups[0].items() if a != "params"}, **hyper, "params": [0]}
+    opt.load_state_dict({"state": {0: state} if state else {}, "param_groups": [group]})

@@ -218,7 +218,10 @@ _TRAIN_HELP = {
     "chunks": "units per rank for interleaved schedules", "ranks_per_node": "ranks per node (tawpipe)",
     "options": "generator options name=value;... (pipemesh: enqueue=4,4;dequeue=2,2,2,2;units_per_chunk=1)",
     "dp": "data-parallel replicas D of the pipeline (stages x dp processes)",
-    "zero": "ZeRO stage 0-3 of every unit over its replicas (needs --dp > 1)",
+    "zero": "ZeRO over the replicas (needs --dp > 1): a stage 0-3 for every unit, or per parameter: rules "
+            "'3:mlp,2:attn,1' (first pattern contained in the name wins, last entry the default) or shares "
+            "'p=0.4,g=0.7' (ZeRO-3 and ZeRO-2/3 shares of each unit, largest parameters first)",
+    "zero3_buffers": "gathered copies of ZeRO-3 weights: 1, or 2 (forward and backward computes apart)",
     "passes": "comma-separated lowering passes: recompute, offload_stashes, offload_weights, expand_folds, ...",
     "steps": "training steps", "batch_size": "sequences per step", "seq": "tokens per sequence",
     "model": "model preset: tiny, small, medium, large, gpt-tiny, gpt-small, gpt-1.3b, gpt-3b, gpt-7b",

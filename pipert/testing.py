@@ -41,8 +41,11 @@ class Case:
     """Micro-batches per op (``pipert.ir.passes.fold_microbatches``)."""
     dp: int = 1
     """Data-parallel replicas (``pipert.schedules.data_parallel.replicate``); ranks = stages * dp."""
-    zero: int | tuple = 0
-    """ZeRO stage of every unit over its replicas (with dp > 1), or one per unit."""
+    zero: int | str | tuple = 0
+    """ZeRO over the replicas (with dp > 1): a stage for every unit, one per unit, or a per-parameter
+    spec (``pipert.schedules.zero_rules``: "3:mlp,2:attn,1", "p=0.4,g=0.7")."""
+    zero3_buffers: int = 1
+    """Gathered copies of ZeRO-3 weights: 1, or 2 (forward and backward apart)."""
     links: tuple = ()
     """Emulated links as (name, value) pairs of ``pipert.linkflags.LinkOptions.parse``
     (e.g. ``(("dcs", 2), ("dc_latency", "2ms"))``); empty: messages are not delayed."""
@@ -193,7 +196,18 @@ def build_case_schedule(case: Case):
         s = build_schedule(case.schedule, stages=case.stages, microbatches=case.microbatches // per,
                            chunks=case.chunks, **dict(case.options))
     s = apply_passes(fold_microbatches(s, case.fold), case.passes)
-    return replicate(s, case.dp, case.zero) if case.dp > 1 else s
+    if case.dp == 1:
+        return s
+    from .schedules.zero_rules import resolve_zero
+    zeros, numel = resolve_zero(case.zero, [[(n, p.numel()) for n, p in m.named_parameters()]
+                                            for m in _case_units(case, s)])
+    return replicate(s, case.dp, zeros, numel, case.zero3_buffers)
+
+
+def _case_units(case: Case, schedule: Any) -> list[nn.Module]:
+    return tiny_units(schedule.num_units, case.dtype, fine=case.fine, model=case.model,
+                      cut=case.cut or schedule.meta.get("cut"), recompute=case.recompute, mlp_chunk=case.mlp_chunk,
+                      mlp_recompute=case.mlp_recompute)
 
 
 _schedule = build_case_schedule
@@ -212,9 +226,7 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
     from .runtime.pipeline import Pipeline
     from .runtime.reference import grouped_reference_step
     schedule = _schedule(case)
-    units = tiny_units(schedule.num_units, case.dtype, fine=case.fine, model=case.model,
-                       cut=case.cut or schedule.meta.get("cut"),
-                       recompute=case.recompute, mlp_chunk=case.mlp_chunk, mlp_recompute=case.mlp_recompute)
+    units = _case_units(case, schedule)
     ref_units = copy.deepcopy(units)
     if case.save_ops:
         from .models.recompute import selective_recompute

@@ -47,8 +47,11 @@ class TrainConfig:
     """Generator options as name=value pairs separated by ';' (pipemesh: "enqueue=4,4;dequeue=2,2,2,2")."""
     dp: int = 1
     """Data-parallel replicas D of the pipeline (stages x dp processes)."""
-    zero: int = 0
-    """ZeRO stage 0-3 of every unit over its replicas (with --dp > 1)."""
+    zero: str = "0"
+    """ZeRO over the replicas (with --dp > 1): a stage 0-3 for every unit, or per parameter by rules
+    ("3:mlp,2:attn,1") or shares ("p=0.4,g=0.7"); see pipert.schedules.zero_rules."""
+    zero3_buffers: int = 1
+    """Gathered copies of ZeRO-3 weights: 1, or 2 (forward and backward computes apart)."""
     passes: str = ""
     """Comma-separated lowering passes applied to the schedule (recompute, offload_stashes, expand_folds, ...)."""
     steps: int = 300
@@ -124,9 +127,17 @@ class TrainConfig:
         if self.batch_size % self.microbatches:
             raise ValueError(f"--batch-size {self.batch_size} is not divisible into {self.microbatches} "
                              f"micro-batches; use a multiple of {self.microbatches}")
-        if self.zero not in (0, 1, 2, 3):
-            raise ValueError(f"--zero must be 0, 1, 2 or 3, got {self.zero}")
-        if self.zero and self.dp == 1:
+        self.zero = str(self.zero).strip()
+        if self.zero not in ("0", "1", "2", "3"):
+            from .schedules.zero_rules import check_zero_spec
+            try:
+                check_zero_spec(self.zero)
+            except ValueError as e:
+                raise ValueError(f"--zero: {e}") from None
+        if self.zero3_buffers not in (1, 2):
+            raise ValueError(f"--zero3-buffers must be 1 (one gathered copy of ZeRO-3 weights) or 2 (forward and "
+                             f"backward copies), got {self.zero3_buffers}")
+        if self.zero != "0" and self.dp == 1:
             raise ValueError(f"--zero {self.zero} shards over data-parallel replicas: give --dp > 1")
         if self.microbatches % self.dp:
             raise ValueError(f"--microbatches {self.microbatches} do not split over --dp {self.dp} replicas; use a "
@@ -245,7 +256,13 @@ def build_program(cfg: TrainConfig):
         s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp,
                            chunks=chunks, **opts)
     s = apply_passes(s, cfg.pass_names())
-    return replicate(s, cfg.dp, cfg.zero) if cfg.dp > 1 else s
+    if cfg.dp == 1:
+        return s
+    import torch
+    from .schedules.zero_rules import resolve_zero
+    skeleton = _rank_units(cfg, s, torch.device("cpu"), keep=[])  # names and shapes only (meta device)
+    zeros, numel = resolve_zero(cfg.zero, [[(n, p.numel()) for n, p in m.named_parameters()] for m in skeleton])
+    return replicate(s, cfg.dp, zeros, numel, cfg.zero3_buffers)
 
 
 def _layers_per_stage(cfg: TrainConfig) -> int:
@@ -329,7 +346,7 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         from tqdm import tqdm
         if links is not None:
             print(f"pipert train: emulated links: {link_opts.describe()}", file=sys.stderr)
-        dp = f" D={cfg.dp}" + (f" ZeRO-{cfg.zero}" if cfg.zero else "") if cfg.dp > 1 else ""
+        dp = f" D={cfg.dp}" + (f" ZeRO {cfg.zero}" if cfg.zero != "0" else "") if cfg.dp > 1 else ""
         bar = tqdm(total=cfg.steps, desc=f"pipert train {cfg.schedule} P={cfg.stages}{dp} M={cfg.microbatches}",
                    file=sys.stderr)
     first = _resume(cfg, pipe, ref_units, ref_opt)

@@ -2,11 +2,13 @@
 
 Text grammar (tokens separated by spaces, in this order, optional ones omitted)::
 
-    OP [PAYLOAD] [uU] [mM[,M...]] [sI/N] [->PEER | <-PEER] [@R,R,...] [^ROOT] [#TAG]
+    OP [PAYLOAD] [uU] [zK] [fwd|bwd] [mM[,M...]] [sI/N] [->PEER | <-PEER] [@R,R,...] [^ROOT] [#TAG]
     WAIT <text of the SEND or RECV it completes>
 
 Examples: ``F u3 m2``, ``B u0 m0,1``, ``SEND act u3 m2 ->1``, ``RECV grad u3 m2 <-2``,
-``BROADCAST weight u5 @3,4,5 ^4``, ``OPT u2``, ``WAIT RECV act u3 m2 <-0``.
+``BROADCAST weight u5 @3,4,5 ^4``, ``OPT u2``, ``WAIT RECV act u3 m2 <-0``,
+``ALLGATHER weight u2 z3 @0,2`` (the ZeRO-3 class of unit 2's parameters), ``FREE weight u2 z3 bwd``
+(its gathered copy for backward computes).
 ``parse(str(a)) == a`` holds for every valid action.
 """
 from __future__ import annotations
@@ -74,7 +76,11 @@ class Action:
 
     Invariants (checked in ``__init__``): compute ops other than OPT name a unit and
     at least one micro-batch; SEND/RECV name a payload and a peer; collectives name a
-    payload and a group; WAIT names the op it completes in ``waits``.
+    payload and a group; WAIT names the op it completes in ``waits``; ``zclass`` (0..3) names
+    the parameters of the unit with that ZeRO stage and is only for weight or weight-gradient
+    payloads of messages, collectives and memory ops (docs/semantics.md, "ZeRO classes"); ``side``
+    ("fwd" or "bwd") names one of the two gathered copies of ZeRO-3 weights (ALLGATHER and FREE of
+    weights only; docs/semantics.md, "Separate ZeRO-3 buffers").
     """
 
     op: Op
@@ -87,11 +93,14 @@ class Action:
     tag: int = 0
     sub: tuple[int, int] | None = None
     waits: Op | None = None
+    zclass: int | None = None
+    side: str | None = None
     _h: int = field(default=0, init=False, repr=False, compare=False)
 
     def __init__(self, op: Op, unit: int | None = None, mb: tuple[int, ...] = (), payload: Payload | None = None,
                  peer: int | None = None, group: tuple[int, ...] = (), root: int | None = None, tag: int = 0,
-                 sub: tuple[int, int] | None = None, waits: Op | None = None) -> None:
+                 sub: tuple[int, int] | None = None, waits: Op | None = None, zclass: int | None = None,
+                 side: str | None = None) -> None:
         # the dataclass __init__ of a frozen class sets each field through object.__setattr__;
         # the slots' own setters do the same a few times faster (schedules hold 1e5+ actions)
         if type(mb) is int:
@@ -106,14 +115,16 @@ class Action:
         _set_tag(self, tag)
         _set_sub(self, sub)
         _set_waits(self, waits)
+        _set_zclass(self, zclass)
+        _set_side(self, side)
         _set_h(self, 0)
-        if type(op) is Op and type(mb) is tuple and type(group) is tuple \
+        if zclass is None and side is None and type(op) is Op and type(mb) is tuple and type(group) is tuple \
                 and (payload is None or type(payload) is Payload) \
                 and _plain(op, unit, mb, payload, peer, group, root, sub, waits):
             return
         self._normalise()
-        if not _plain(self.op, self.unit, self.mb, self.payload, self.peer, self.group, self.root, self.sub,
-                      self.waits):
+        if self.zclass is not None or self.side is not None or not _plain(self.op, self.unit, self.mb, self.payload, self.peer, self.group,
+                                                 self.root, self.sub, self.waits):
             self._check()
 
     def _normalise(self) -> None:
@@ -137,7 +148,7 @@ class Action:
         h = self._h
         if not h:
             h = hash((self.op, self.unit, self.mb, self.payload, self.peer, self.group, self.root, self.tag,
-                      self.sub, self.waits))
+                      self.sub, self.waits, self.zclass, self.side))
             _set_h(self, h)
         return h
 
@@ -145,7 +156,7 @@ class Action:
         # rebuilt through __init__: the cached hash depends on the process's string-hash seed,
         # so an unpickled copy (e.g. a program sent to spawned ranks) must compute its own
         return (Action, (self.op, self.unit, self.mb, self.payload, self.peer, self.group, self.root, self.tag,
-                         self.sub, self.waits))
+                         self.sub, self.waits, self.zclass, self.side))
 
     def _check(self) -> None:
         op = self.op
@@ -180,6 +191,19 @@ class Action:
             raise ScheduleFormatError(f"{where}: sub-block must be (index, count) with 0 <= index < count")
         if any(m < 0 for m in self.mb) or (self.unit is not None and self.unit < 0):
             raise ScheduleFormatError(f"{where}: unit and micro-batch indices must be >= 0")
+        if self.zclass is not None:
+            if self.zclass not in (0, 1, 2, 3):
+                raise ScheduleFormatError(f"{where}: ZeRO class z{self.zclass} unknown; allowed: z0, z1, z2, z3")
+            if self.payload not in (Payload.WEIGHT, Payload.WGRAD) or op in COMPUTE_OPS:
+                raise ScheduleFormatError(f"{where}: a ZeRO class (z{self.zclass}) names part of a unit's weights or "
+                                          f"weight gradient: only messages, collectives and memory ops of payload "
+                                          f"weight or wgrad take one")
+        if self.side is not None:
+            if self.side not in ("fwd", "bwd"):
+                raise ScheduleFormatError(f"{where}: side {self.side!r} unknown; allowed: fwd, bwd")
+            if op not in (Op.ALLGATHER, Op.FREE) or self.payload is not Payload.WEIGHT:
+                raise ScheduleFormatError(f"{where}: a side ({self.side}) names a gathered copy of ZeRO-3 weights: "
+                                          f"only ALLGATHER and FREE of payload weight take one")
 
     # --- derived views -------------------------------------------------------------
     @property
@@ -203,6 +227,10 @@ class Action:
             parts.append(self.payload.value)
         if self.unit is not None:
             parts.append(f"u{self.unit}")
+        if self.zclass is not None:
+            parts.append(f"z{self.zclass}")
+        if self.side is not None:
+            parts.append(self.side)
         if self.mb:
             parts.append("m" + ",".join(map(str, self.mb)))
         if self.sub is not None:
@@ -234,7 +262,7 @@ def _plain(op: Op, unit: int | None, mb: tuple, payload: Payload | None, peer: i
 
 
 (_set_op, _set_unit, _set_mb, _set_payload, _set_peer, _set_group, _set_root, _set_tag, _set_sub, _set_waits,
- _set_h) = (Action.__dict__[f.name].__set__ for f in fields(Action))
+ _set_zclass, _set_side, _set_h) = (Action.__dict__[f.name].__set__ for f in fields(Action))
 _new = object.__new__
 
 
@@ -263,6 +291,8 @@ def _unchecked(op: Op, unit: int, mb: tuple[int, ...], payload: Payload | None, 
     _set_tag(a, 0)
     _set_sub(a, None)
     _set_waits(a, None)
+    _set_zclass(a, None)
+    _set_side(a, None)
     _set_h(a, 0)
     return a
 
@@ -293,10 +323,14 @@ def parse_action(text: str) -> Action:
         rest = rest[1:]
     for tok in rest:
         try:
-            if tok in Payload._value2member_map_:
+            if tok in ("fwd", "bwd"):
+                kw["side"] = tok
+            elif tok in Payload._value2member_map_:
                 kw["payload"] = Payload(tok)
             elif tok[0] == "u":
                 kw["unit"] = int(tok[1:])
+            elif tok[0] == "z":
+                kw["zclass"] = int(tok[1:])
             elif tok[0] == "m":
                 kw["mb"] = _ints(tok[1:], tok)
             elif tok[0] == "s" and "/" in tok:

@@ -271,11 +271,12 @@ def offload_weights(schedule: Schedule, units: Iterable[int] | None = None) -> S
             continue
         new = []
         for i, a in enumerate(acts):
-            if i in prefetch_before:
-                new.append(Action(Op.PREFETCH, unit=a.unit, payload=Payload.WEIGHT))
+            classes = [zc for zc, _ in schedule.placement.zero_parts(a.unit)] if a.unit is not None else []
+            if i in prefetch_before:  # a unit with ZeRO classes moves class by class
+                new += [Action(Op.PREFETCH, unit=a.unit, payload=Payload.WEIGHT, zclass=zc) for zc in classes]
             new.append(a)
             if i in offload_after:
-                new.append(Action(Op.OFFLOAD, unit=a.unit, payload=Payload.WEIGHT))
+                new += [Action(Op.OFFLOAD, unit=a.unit, payload=Payload.WEIGHT, zclass=zc) for zc in classes]
         out.append(new)
     return _with(schedule, out)
 

@@ -28,14 +28,22 @@ class Placement:
     replicas; each steps its own optimizer); ``zero[u]`` (default 0) is the ZeRO stage of unit u
     over its replicas: 0 whole weights and gradients everywhere, 1/2 gradients reduce-scattered
     and the optimizer on shards (the whole weights are stale after OPT until an ALLGATHER),
-    3 weights too are held as shards (an ALLGATHER before every use).
+    3 weights too are held as shards (an ALLGATHER before every use). ``zero[u]`` may instead be a
+    tuple with one stage per parameter of the unit (its module's ``named_parameters()`` order), with
+    ``zero_numel[u]`` the parameters' element counts: the unit's parameters then form one *ZeRO
+    class* per stage present, each sharded and communicated on its own (actions name it, ``z3``);
+    a tuple whose stages are all equal is stored as that one stage. ``zero3_buffers`` is 1 (forward
+    and backward computes read one gathered copy of ZeRO-3 weights) or 2 (separate copies, named
+    ``fwd``/``bwd`` on their ALLGATHER and FREE).
     """
 
     kind: str
     ranks: tuple
     weight_owner: tuple[int, ...]
     replicas: tuple[tuple[int, ...], ...] | None = None
-    zero: tuple[int, ...] | None = None
+    zero: tuple | None = None
+    zero_numel: tuple | None = None
+    zero3_buffers: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -51,10 +59,37 @@ class Placement:
                                           "weight_owner")
             object.__setattr__(self, "replicas", reps)
         if self.zero is not None:
-            zero = tuple(int(z) for z in self.zero)
-            if len(zero) != n or any(z not in (0, 1, 2, 3) for z in zero):
-                raise ScheduleFormatError(f"placement zero: one ZeRO stage (0..3) per unit, got {list(zero)}")
-            object.__setattr__(self, "zero", zero)
+            self._set_zero(n)
+        elif self.zero_numel is not None:
+            raise ScheduleFormatError("placement zero_numel needs per-parameter stages in 'zero'")
+        if self.zero3_buffers not in (1, 2):
+            raise ScheduleFormatError(f"placement zero3_buffers must be 1 (one gathered copy of ZeRO-3 weights) "
+                                      f"or 2 (forward and backward copies), got {self.zero3_buffers!r}")
+
+    def _set_zero(self, n: int) -> None:
+        zero, numel = list(self.zero), list(self.zero_numel or [None] * n)
+        if len(zero) != n or len(numel) != n:
+            raise ScheduleFormatError(f"placement zero: one entry per unit ({n}), each a ZeRO stage 0..3 or a list "
+                                      f"of stages per parameter; got {zero!r}")
+        for u, z in enumerate(zero):
+            if isinstance(z, (list, tuple)):
+                z = tuple(int(x) for x in z)
+                sizes = numel[u]
+                if any(x not in (0, 1, 2, 3) for x in z) or not z or sizes is None or len(sizes) != len(z):
+                    raise ScheduleFormatError(f"placement zero of unit {u}: per-parameter stages must be 0..3, one "
+                                              f"per parameter, with zero_numel[{u}] giving each parameter's element "
+                                              f"count; got stages {list(z)}, zero_numel {sizes!r}")
+                if len(set(z)) == 1:
+                    z, numel[u] = z[0], None
+                else:
+                    numel[u] = tuple(int(x) for x in sizes)
+            elif int(z) not in (0, 1, 2, 3):
+                raise ScheduleFormatError(f"placement zero of unit {u}: ZeRO stage must be 0..3, got {z!r}")
+            else:
+                z, numel[u] = int(z), None
+            zero[u] = z
+        object.__setattr__(self, "zero", tuple(zero))
+        object.__setattr__(self, "zero_numel", tuple(numel) if any(x is not None for x in numel) else None)
 
     @staticmethod
     def by_unit(unit_ranks: list[int] | tuple[int, ...]) -> "Placement":
@@ -78,7 +113,45 @@ class Placement:
         return self.replicas[unit] if self.replicas is not None else (self.weight_owner[unit],)
 
     def zero_stage(self, unit: int) -> int:
-        return self.zero[unit] if self.zero is not None else 0
+        """The ZeRO stage of a unit with one stage (see :meth:`zero_classes` for mixed units)."""
+        z = self.zero[unit] if self.zero is not None else 0
+        if isinstance(z, tuple):
+            raise ValueError(f"unit {unit} has per-parameter ZeRO stages {list(z)}; use zero_classes/param_zero")
+        return z
+
+    def mixed(self, unit: int) -> bool:
+        """Whether the unit's parameters have several ZeRO stages (one class per stage)."""
+        return self.zero is not None and isinstance(self.zero[unit], tuple)
+
+    def zero_classes(self, unit: int) -> tuple[int, ...]:
+        """The ZeRO stages of the unit's parameters, ascending (one for a unit with one stage)."""
+        z = self.zero[unit] if self.zero is not None else 0
+        return tuple(sorted(set(z))) if isinstance(z, tuple) else (z,)
+
+    def zero_parts(self, unit: int) -> list[tuple[int | None, int]]:
+        """The unit's ZeRO parts as (class its actions name, stage): ``[(None, stage)]`` for a unit
+        with one stage, one ``(k, k)`` per stage present for a unit with per-parameter stages."""
+        if self.mixed(unit):
+            return [(k, k) for k in self.zero_classes(unit)]
+        return [(None, self.zero_classes(unit)[0])]
+
+    def param_zero(self, unit: int, count: int) -> tuple[int, ...]:
+        """The ZeRO stage of each of the unit's ``count`` parameters."""
+        z = self.zero[unit] if self.zero is not None else 0
+        if not isinstance(z, tuple):
+            return (z,) * count
+        if len(z) != count:
+            raise ValueError(f"unit {unit}: placement gives ZeRO stages for {len(z)} parameters, the module has "
+                             f"{count}")
+        return z
+
+    def class_share(self, unit: int, zclass: int | None) -> float:
+        """The fraction of the unit's parameter elements in ZeRO class ``zclass`` (None: all)."""
+        if zclass is None or not self.mixed(unit):
+            return 1.0
+        z, sizes = self.zero[unit], self.zero_numel[unit]
+        total = sum(sizes)
+        return sum(n for s, n in zip(z, sizes) if s == zclass) / total if total else 0.0
 
     def to_dict(self) -> dict:
         d = {"kind": self.kind, "ranks": [list(r) if isinstance(r, tuple) else r for r in self.ranks],
@@ -86,14 +159,18 @@ class Placement:
         if self.replicas is not None:
             d["replicas"] = [list(g) for g in self.replicas]
         if self.zero is not None:
-            d["zero"] = list(self.zero)
+            d["zero"] = [list(z) if isinstance(z, tuple) else z for z in self.zero]
+        if self.zero_numel is not None:
+            d["zero_numel"] = [list(n) if n is not None else None for n in self.zero_numel]
+        if self.zero3_buffers != 1:
+            d["zero3_buffers"] = self.zero3_buffers
         return d
 
     @staticmethod
     def from_dict(d: dict) -> "Placement":
         try:
             return Placement(d["kind"], tuple(d["ranks"]), tuple(d["weight_owner"]), d.get("replicas"),
-                             d.get("zero"))
+                             d.get("zero"), d.get("zero_numel"), d.get("zero3_buffers", 1))
         except (KeyError, TypeError) as e:
             raise ScheduleFormatError(f"placement needs 'kind', 'ranks' and 'weight_owner': {e}") from None
 

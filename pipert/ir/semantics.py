@@ -33,6 +33,16 @@ Rules that hold for every op (the consumers apply them; nothing else decides):
 - *Payload.* SEND, RECV, collectives and memory ops act on the value their payload names
   (:data:`PAYLOAD_VALUE`): the value of the action's unit and micro-batches.
 - *OPT without a unit* steps every unit whose weights the rank holds.
+- *ZeRO classes.* A unit whose parameters have several ZeRO stages (``Placement.mixed``) has one
+  ``WEIGHT`` and one ``WGRAD`` value per stage present, its *classes*, each with its share of the
+  unit's bytes (``Placement.class_share``) and the rules of its stage. An action whose payload is
+  the weights or gradient of such a unit names one class (``zclass``, text ``z3``) and acts on that
+  class alone; a compute or OPT of the unit reads and writes every class. Keys of class values:
+  :func:`class_mb`.
+- *Separate ZeRO-3 buffers.* With ``Placement.zero3_buffers == 2`` the gathered weights of a
+  ZeRO-3 unit (or class) are two values: the ``fwd`` copy, which F reads, and the ``bwd`` copy,
+  which B, D and RECOMPUTE read; an ALLGATHER or FREE of them names one (``side``). Each is
+  counted while present, so a forward and a backward run of one chunk that overlap hold both.
 - *Counted memory.* Every value is counted while present, except the weights a rank holds from
   the start (its own units: static memory, not part of the running sum). OFFLOAD moves a value
   off the device (it stops counting, and reading it is an error until PREFETCH brings it back).
@@ -51,7 +61,7 @@ from .action import Action, Op, Payload
 
 __all__ = ["Value", "Queue", "Role", "Ref", "OpSpec", "TABLE", "PAYLOAD_VALUE", "MEMORY_KIND", "PER_UNIT",
            "spec", "op_queue", "queue_of", "expand_refs", "reads", "writes", "recomputed", "held_weights", "ValueKey",
-           "describe", "releases_on_send"]
+           "describe", "releases_on_send", "class_mb", "class_of"]
 
 
 class Value(IntEnum):
@@ -200,13 +210,28 @@ def releases_on_send(payload: Payload) -> bool:
 
 
 ValueKey = tuple[Value, int, int]
-"""(kind, unit, micro-batch); micro-batch -1 for per-unit kinds."""
+"""(kind, unit, micro-batch); for per-unit kinds the micro-batch slot is :func:`class_mb`."""
+
+
+def class_mb(zclass: int | None, side: str | None = None) -> int:
+    """Micro-batch slot of a per-unit value's key: -1 for the whole unit, -2-k for ZeRO class k;
+    the ``bwd`` copy of gathered ZeRO-3 weights 5 lower."""
+    return (-1 if zclass is None else -2 - zclass) - (5 if side == "bwd" else 0)
+
+
+def class_of(slot: int) -> int | None:
+    """The ZeRO class of a slot of :func:`class_mb` (None: the whole unit)."""
+    slot = slot + 5 if slot <= -6 else slot
+    return None if slot == -1 else -2 - slot
 
 
 def describe(key: ValueKey) -> str:
     kind, u, m = key
     name = MEMORY_KIND[kind]
-    return f"{name} u{u}" if kind in PER_UNIT else f"{name} u{u} m{m}"
+    if kind in PER_UNIT:
+        zc = class_of(m)
+        return f"{name} u{u}" + ("" if zc is None else f" z{zc}") + (" bwd" if m <= -6 else "")
+    return f"{name} u{u} m{m}"
 
 
 def expand_refs(a: Action, refs: tuple[Ref, ...], num_units: int, rank: int | None = None
@@ -225,7 +250,8 @@ def expand_refs(a: Action, refs: tuple[Ref, ...], num_units: int, rank: int | No
             ref = Ref(kind, ref.du, ref.edge, False, ref.role, ref.shard, ref.host)
         uu = u + ref.du
         if kind in PER_UNIT:
-            yield (kind, uu, -1), ref
+            side = None if ref.shard else a.side   # one shard per class; the side names a gathered copy
+            yield (kind, uu, class_mb(a.zclass, side) if ref.value is None else -1), ref
         else:
             for m in a.mb:
                 yield (kind, uu, m), ref

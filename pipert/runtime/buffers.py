@@ -73,15 +73,19 @@ def unpack(flat: torch.Tensor, spec: BoundarySpec) -> tuple[torch.Tensor, ...]:
     return tuple(out)
 
 
-def flatten_params(module: nn.Module) -> torch.Tensor:
-    """Every parameter in one vector (empty for a unit without parameters)."""
-    return _cat(module, [p.detach().reshape(-1) for p in module.parameters()])
+def flatten_params(module: nn.Module, params: list | None = None) -> torch.Tensor:
+    """Every parameter (or those of ``params``) in one vector (empty for none)."""
+    return _cat(module, [p.detach().reshape(-1) for p in _params(module, params)])
 
 
-def flatten_grads(module: nn.Module) -> torch.Tensor:
-    """Every gradient in one vector, zeros where none (empty for a unit without parameters)."""
+def flatten_grads(module: nn.Module, params: list | None = None) -> torch.Tensor:
+    """Every gradient (or those of ``params``) in one vector, zeros where none."""
     return _cat(module, [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
-                         for p in module.parameters()])
+                         for p in _params(module, params)])
+
+
+def _params(module: nn.Module, params: list | None) -> list:
+    return list(module.parameters()) if params is None else params
 
 
 def _cat(module: nn.Module, parts: list[torch.Tensor]) -> torch.Tensor:
@@ -91,21 +95,22 @@ def _cat(module: nn.Module, parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.zeros(0, device=None if buffer is None else buffer.device)
 
 
-def load_params(module: nn.Module, flat: torch.Tensor) -> None:
+def load_params(module: nn.Module, flat: torch.Tensor, params: list | None = None) -> None:
     """Bind every parameter to its slice of ``flat`` (no copy). ``flat`` must be a fresh
     buffer: graphs of earlier micro-batches keep the storage they were built on, so a
     received weight never overwrites a tensor that a pending backward still reads."""
     off = 0
-    for p in module.parameters():
+    for p in _params(module, params):
         n = p.numel()
         p.data = flat[off:off + n].view_as(p)
         off += n
 
 
-def load_grads(module: nn.Module, flat: torch.Tensor | None, accumulate: bool = False) -> None:
-    """Set (or add into) every parameter's ``.grad`` from ``flat``; ``None`` zeroes them."""
+def load_grads(module: nn.Module, flat: torch.Tensor | None, accumulate: bool = False,
+               params: list | None = None) -> None:
+    """Set (or add into) every parameter's (or ``params``') ``.grad`` from ``flat``; ``None`` zeroes them."""
     off = 0
-    for p in module.parameters():
+    for p in _params(module, params):
         n = p.numel()
         if flat is None:
             if p.grad is not None:

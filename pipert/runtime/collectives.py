@@ -37,26 +37,27 @@ def _post(ex: "RankExecutor", i: int, a: Action, t: torch.Tensor, out: torch.Ten
 
 
 def _unit_collective(ex: "RankExecutor", i: int, a: Action) -> None:
-    st, u, op, is_root = ex.state, a.unit, a.op, ex.rank == a.root
+    st, u, zc, op, is_root = ex.state, a.unit, a.zclass, a.op, ex.rank == a.root
     wgrad = a.payload is Payload.WGRAD
     if op is Op.ALLGATHER:
         if wgrad:
             raise _unsupported(ex, i, a, "ALLGATHER of a weight gradient")
-        shard = st.shards[u].detach()
+        shard = st.shards[(u, zc)].detach()
         out = shard.new_empty(shard.numel() * len(st.group(u)))
         handle = _post(ex, i, a, shard, out)
-        done, buffer = (lambda: st.bind(u, out)), out
+        done = (lambda: st.bind(u, out, zc)) if a.side is None else (lambda: st.keep_copy(u, zc, a.side, out))
+        buffer = out
     elif op is Op.REDUCESCATTER:
-        full = st.padded_flat(u, a.payload)
-        out = st.shard_buffer(u, full)
+        full = st.padded_flat(u, a.payload, zc)
+        out = st.shard_buffer(u, full, zc)
         handle = _post(ex, i, a, full, out)
-        done = (lambda: st.add_shard_grad(u, out)) if wgrad else (lambda: _bind_shard(st, u, out))
+        done = (lambda: st.add_shard_grad(u, out, zc)) if wgrad else (lambda: _bind_shard(st, (u, zc), out))
         buffer = None  # a shard: static model state
     else:
         if wgrad:
-            t = st.take_wgrad(u) if (op is not Op.BROADCAST or is_root) else st.new_flat(u)
+            t = st.take_wgrad(u, zc) if (op is not Op.BROADCAST or is_root) else st.new_flat(u, zc)
         else:
-            t = st.flat(u, Payload.WEIGHT) if (op is not Op.BROADCAST or is_root) else st.new_flat(u)
+            t = st.flat(u, Payload.WEIGHT, zc) if (op is not Op.BROADCAST or is_root) else st.new_flat(u, zc)
         handle = _post(ex, i, a, t)
         writes = op is Op.ALLREDUCE or (op is Op.REDUCE and is_root) or (op is Op.BROADCAST and not is_root)
         if not writes:  # this member only gives: completed as it finishes, like a send
@@ -65,17 +66,17 @@ def _unit_collective(ex: "RankExecutor", i: int, a: Action) -> None:
             return
         buffer = t
         if wgrad:  # the local contributions left at the post: the result adds to what came since
-            done = lambda: st.add_grads(u, t, accumulate=True)  # noqa: E731
+            done = lambda: st.add_grads(u, t, accumulate=True, zc=zc)  # noqa: E731
         else:
-            done = lambda: st.bind(u, t)  # noqa: E731
+            done = lambda: st.bind(u, t, zc)  # noqa: E731
     st.expect(u, handle, done, i, a, ex._complete, buffer)
     if ex.blocking_collectives:
         st.settle(u)
 
 
-def _bind_shard(st, u: int, out: torch.Tensor) -> None:
+def _bind_shard(st, part: tuple, out: torch.Tensor) -> None:
     with torch.no_grad():
-        st.shards[u].copy_(out)
+        st.shards[part].copy_(out)
 
 
 def _value_collective(ex: "RankExecutor", i: int, a: Action) -> None:
@@ -109,7 +110,7 @@ def _unsupported(ex: "RankExecutor", i: int, a: Action, what: str) -> Exception:
 
 # --------------------------------------------------------------------------- memory ops
 def run_memory_op(ex: "RankExecutor", i: int, a: Action) -> None:
-    st, op, u, pl = ex.state, a.op, a.unit, a.payload
+    st, op, u, pl, zc = ex.state, a.op, a.unit, a.payload, a.zclass
     if pl is Payload.STASH:
         for m in a.mb:
             if op is Op.FREE:
@@ -124,19 +125,21 @@ def run_memory_op(ex: "RankExecutor", i: int, a: Action) -> None:
         if op is not Op.PREFETCH:
             st.settle_weights(u)
         if op is Op.OFFLOAD:
-            st.offload(("weight", u), st.flat(u, Payload.WEIGHT))
-        if op in (Op.FREE, Op.OFFLOAD):
-            st.free(u, i)
+            st.offload(("weight", u, zc), st.flat(u, Payload.WEIGHT, zc))
+        if a.side is not None:
+            st.free_copy(u, i, zc, a.side)
+        elif op in (Op.FREE, Op.OFFLOAD):
+            st.free(u, i, zc)
         else:
-            st.bind(u, st.restore(("weight", u)))
+            st.bind(u, st.restore(("weight", u, zc)), zc)
         return
     if pl is Payload.WGRAD:
         if op is Op.PREFETCH:
-            st.add_grads(u, st.restore(("wgrad", u)), accumulate=True)
+            st.add_grads(u, st.restore(("wgrad", u, zc)), accumulate=True, zc=zc)
             return
-        t = st.take_wgrad(u)
+        t = st.take_wgrad(u, zc)
         if op is Op.OFFLOAD:
-            st.offload(("wgrad", u), t)
+            st.offload(("wgrad", u, zc), t)
         return
     kind = _KIND[pl]
     for m in a.mb:

@@ -308,8 +308,8 @@ class RankExecutor:
             if self.trace:
                 self.result.op_times.append((op.value, a.unit, time.perf_counter() - t0, time.thread_time() - c0))
             return
-        if op is Op.F or graph:
-            self.state.ready(u)
+        if op is Op.F or graph or op is Op.W and self.state.split:  # W: its saved parameters, the bwd copy
+            self.state.ready(u, "fwd" if op is Op.F else "bwd")
         runner = self.runners[u]
         first = a.sub is None or a.sub[0] == 0
         reads_by_mb = {k[2]: k for k in rd} if first else {}
@@ -359,7 +359,7 @@ class RankExecutor:
     def _payload_out(self, i: int, a: Action, release: bool) -> torch.Tensor:
         """The flat tensor a SEND or collective carries (values leave the table if ``release``)."""
         if a.payload is Payload.WEIGHT or a.payload is Payload.WGRAD:
-            return self.state.flat(a.unit, a.payload)
+            return self.state.flat(a.unit, a.payload, a.zclass)
         kind = _PAYLOAD_KIND[a.payload]
         parts = []
         for m in a.mb:
@@ -375,7 +375,7 @@ class RankExecutor:
 
     def _send(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
         if a.payload is Payload.WGRAD:
-            t = self.state.take_wgrad(a.unit)
+            t = self.state.take_wgrad(a.unit, a.zclass)
         else:
             t = self._payload_out(i, a, release=True)
         handle = self._post(lambda: self.transport.isend(t, a.peer), i, a, t.numel() * t.element_size())
@@ -385,10 +385,11 @@ class RankExecutor:
 
     def _recv(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
         if a.payload is Payload.WEIGHT or a.payload is Payload.WGRAD:
-            st, u = self.state, a.unit
-            buf = st.new_flat(u)
+            st, u, zc = self.state, a.unit, a.zclass
+            buf = st.new_flat(u, zc)
             handle = self._post(lambda: self.transport.irecv(buf, a.peer), i, a)
-            done = (lambda: st.bind(u, buf)) if a.payload is Payload.WEIGHT else (lambda: st.add_grads(u, buf))
+            done = (lambda: st.bind(u, buf, zc)) if a.payload is Payload.WEIGHT else \
+                (lambda: st.add_grads(u, buf, zc=zc))
             st.expect(u, handle, done, i, a, self._complete, buf)
             return
         kind = _PAYLOAD_KIND[a.payload]
@@ -412,7 +413,7 @@ class RankExecutor:
                 if key in self.pending:
                     self._settle(key)
             return
-        target = Action(Op.SEND, unit=a.unit, mb=a.mb, payload=a.payload, peer=a.peer, tag=a.tag)
+        target = Action(Op.SEND, unit=a.unit, mb=a.mb, payload=a.payload, peer=a.peer, tag=a.tag, zclass=a.zclass)
         for handle, _, j, s in reversed(self.sends):
             if s == target and j < i:
                 self._complete(handle, j, s)

@@ -176,7 +176,9 @@ class Pipeline:
 
     ``dp=D`` trains D data-parallel replicas of the pipeline (``stages * D`` ranks, laid out as a
     ``(dp, pp)`` DeviceMesh under torch.distributed); ``zero`` is the ZeRO stage (0-3) of every
-    unit, or one per unit (``pipert.schedules.data_parallel``). ``microbatches`` counts all
+    unit, one per unit, per parameter, or a rule or share spec such as ``"3:mlp,2:attn,1"``
+    (``pipert.schedules.zero_rules``; ``pipert.schedules.data_parallel``); ``zero3_buffers=2`` keeps
+    the gathered ZeRO-3 weights of forward and backward computes apart. ``microbatches`` counts all
     replicas' micro-batches. ``measure_memory`` records the bytes each rank's program holds after
     every action (``last_results[r].memory``); ``program`` is what the ranks run.
 
@@ -195,8 +197,9 @@ class Pipeline:
                  optimizer: OptimizerFactory = default_optimizer, backend: str = "local",
                  timeout: float = 60.0, schedule_options: dict | None = None, fault: Fault | None = None,
                  trace: bool = False, links: Any = None, measure_memory: bool = False, record: bool = False,
-                 pool: Any = None, dp: int = 1, zero: int | Sequence[int] = 0, queues: str = "streams",
-                 staging: bool | None = None, link_path: str = "auto", link_clock: str = "auto") -> None:
+                 pool: Any = None, dp: int = 1, zero: int | str | Sequence = 0, queues: str = "streams",
+                 staging: bool | None = None, zero3_buffers: int = 1, link_path: str = "auto",
+                 link_clock: str = "auto") -> None:
         if backend not in ("local", "dist"):
             raise ValueError(f"backend {backend!r} unknown; allowed: 'local', 'dist'")
         if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
@@ -212,8 +215,10 @@ class Pipeline:
             schedule = _built_once(name, opts) if backend == "dist" else build_schedule(name, **opts)
         if dp > 1:
             from ..schedules.data_parallel import replicate
-            schedule = replicate(schedule, dp, zero)
-        elif zero not in (0, None) and schedule.placement.replicas is None:
+            from ..schedules.zero_rules import resolve_zero
+            zeros, numel = resolve_zero(zero, [[(n, p.numel()) for n, p in m.named_parameters()] for m in units])
+            schedule = replicate(schedule, dp, zeros, numel, zero3_buffers)
+        elif (zero not in (0, None, "0") or zero3_buffers != 1) and schedule.placement.replicas is None:
             raise ValueError(f"zero={zero!r} needs data-parallel replicas (dp > 1)")
         validate(schedule)
         if schedule.num_units != len(units):
@@ -271,9 +276,9 @@ class Pipeline:
             # the owner keeps the given module; every other rank that names the unit gets a copy
             self.modules[r] = {u: (units[u] if pl.weight_owner[u] == r or backend == "dist" else
                                    copy.deepcopy(units[u])) for u in needed}
-            self.optimizers[r] = {u: _owner_optimizer(list(self.modules[r][u].parameters()), optimizer)
-                                  for u in sorted(owned)
-                                  if list(self.modules[r][u].parameters()) and pl.zero_stage(u) == 0}
+            # the owner's optimizer steps the stage-0 parameters (ZeRO classes step their shards)
+            self.optimizers[r] = {u: _owner_optimizer(ps, optimizer) for u in sorted(owned)
+                                  if (ps := _stage0(self.modules[r][u], pl, u))}
         self._optimizer_factory = optimizer
         groups = sorted({tuple(sorted(a.group)) for _, _, a in self.program if a.group})
         dist_transport = None
@@ -331,29 +336,33 @@ class Pipeline:
         for r in self.ranks:
             st = self._executors[r].state
             for u in self.schedule.units_owned(r):
-                module = self.modules[r][u]
-                sharded = st.zero[u] >= 1  # the shards are current (whole weights may be stale after OPT)
-                flat = self._assemble(r, u, grads) if sharded else None
-                off = 0
-                for n, p in module.named_parameters():
-                    if flat is not None:
-                        v = flat[off:off + p.numel()].view(p.shape)
-                        off += p.numel()
-                    elif grads:
-                        v = p.grad if p.grad is not None else torch.zeros_like(p)
-                    else:
-                        v = p
-                    out[f"unit{u}.{n}"] = v
+                vals: dict[int, torch.Tensor] = {}
+                for zc, z in st.parts[u]:
+                    # the shards are current (whole weights may be stale after OPT)
+                    flat = self._assemble(r, u, grads, zc) if z >= 1 else None
+                    off = 0
+                    for p in st.params(u, zc):
+                        if flat is not None:
+                            v = flat[off:off + p.numel()].view(p.shape)
+                            off += p.numel()
+                        elif grads:
+                            v = p.grad if p.grad is not None else torch.zeros_like(p)
+                        else:
+                            v = p
+                        vals[id(p)] = v
+                for n, p in self.modules[r][u].named_parameters():
+                    out[f"unit{u}.{n}"] = vals[id(p)]
         return out
 
-    def _assemble(self, rank: int, u: int, grads: bool) -> torch.Tensor:
-        """Unit u's flat parameters (or last gradient) from the shards of its holders."""
+    def _assemble(self, rank: int, u: int, grads: bool, zc: int | None = None) -> torch.Tensor:
+        """The flat parameters (or last gradient) of unit u's ZeRO class ``zc`` (None: the whole
+        unit) from the shards of its holders."""
         st = self._executors[rank].state
         def shard_of(s: UnitState) -> torch.Tensor:
             if not grads:
-                return s.shards[u].detach()
-            g = s.last_shard_grads.get(u)
-            return g if g is not None else torch.zeros_like(s.shards[u])
+                return s.shards[(u, zc)].detach()
+            g = s.last_shard_grads.get((u, zc))
+            return g if g is not None else torch.zeros_like(s.shards[(u, zc)])
         group = st.group(u)
         if self.backend == "local":
             whole = torch.cat([shard_of(self._executors[h].state) for h in group])
@@ -361,7 +370,7 @@ class Pipeline:
             mine = shard_of(st)
             whole = mine.new_empty(mine.numel() * len(group))
             self._executors[rank].transport.collective("ALLGATHER", mine, group, None, out=whole).wait(self.timeout)
-        return whole[:st.numel(u)]
+        return whole[:st.numel(u, zc)]
 
     # ------------------------------------------------------------------ step
     def _compute_device(self, inputs: torch.Tensor) -> torch.device:
@@ -464,3 +473,9 @@ class Pipeline:
         if report:
             raise report[_root_cause(report)]
         return results
+
+
+def _stage0(module: nn.Module, placement: Any, u: int) -> list[nn.Parameter]:
+    """The unit's parameters of ZeRO stage 0 (those the owner's optimizer steps)."""
+    params = list(module.parameters())
+    return [p for p, z in zip(params, placement.param_zero(u, len(params))) if z == 0]

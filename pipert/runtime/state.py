@@ -11,7 +11,13 @@ The executor reads and writes whole-unit values through this object:
   contributions away);
 - ZeRO (``Placement.zero``): unit u's flat parameters are cut into ``len(holders)`` equal shards
   (zero-padded); the holder at position k of the sorted group keeps shard k as a flat parameter
-  with its own optimizer; ``OPT u`` steps the shard with the reduce-scattered gradient shard;
+  with its own optimizer; ``OPT u`` steps the shard with the reduce-scattered gradient shard.
+  A unit with per-parameter stages is handled part by part: each ZeRO class (the parameters of
+  one stage, in module order) has its own flat tensor, shards and shard optimizer, and actions
+  naming a class (``zclass``) read and write that class alone. With separate ZeRO-3 buffers
+  (``Placement.zero3_buffers == 2``) each ZeRO-3 part keeps its gathered ``fwd`` and ``bwd`` copies
+  apart; a compute binds the parameters to its side's copy before it runs (a stash's saved
+  parameters resolve against the bound storage when the backward reads them);
 - ``free``/``offload``/``prefetch`` of weights: parameters are rebound to a one-element
   placeholder of their shape (reading it before an ALLGATHER, RECV or PREFETCH is an error the
   validator rules out), or to host buffers from the pinned pool.
@@ -29,6 +35,8 @@ from .buffers import flatten_grads, flatten_params, load_grads, load_params
 from .stash import StashLedger, tensor_key
 
 __all__ = ["UnitState", "shard_size"]
+
+Part = tuple  # (unit, ZeRO class or None for the whole unit)
 
 
 def shard_size(numel: int, parts: int) -> int:
@@ -48,38 +56,62 @@ class UnitState:
         self.pool = pool
         pl = schedule.placement
         self.held = {u for u in runners if rank in pl.holders(u)}
-        self.zero = {u: pl.zero_stage(u) for u in runners}
+        self.parts = {u: pl.zero_parts(u) for u in runners}   # unit -> [(class, stage)]
+        self.split = pl.zero3_buffers == 2
+        self.copies: dict[tuple, torch.Tensor] = {}   # (unit, class, side) -> gathered flat ZeRO-3 weights
+        self.bound: dict[Part, str] = {}              # part -> side of the copy its parameters are views of
+        self._part_params = {(u, zc): self._select(u, zc) for u in runners for zc, _ in self.parts[u]}
         self.pending: dict[int, list] = {}        # unit -> [(handle, on_done, index, action, buffer)]
         self._cursor = threading.local()
         self._lock = threading.Lock()
         self.stepped: set[int] = set()
-        self.freed: dict[int, int] = {}           # unit -> index of the FREE/OFFLOAD that took its weights
-        self.host: dict[tuple, Any] = {}          # offloaded (payload, unit[, mb]) -> (buffer, dtype, shape)
-        self.shards: dict[int, nn.Parameter] = {}
-        self.shard_grads: dict[int, torch.Tensor] = {}
-        self.last_shard_grads: dict[int, torch.Tensor | None] = {}  # the gradient shard the last OPT used
-        self.shard_opt: dict[int, torch.optim.Optimizer] = {}
+        self.freed: dict[Part, int] = {}          # part -> index of the FREE/OFFLOAD that took its weights
+        self.host: dict[tuple, Any] = {}          # offloaded (payload, unit[, mb or class]) -> (buffer, dtype, shape)
+        self.shards: dict[Part, nn.Parameter] = {}
+        self.shard_grads: dict[Part, torch.Tensor] = {}
+        self.last_shard_grads: dict[Part, torch.Tensor | None] = {}  # the gradient shard the last OPT used
+        self.shard_opt: dict[Part, torch.optim.Optimizer] = {}
         for u in sorted(self.held):
-            if self.zero[u] >= 1:
-                flat = self._padded(u, flatten_params(runners[u].module))
+            for zc, z in self.parts[u]:
+                if z < 1:
+                    continue
+                key = (u, zc)
+                flat = self._padded(u, self.flat_params(u, zc))
                 k, n = self.position(u)
                 s = flat.numel() // n
-                self.shards[u] = nn.Parameter(flat[k * s:(k + 1) * s].clone())
-                if shard_optimizer is not None and self.shards[u].numel():
-                    self.shard_opt[u] = shard_optimizer([self.shards[u]])
-                if self.zero[u] >= 3:
-                    self.free(u, -1)
+                self.shards[key] = nn.Parameter(flat[k * s:(k + 1) * s].clone())
+                if shard_optimizer is not None and self.shards[key].numel():
+                    self.shard_opt[key] = shard_optimizer([self.shards[key]])
+                if z >= 3:
+                    self.free(u, -1, zc)
         for u in runners:
             if u not in self.held:  # another rank's weights arrive before they are used
                 self.free(u, -1)
         self.stash = StashLedger(self._static_tensors, self._gathered_params)
 
+    def _select(self, u: int, zc: int | None) -> list[nn.Parameter]:
+        params = list(self.runners[u].module.parameters())
+        if zc is None:
+            return params
+        stages = self.schedule.placement.param_zero(u, len(params))
+        return [p for p, z in zip(params, stages) if z == zc]
+
+    def params(self, u: int, zc: int | None = None) -> list[nn.Parameter]:
+        """The parameters of unit u's ZeRO class ``zc`` (None: all), in module order."""
+        return self._part_params[(u, zc)] if (u, zc) in self._part_params else self._select(u, zc)
+
+    def flat_params(self, u: int, zc: int | None = None) -> torch.Tensor:
+        return flatten_params(self.runners[u].module, self.params(u, zc))
+
+    def part_stage(self, u: int, zc: int | None) -> int:
+        return next(z for c, z in self.parts[u] if c == zc)
+
     def _gathered_params(self, u: int) -> list[torch.Tensor]:
-        """Parameters a stash of unit u refers to rather than keeps: a held ZeRO-3 unit's, gathered
-        again (same values within a step) before every use that the validator allows."""
-        if u in self.held and self.zero.get(u, 0) >= 3:
-            return list(self.runners[u].module.parameters())
-        return []
+        """Parameters a stash of unit u refers to rather than keeps: a held unit's ZeRO-3 ones,
+        gathered again (same values within a step) before every use that the validator allows."""
+        if u not in self.held:
+            return []
+        return [p for zc, z in self.parts.get(u, ()) if z >= 3 for p in self.params(u, zc)]
 
     def _static_tensors(self) -> list[torch.Tensor]:
         out = []
@@ -96,8 +128,8 @@ class UnitState:
         g = self.group(u)
         return g.index(self.rank), len(g)
 
-    def numel(self, u: int) -> int:
-        return sum(p.numel() for p in self.runners[u].module.parameters())
+    def numel(self, u: int, zc: int | None = None) -> int:
+        return sum(p.numel() for p in self.params(u, zc))
 
     def _padded(self, u: int, flat: torch.Tensor) -> torch.Tensor:
         n = len(self.group(u))
@@ -106,13 +138,13 @@ class UnitState:
             return flat
         return torch.cat([flat, flat.new_zeros(size - flat.numel())])
 
-    def padded_flat(self, u: int, payload: Payload) -> torch.Tensor:
-        """The unit's weights or (moved-away) gradient, zero-padded to whole shards."""
-        t = self.flat(u, payload) if payload is Payload.WEIGHT else self.take_wgrad(u)
+    def padded_flat(self, u: int, payload: Payload, zc: int | None = None) -> torch.Tensor:
+        """The part's weights or (moved-away) gradient, zero-padded to whole shards."""
+        t = self.flat(u, payload, zc) if payload is Payload.WEIGHT else self.take_wgrad(u, zc)
         return self._padded(u, t)
 
-    def shard_buffer(self, u: int, like: torch.Tensor) -> torch.Tensor:
-        return like.new_empty(shard_size(self.numel(u), len(self.group(u))))
+    def shard_buffer(self, u: int, like: torch.Tensor, zc: int | None = None) -> torch.Tensor:
+        return like.new_empty(shard_size(self.numel(u, zc), len(self.group(u))))
 
     # --- lifecycle -------------------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -144,13 +176,17 @@ class UnitState:
             self.pending.setdefault(u, []).append((handle, on_done, i, a, buffer))
         self._complete = complete
 
-    def ready(self, u: int) -> None:
-        """Complete what brings unit u's weights (before a compute)."""
+    def ready(self, u: int, side: str = "fwd") -> None:
+        """Complete what brings unit u's weights (before a compute of ``side``, fwd or bwd)."""
         self.settle_weights(u)
-        if u in self.freed:
-            from .executor import PipelineError
-            raise PipelineError(f"rank {self.rank}: unit {u}'s weights were freed or offloaded at action "
-                                f"{self.freed[u]} and not brought back (was the schedule validated?)")
+        for zc, z in self.parts[u]:
+            if self.split and z >= 3 and u in self.held:
+                self._bind_copy(u, zc, side)
+            elif (u, zc) in self.freed:
+                from .executor import PipelineError
+                what = "weights" if zc is None else f"ZeRO-{zc} weights"
+                raise PipelineError(f"rank {self.rank}: unit {u}'s {what} were freed or offloaded at action "
+                                    f"{self.freed[(u, zc)]} and not brought back (was the schedule validated?)")
 
     def settle(self, u: int) -> None:
         """Complete everything in flight for unit u (weights and gradients)."""
@@ -177,14 +213,42 @@ class UnitState:
             self._complete(handle, i, a)
             on_done()
 
-    def bind(self, u: int, flat: torch.Tensor) -> None:
-        """Unit u's parameters become views of ``flat`` (no copy)."""
-        load_params(self.runners[u].module, flat[:self.numel(u)])
-        self.freed.pop(u, None)
+    def bind(self, u: int, flat: torch.Tensor, zc: int | None = None) -> None:
+        """The part's parameters become views of ``flat`` (no copy)."""
+        load_params(self.runners[u].module, flat[:self.numel(u, zc)], self.params(u, zc))
+        self.freed.pop((u, zc), None)
 
-    def add_grads(self, u: int, flat: torch.Tensor, accumulate: bool = True) -> None:
+    def keep_copy(self, u: int, zc: int | None, side: str, flat: torch.Tensor) -> None:
+        """A gathered copy of ZeRO-3 weights for computes of ``side`` (bound by :meth:`ready`)."""
+        self.copies[(u, zc, side)] = flat
+
+    def _bind_copy(self, u: int, zc: int | None, side: str) -> None:
+        flat = self.copies.get((u, zc, side))
+        if flat is None:
+            from .executor import PipelineError
+            raise PipelineError(f"rank {self.rank}: unit {u}'s ZeRO-3 weights{'' if zc is None else f' (z{zc})'} "
+                                f"have no gathered {side} copy (was the schedule validated?)")
+        if self.bound.get((u, zc)) != side or (u, zc) in self.freed:
+            load_params(self.runners[u].module, flat[:self.numel(u, zc)], self.params(u, zc))
+            self.bound[(u, zc)] = side
+            self.freed.pop((u, zc), None)
+
+    def free_copy(self, u: int, i: int, zc: int | None, side: str) -> None:
+        """Drop the ``side`` copy of gathered ZeRO-3 weights; parameters bound to it move to the
+        other copy, or become placeholders when there is none."""
+        self.copies.pop((u, zc, side), None)
+        if self.bound.get((u, zc)) != side:
+            return
+        other = "bwd" if side == "fwd" else "fwd"
+        if (u, zc, other) in self.copies:
+            self._bind_copy(u, zc, other)
+        else:
+            self.bound.pop((u, zc))
+            self.free(u, i, zc)
+
+    def add_grads(self, u: int, flat: torch.Tensor, accumulate: bool = True, zc: int | None = None) -> None:
         self.fresh_grads(u)
-        load_grads(self.runners[u].module, flat[:self.numel(u)], accumulate=accumulate)
+        load_grads(self.runners[u].module, flat[:self.numel(u, zc)], accumulate=accumulate, params=self.params(u, zc))
 
     def fresh_grads(self, u: int) -> None:
         """Gradients stay readable after OPT until the next step; a unit that accumulates again
@@ -194,55 +258,57 @@ class UnitState:
             for p in self.runners[u].module.parameters():
                 p.grad = None
 
-    def flat(self, u: int, payload: Payload) -> torch.Tensor:
-        """Unit u's weights (after what brings them) or gradient (after everything in flight)."""
+    def flat(self, u: int, payload: Payload, zc: int | None = None) -> torch.Tensor:
+        """The part's weights (after what brings them) or gradient (after everything in flight)."""
         self.settle_weights(u) if payload is Payload.WEIGHT else self.settle(u)
-        module = self.runners[u].module
-        return flatten_params(module) if payload is Payload.WEIGHT else flatten_grads(module)
+        module, params = self.runners[u].module, self.params(u, zc)
+        return flatten_params(module, params) if payload is Payload.WEIGHT else flatten_grads(module, params)
 
-    def take_wgrad(self, u: int) -> torch.Tensor:
-        """Unit u's accumulated gradient, which leaves this rank (its accumulators are cleared)."""
+    def take_wgrad(self, u: int, zc: int | None = None) -> torch.Tensor:
+        """The part's accumulated gradient, which leaves this rank (its accumulators are cleared)."""
         self.settle(u)
         self.fresh_grads(u)
-        module = self.runners[u].module
-        t = flatten_grads(module)
-        for p in module.parameters():
+        params = self.params(u, zc)
+        t = flatten_grads(self.runners[u].module, params)
+        for p in params:
             p.grad = None
         return t
 
-    def new_flat(self, u: int) -> torch.Tensor:
+    def new_flat(self, u: int, zc: int | None = None) -> torch.Tensor:
         p = next(self.runners[u].module.parameters())
-        return torch.empty(self.numel(u), dtype=p.dtype, device=p.device)
+        return torch.empty(self.numel(u, zc), dtype=p.dtype, device=p.device)
 
     # --- optimizer -----------------------------------------------------------------------------
     def optimize(self, a: Action) -> None:
         units = [a.unit] if a.unit is not None else sorted(self.held)
         for u in units:
             self.settle(u)
-            if self.zero[u] >= 1:
-                shard = self.shards[u]
-                grad = self.shard_grads.pop(u, None)
-                self.last_shard_grads[u] = grad
-                if u in self.shard_opt and grad is not None:
-                    shard.grad = grad
-                    self.shard_opt[u].step()
-                    shard.grad = None
-            elif u in self.optimizers:  # units without parameters have no optimizer
-                self.optimizers[u].step()
+            for zc, z in self.parts[u]:
+                key = (u, zc)
+                if z >= 1:
+                    shard = self.shards[key]
+                    grad = self.shard_grads.pop(key, None)
+                    self.last_shard_grads[key] = grad
+                    if key in self.shard_opt and grad is not None:
+                        shard.grad = grad
+                        self.shard_opt[key].step()
+                        shard.grad = None
+                elif u in self.optimizers:  # over the stage-0 parameters; none without parameters
+                    self.optimizers[u].step()
             self.stepped.add(u)
 
-    def add_shard_grad(self, u: int, g: torch.Tensor) -> None:
-        if u in self.shard_grads:
-            self.shard_grads[u].add_(g)
+    def add_shard_grad(self, u: int, g: torch.Tensor, zc: int | None = None) -> None:
+        if (u, zc) in self.shard_grads:
+            self.shard_grads[(u, zc)].add_(g)
         else:
-            self.shard_grads[u] = g
+            self.shard_grads[(u, zc)] = g
 
     # --- free / offload / prefetch of weights --------------------------------------------------
-    def free(self, u: int, i: int) -> None:
-        """Unit u's parameters become one-element placeholders of their shape."""
-        for p in self.runners[u].module.parameters():
+    def free(self, u: int, i: int, zc: int | None = None) -> None:
+        """The part's parameters become one-element placeholders of their shape."""
+        for p in self.params(u, zc):
             p.data = p.data.new_zeros(1).expand(p.shape)
-        self.freed[u] = i
+        self.freed[(u, zc)] = i
 
     def stage(self, t: torch.Tensor) -> tuple:
         """A host copy of ``t`` (a buffer of the pinned pool when there is one)."""
@@ -294,15 +360,20 @@ class UnitState:
         weights and gradients of units this rank does not hold, the gathered weights of ZeRO-3
         units, the whole gradients of ZeRO-2/3 units, and weights or gradients in flight to it."""
         total = 0
-        for u, runner in self.runners.items():
-            params = list(runner.module.parameters())
-            held, z = u in self.held, self.zero.get(u, 0)
-            if (not held or z >= 3) and u not in self.freed:
-                total += sum(p.numel() * p.element_size() for p in params)
-            if not held or z >= 2:
-                total += sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+        for u in self.runners:
+            held = u in self.held
+            for zc, z in self.parts[u]:
+                params = self.params(u, zc)
+                if self.split and held and z >= 3:  # the gathered copies present
+                    size = sum(p.numel() for p in params) * (params[0].element_size() if params else 0)
+                    total += size * sum((u, zc, side) in self.copies for side in ("fwd", "bwd"))
+                elif (not held or z >= 3) and (u, zc) not in self.freed:
+                    total += sum(p.numel() * p.element_size() for p in params)
+                if not held or z >= 2:
+                    total += sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
             for item in self.pending.get(u, ()):
-                buf, weights = item[4], item[3].payload is Payload.WEIGHT
-                if buf is not None and (not held or z >= (3 if weights else 2)):
+                buf, a = item[4], item[3]
+                z = self.part_stage(u, a.zclass) if held else 0
+                if buf is not None and (not held or z >= (3 if a.payload is Payload.WEIGHT else 2)):
                     total += buf.numel() * buf.element_size()
         return total

@@ -11,6 +11,15 @@ gradients right before each ``OPT u`` over the unit's replica group:
 - ZeRO 3: also ``ALLGATHER weight u`` before the unit's first compute of the step and
   ``FREE weight u`` after its last, so only the shard is kept between steps.
 
+A unit may instead get one stage per parameter (``zero[u]`` a tuple, with ``zero_numel[u]`` the
+parameters' element counts): each stage present is a ZeRO class of the unit, and every collective
+and FREE above acts on one class (``z3``), following that class's stage; ``OPT u`` steps them all.
+
+``zero3_buffers=2`` keeps the gathered ZeRO-3 weights for forward and for backward computes apart
+(``Placement.zero3_buffers``): the ``fwd`` copy is gathered before a rank's first F of the unit and
+freed after its last, the ``bwd`` copy gathered before its first B, D or RECOMPUTE and freed after
+its last backward compute (W included: its saved tensors refer to the parameters).
+
 A ``pipemesh`` schedule instead gets PipeMesh's communication schedule
 (``pipert.schedules.pipemesh.overlap_collectives``): ZeRO-3 gathers and frees around every run of
 a chunk, ZeRO-2/3 reduce-scatters after every backward run (accumulated on the shard), all of
@@ -37,35 +46,52 @@ def replica_groups(base: Schedule, dp: int) -> list[tuple[int, ...]]:
     return [tuple(base.placement.weight_owner[u] + d * P for d in range(dp)) for u in range(base.num_units)]
 
 
-def replicate(base: Schedule, dp: int, zero: int | list[int] = 0) -> Schedule:
+def replicate(base: Schedule, dp: int, zero: int | list = 0, zero_numel: list | None = None,
+              zero3_buffers: int = 1) -> Schedule:
     """The data-parallel schedule of ``base`` (see the module doc). ``zero``: one ZeRO stage for
-    every unit, or one per unit."""
+    every unit, or per unit either a stage or a tuple of stages per parameter; ``zero_numel``: per
+    unit the parameters' element counts, needed for units with per-parameter stages (None for the
+    others); ``zero3_buffers``: 1 or 2 gathered copies of ZeRO-3 weights (module doc)."""
     if dp < 1:
         raise ValueError(f"dp must be >= 1, got {dp}")
     if base.placement.replicas is not None:
         raise ValueError(f"schedule {base.name!r} is already data-parallel")
     P, U, M = base.num_ranks, base.num_units, base.num_microbatches
     zeros = [zero] * U if isinstance(zero, int) else list(zero)
-    if len(zeros) != U or any(z not in (0, 1, 2, 3) for z in zeros):
-        raise ValueError(f"zero must be 0..3, once or per unit ({U} units); got {zero!r}")
+    if len(zeros) != U or any(not isinstance(z, (tuple, list)) and z not in (0, 1, 2, 3) for z in zeros):
+        raise ValueError(f"zero must be 0..3, once or per unit ({U} units; a unit's entry may be a tuple of "
+                         f"stages per parameter); got {zero!r}")
+    groups = replica_groups(base, dp)
+    ranks = tuple(tuple(base.placement.rank(u, m // dp) + (m % dp) * P for m in range(M * dp)) for u in range(U))
+    placement = Placement("table", ranks, base.placement.weight_owner, tuple(groups), tuple(zeros), zero_numel,
+                          zero3_buffers)
+    parts = [placement.zero_parts(u) for u in range(U)]
+    split = zero3_buffers == 2
+    moved = sorted({a.unit for _, _, a in base if a.op in (Op.SEND, Op.RECV) and (placement.mixed(a.unit) or split)
+                    and a.payload in (Payload.WEIGHT, Payload.WGRAD)})
+    if moved:
+        raise ValueError(f"schedule {base.name!r} moves the weights or gradients of unit(s) {moved} between ranks; "
+                         f"ZeRO stages per parameter and separate ZeRO-3 buffers need a schedule that passes "
+                         f"activations only (one stage per unit is allowed)")
     if base.meta.get("update_every"):
         raise ValueError(f"schedule {base.name!r} steps the optimizer several times per batch; data "
                          f"parallelism over it is not supported")
     if any(a.op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.BROADCAST, Op.REDUCE) for _, _, a in base):
         raise ValueError(f"schedule {base.name!r} already has collectives; replicate a pipeline schedule")
-    groups = replica_groups(base, dp)
-    first_use: dict[tuple[int, int], int] = {}
-    last_use: dict[tuple[int, int], int] = {}
+    first_use: dict[tuple, int] = {}
+    last_use: dict[tuple, int] = {}
     for r, i, a in base:
         if a.unit is not None and (a.op in WEIGHT_READERS or a.op is Op.SEND and a.payload is Payload.WEIGHT):
-            first_use.setdefault((r, a.unit), i)
-            last_use[(r, a.unit)] = i
+            key = (r, a.unit, _side(a) if split else None)
+            if not (split and a.op is Op.W):  # a W needs the backward copy present, never gathers it
+                first_use.setdefault(key, i)
+            last_use[key] = i
     overlap = base.meta.get("family") == "pipemesh"
     actions = []
     for d in range(dp):
         for r in range(P):
             if overlap:
-                actions.append(_overlapped(base, r, d, dp, zeros, groups))
+                actions.append(_overlapped(base, r, d, dp, parts, groups, split))
                 continue
             prog = []
             for i, a in enumerate(base.actions[r]):
@@ -73,25 +99,25 @@ def replicate(base: Schedule, dp: int, zero: int | list[int] = 0) -> Schedule:
                 u = a.unit
                 if a.op is Op.OPT:
                     for uu in ([u] if u is not None else base.units_owned(r)):
-                        prog += _reduce_then_step(uu, groups[uu], zeros[uu])
+                        prog += _reduce_then_step(uu, groups[uu], parts[uu])
                     continue
-                if u is not None and zeros[u] == 3 and first_use.get((r, u)) == i and \
-                        base.placement.weight_owner[u] == r:
-                    prog.append(Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u]))
+                owner = u is not None and base.placement.weight_owner[u] == r
+                z3 = [zc for zc, z in parts[u] if z == 3] if owner else []
+                side = _side(a) if split and z3 else None
+                if z3 and first_use.get((r, u, side)) == i:
+                    prog += [Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u], zclass=zc,
+                                    side=side) for zc in z3]
                 prog.append(a)
-                if u is not None and zeros[u] == 3 and last_use.get((r, u)) == i and \
-                        base.placement.weight_owner[u] == r:
-                    prog.append(Action(Op.FREE, unit=u, payload=Payload.WEIGHT))
+                if z3 and last_use.get((r, u, side)) == i:
+                    prog += [Action(Op.FREE, unit=u, payload=Payload.WEIGHT, zclass=zc, side=side) for zc in z3]
             actions.append(prog)
-    ranks = tuple(tuple(base.placement.rank(u, m // dp) + (m % dp) * P for m in range(M * dp)) for u in range(U))
-    placement = Placement("table", ranks, base.placement.weight_owner, tuple(groups), tuple(zeros))
-    meta = dict(base.meta, dp=dp, zero=zeros, pp_stages=P)
+    meta = dict(base.meta, dp=dp, zero=[list(z) if isinstance(z, (tuple, list)) else z for z in zeros], pp_stages=P)
     return Schedule(f"{base.name}-dp{dp}" + (f"-zero{zero}" if isinstance(zero, int) and zero else ""),
                     P * dp, U, M * dp, placement, actions, meta)
 
 
-def _overlapped(base: Schedule, r: int, d: int, dp: int, zeros: list[int], groups: list[tuple[int, ...]]
-                ) -> list[Action]:
+def _overlapped(base: Schedule, r: int, d: int, dp: int, parts: list, groups: list[tuple[int, ...]],
+                split: bool = False) -> list[Action]:
     """Replica d's copy of base rank r with PipeMesh's collectives (module doc)."""
     from .pipemesh import overlap_collectives
     acts = base.actions[r]
@@ -99,13 +125,19 @@ def _overlapped(base: Schedule, r: int, d: int, dp: int, zeros: list[int], group
     if bad:
         raise ValueError(f"schedule {base.name!r}: rank {r} computes {bad[0]} of a unit it does not hold; "
                          f"PipeMesh's communication schedule needs activation passing")
-    before, tail = overlap_collectives(acts, zeros, groups, base.units_owned(r), base.meta.get("units_per_chunk", 1))
+    before, tail = overlap_collectives(acts, parts, groups, base.units_owned(r), base.meta.get("units_per_chunk", 1),
+                                       split)
     prog: list[Action] = []
     for i, a in enumerate(acts):
         prog += before.get(i, [])
         if a.op is not Op.OPT:
             prog.append(_relabel(a, d, dp, base.num_ranks))
     return prog + before.get(len(acts), []) + tail
+
+
+def _side(a: Action) -> str:
+    """The gathered copy of ZeRO-3 weights a compute reads (pipert.ir.semantics)."""
+    return "fwd" if a.op is Op.F else "bwd"
 
 
 def _relabel(a: Action, d: int, dp: int, P: int) -> Action:
@@ -123,10 +155,9 @@ def _relabel(a: Action, d: int, dp: int, P: int) -> Action:
     return dataclasses.replace(a, **kw) if kw else a
 
 
-def _reduce_then_step(u: int, group: tuple[int, ...], zero: int) -> list[Action]:
-    if zero == 0:
-        return [Action(Op.ALLREDUCE, unit=u, payload=Payload.WGRAD, group=group), Action(Op.OPT, unit=u)]
-    out = [Action(Op.REDUCESCATTER, unit=u, payload=Payload.WGRAD, group=group), Action(Op.OPT, unit=u)]
-    if zero <= 2:
-        out.append(Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=group))
-    return out
+def _reduce_then_step(u: int, group: tuple[int, ...], parts: list[tuple[int | None, int]]) -> list[Action]:
+    out = [Action(Op.ALLREDUCE if z == 0 else Op.REDUCESCATTER, unit=u, payload=Payload.WGRAD, group=group,
+                  zclass=zc) for zc, z in parts]
+    out.append(Action(Op.OPT, unit=u))
+    return out + [Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=group, zclass=zc)
+                  for zc, z in parts if z in (1, 2)]

@@ -3,7 +3,7 @@
 Notation: the paper's B (micro-batches per pipeline per step) is ``microbatches``, its M (chunks
 per stage) is ``chunks`` (V). Chunk c of stage s is chunk ``c*P + s`` of the model (Megatron's
 looping placement); a chunk is ``units_per_chunk`` consecutive units, each of which may get its
-own ZeRO stage over the data-parallel replicas (``replicate(..., zero=[...])``: mixed ZeRO per
+own ZeRO stage over the data-parallel replicas, or one per parameter (``replicate(..., zero=[...])``: mixed ZeRO per
 parameter group of a chunk).
 
 Enqueue sequence ``e`` and dequeue sequence ``d`` each sum to B. Forward queue: for each
@@ -193,8 +193,22 @@ def _runs(passes: list[tuple[int, int, str, int]], side: str) -> list[tuple[int,
     return [tuple(r) for r in runs]
 
 
-def overlap_collectives(acts: list[Action], zeros: Sequence[int], groups: Sequence[tuple[int, ...]],
-                        held: Sequence[int], units_per_chunk: int = 1
+def _merge_runs(spans: list, same_side: dict[str, list[int]], n: int) -> list[list]:
+    """Spans (start, end, first pass, last pass, side) of one chunk's runs, in order; those that
+    overlap, or have fewer than ``n`` passes of the later run's side between them, become one (its
+    weights are kept, not freed and gathered again)."""
+    merged: list[list] = []
+    for s, e, a, b, side in spans:
+        if merged and (s <= merged[-1][1] or sum(merged[-1][3] < j < a for j in same_side[side]) < n):
+            merged[-1][1], merged[-1][3] = max(merged[-1][1], e), max(merged[-1][3], b)
+        else:
+            merged.append([s, e, a, b, side])
+    return merged
+
+
+def overlap_collectives(acts: list[Action], parts: Sequence[Sequence[tuple[int | None, int]]],
+                        groups: Sequence[tuple[int, ...]],
+                        held: Sequence[int], units_per_chunk: int = 1, split: bool = False
                         ) -> tuple[dict[int, list[Action]], list[Action]]:
     """PipeMesh's collectives for one base rank's program ``acts`` (its OPTs are dropped by the
     caller): ``(before, tail)``, where ``before[i]`` goes right before action i and ``tail`` after
@@ -216,6 +230,12 @@ def overlap_collectives(acts: list[Action], zeros: Sequence[int], groups: Sequen
       when there is none); the shards accumulate;
     - the tail steps the optimizer of every held unit after all reductions. Between steps the
       whole weights of ZeRO-1/2 units are those the step started with; the shards are current.
+
+    ``parts[u]`` lists unit u's ZeRO parts as (class, stage) (``Placement.zero_parts``): the
+    rules above apply to each part, and the part's class goes on its actions. ``split`` keeps the
+    gathered ZeRO-3 weights of forward and backward runs apart (the paper's separate B_Z3^fwd and
+    B_Z3^bwd buffers): forward runs and backward runs never merge, each gathers and frees its own
+    copy (``fwd``/``bwd``), and the ZeRO-1/2 gathers go with the chunk's first forward run.
     """
     k = units_per_chunk
     passes = _passes(acts, k)
@@ -223,8 +243,9 @@ def overlap_collectives(acts: list[Action], zeros: Sequence[int], groups: Sequen
     items: list[tuple[int, int, int, Action]] = []  # (index, 0 after / 1 before, seq, action)
     tail_red: list[Action] = []
 
-    def chunk_units(c: int) -> list[int]:
-        return [u for u in range(c * k, c * k + k) if u in held_set]
+    def chunk_parts(c: int, stages: tuple[int, ...]) -> list[tuple[int, int | None]]:
+        """(unit, class) of the chunk's held parts whose stage is in ``stages``, in unit order."""
+        return [(u, zc) for u in range(c * k, c * k + k) if u in held_set for zc, z in parts[u] if z in stages]
 
     def put(index: int, prio: int, a: Action) -> None:
         items.append((index, prio, len(items), a))
@@ -234,34 +255,36 @@ def overlap_collectives(acts: list[Action], zeros: Sequence[int], groups: Sequen
     for c in sorted({p[3] for p in passes}):
         spans = sorted((passes[a][0], passes[b][1], a, b, side) for side in "FB"
                        for cc, a, b in _runs(passes, side) if cc == c)
-        z3 = [u for u in chunk_units(c) if zeros[u] == 3]
-        merged: list[list] = []
-        for s, e, a, b, side in spans:
-            if merged and (s <= merged[-1][1] or sum(merged[-1][3] < j < a for j in same_side[side]) < len(z3)):
-                merged[-1][1], merged[-1][3] = max(merged[-1][1], e), max(merged[-1][3], b)
-            else:
-                merged.append([s, e, a, b, side])
-        prev_free = -1
-        for n, (s, e, a, b, side) in enumerate(merged):
-            gathered = z3 + ([u for u in chunk_units(c) if zeros[u] in (1, 2)] if n == 0 else [])
-            order = gathered if side == "F" else gathered[::-1]
-            ahead = [j for j in same_side[side] if prev_free < j < a][-len(order):] if order else []
-            for u, target in zip(order, [prev_free + 1] * (len(order) - len(ahead)) + ahead):
-                put(passes[target][0], 1, Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u]))
-            for u in z3:
-                put(e + 1, 0, Action(Op.FREE, unit=u, payload=Payload.WEIGHT))
-            prev_free = b
+        z3 = chunk_parts(c, (3,))
+        tracks = [_merge_runs([sp for sp in spans if sp[4] == side], same_side, len(z3)) for side in "FB"] \
+            if split else [_merge_runs(spans, same_side, len(z3))]
+        for track in tracks:
+            prev_free = -1
+            for n, (s, e, a, b, side) in enumerate(track):
+                copy = ("fwd" if side == "F" else "bwd") if split else None
+                gathered = [(u, zc, copy) for u, zc in z3]
+                if n == 0 and (side == "F" or not split):
+                    gathered += [(u, zc, None) for u, zc in chunk_parts(c, (1, 2))]
+                order = gathered if side == "F" else gathered[::-1]
+                ahead = [j for j in same_side[side] if prev_free < j < a][-len(order):] if order else []
+                for (u, zc, cp), target in zip(order, [prev_free + 1] * (len(order) - len(ahead)) + ahead):
+                    put(passes[target][0], 1, Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u],
+                                                     zclass=zc, side=cp))
+                for u, zc in z3:
+                    put(e + 1, 0, Action(Op.FREE, unit=u, payload=Payload.WEIGHT, zclass=zc, side=copy))
+                prev_free = b
     # weight gradients
     bwd = [j for j, p in enumerate(passes) if p[2] == "B"]
     for c in sorted({p[3] for p in passes}):
         runs = [r for r in _runs(passes, "B") if r[0] == c]
         for n, (_, _, last) in enumerate(runs):
             final = n == len(runs) - 1
-            units = [u for u in chunk_units(c)[::-1] if zeros[u] >= 2 or final]
+            reduced = chunk_parts(c, (0, 1, 2, 3) if final else (2, 3))[::-1]
             after = [j for j in bwd if j > last]
-            for b, u in enumerate(units):
-                op = Op.ALLREDUCE if zeros[u] == 0 else Op.REDUCESCATTER
-                a = Action(op, unit=u, payload=Payload.WGRAD, group=groups[u])
+            for b, (u, zc) in enumerate(reduced):
+                z = next(z for c2, z in parts[u] if c2 == zc)
+                op = Op.ALLREDUCE if z == 0 else Op.REDUCESCATTER
+                a = Action(op, unit=u, payload=Payload.WGRAD, group=groups[u], zclass=zc)
                 if b < len(after):
                     put(passes[after[b]][0], 1, a)
                 else:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..ir.action import Action, Op
 from ..ir.semantics import Value, writes
-from .keys import describe_key, vkey
+from .keys import describe_key, slot_of, vkey
 
 if TYPE_CHECKING:
     from .values import Builder
@@ -19,7 +19,7 @@ def produced_keys(a: Action, num_units: int, rank: int) -> list[int]:
     """Value keys action ``a`` may produce, from the op table (slow; used to explain errors)."""
     keys = []
     for (kind, u, m), ref in writes(a, num_units, rank):
-        keys.append(vkey(kind, u, max(m, 0), ref.shard, ref.host))
+        keys.append(vkey(kind, u, slot_of(m), ref.shard, ref.host))
     if a.op is Op.F:  # an F keeps its input instead of the stash when a RECOMPUTE follows
         keys += [vkey(Value.KEPT, a.unit, m) for m in a.mb]
     if a.op is Op.OPT and a.unit is not None:  # ZeRO units step their shard

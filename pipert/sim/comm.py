@@ -81,7 +81,8 @@ class CommState:
             first = ls[3][k]
             ls[3][k] = None
             fa = first[0]
-            if fa.payload is not a.payload or fa.unit != a.unit or fa.mb != a.mb or fa.tag != a.tag:
+            if fa.payload is not a.payload or fa.unit != a.unit or fa.mb != a.mb or fa.tag != a.tag \
+                    or fa.zclass != a.zclass:
                 self.mismatch(a, r, i, first, k, is_send)
         else:
             n = self.new_transfer(a, r, i, ls, lk)
@@ -91,13 +92,18 @@ class CommState:
             self.indeg[n] += 1
         return n
 
+    def message_bytes(self, a: Action) -> float:
+        """Bytes ``a`` moves: the cost model's message, times its ZeRO class's share of the unit."""
+        nbytes = self.cost.message_bytes(a.payload, a.unit, len(a.mb) or 1)
+        return nbytes if a.zclass is None else nbytes * self.s.placement.class_share(a.unit, a.zclass)
+
     def new_transfer(self, a: Action, r: int, i: int, ls: list, lk: int) -> int:
         """Node of a transfer whose first side (SEND or RECV) is ``a``; see ``link_state``."""
-        ck = (a.payload, a.unit, len(a.mb) or 1)
+        ck = (a.payload, a.unit, len(a.mb) or 1, a.zclass)
         if ck == ls[5]:
             nbytes, occ, lat = ls[6]
         else:
-            nbytes = self.cost.message_bytes(*ck)
+            nbytes = self.message_bytes(a)
             occ, lat = self.links.transfer(lk // self.P, lk % self.P, nbytes) if self.links is not None \
                 else (0.0, 0.0)
             ls[5], ls[6] = ck, (nbytes, occ, lat)
@@ -145,7 +151,7 @@ class CommState:
                            f"(action {fi}); every member must post the same collective in the same order")
             members.append((a, r, i))
         else:
-            nbytes = self.cost.message_bytes(a.payload, a.unit, len(a.mb) or 1)
+            nbytes = self.message_bytes(a)
             d = self.links.collective(a.op.value.lower(), g, nbytes) if self.links is not None else 0.0
             n = self.node(K_COLLECTIVE, d)
             if lst:  # one group's collectives progress in order

@@ -3,7 +3,7 @@
 
 Per rank the walk keeps ``have`` (value key -> node that produced it; INITIAL for values present
 from the start), ``live`` (counted value key -> its size), ``wg`` (weight-gradient contribution
-sets per (unit, shard)) and ``host`` (the rank's last compute-queue node: where its program is).
+sets per (unit, shard, class slot)) and ``host`` (the rank's last compute-queue node: where its program is).
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import dataclasses
 from operator import attrgetter
 from typing import Any
 
-from ..ir.action import COLLECTIVE_OPS, Action, Op
+from ..ir.action import COLLECTIVE_OPS, Action, Op, Payload
 from ..ir.semantics import MEMORY_KIND, PAYLOAD_VALUE, TABLE, Role, Value, op_queue, recomputed
 from .comm import CommState
 from .errors import ScheduleError
-from .keys import HOST, INITIAL, K_COMPUTE, K_TRANSFER, MISSING, QUEUES, SHARD, SHIFT, describe_key
+from .keys import BWD, HOST, INITIAL, K_COMPUTE, K_TRANSFER, MISSING, QUEUES, SHARD, SHIFT, describe_key
 
 __all__ = ["Builder"]
 
@@ -57,7 +57,21 @@ class Builder(CommState):
         self.limits = self._limits(memory_limit)
         pl = s.placement
         self.holders = [pl.holders(u) for u in range(self.U)]
-        self.zero = [pl.zero_stage(u) for u in range(self.U)]
+        # per unit: its value slots (0: the whole unit; k+1: ZeRO class k of a mixed unit), the
+        # stage and the share of the unit's bytes of each slot
+        self.slots = [(0,) if not pl.mixed(u) else tuple(k + 1 for k in pl.zero_classes(u)) for u in range(self.U)]
+        self.stage = [{sl: (pl.zero_classes(u)[0] if sl == 0 else sl - 1) for sl in self.slots[u]}
+                      for u in range(self.U)]
+        self.share = [{sl: pl.class_share(u, None if sl == 0 else sl - 1) for sl in self.slots[u]}
+                      for u in range(self.U)]
+        self.mixed = [pl.mixed(u) for u in range(self.U)]
+        # separate ZeRO-3 buffers: B, D and RECOMPUTE read the backward copy (slot + BWD)
+        self.split = pl.zero3_buffers == 2
+        self.bslots = [tuple(sl + BWD if self.split and self.stage[u][sl] == 3 else sl for sl in self.slots[u])
+                       for u in range(self.U)]
+        for u in range(self.U):
+            for sl, b in zip(self.slots[u], self.bslots[u]):
+                self.stage[u][b], self.share[u][b] = self.stage[u][sl], self.share[u][sl]
         mem = cost.memory
         kinds = [k for k in MEMORY_KIND.values() if k != "kept"]
         self.sz = {k: [mem(k, u) for u in range(self.U)] for k in kinds}
@@ -123,6 +137,10 @@ class Builder(CommState):
                 if check and self._bad_index(r, i, a):
                     trace.append(self.mem)
                     continue
+                if (a.zclass is not None or a.side is not None or a.payload in _UNIT_PAYLOADS and
+                        (self.mixed[u] or self.split)) and self._bad_class(r, i, a):
+                    trace.append(self.mem)
+                    continue
                 if q == 0:
                     if op in COLLECTIVE_OPS:
                         n = self.collective(a, r, i, chained=True)
@@ -150,7 +168,7 @@ class Builder(CommState):
                 nodes_r[i] = n
                 if n >= 0:
                     if q == 1 or q == 2:  # a SEND/RECV: its plan is all of its effects
-                        got = plans.get((op, a.payload, u, r == a.root, False))
+                        got = plans.get((op, a.payload, u, r == a.root, False, a.zclass, a.side))
                         reads, writes = got if got is not None else plan(a, r, False)
                         if reads:
                             self.comm_reads(a, r, i, n, reads)
@@ -181,12 +199,36 @@ class Builder(CommState):
         have: dict[int, int] = {}
         for u in range(self.U):
             if r in self.holders[u]:
-                z = self.zero[u]
-                if z <= 2:
-                    have[(u << 32) << SHIFT | _WEIGHT] = INITIAL
-                if z >= 1:
-                    have[(u << 32) << SHIFT | _WEIGHT | SHARD] = INITIAL
+                for sl in self.slots[u]:
+                    z = self.stage[u][sl]
+                    if z <= 2:
+                        have[(u << 32 | sl) << SHIFT | _WEIGHT] = INITIAL
+                    if z >= 1:
+                        have[(u << 32 | sl) << SHIFT | _WEIGHT | SHARD] = INITIAL
         return have
+
+    def _bad_class(self, r: int, i: int, a: Action) -> bool:
+        """A ZeRO class must name a class of a mixed unit; a mixed unit's weight or gradient
+        messages, collectives and memory ops must name one."""
+        u, z = a.unit, a.zclass
+        classes = [sl - 1 for sl in self.slots[u]] if self.mixed[u] else []
+        stage = self.stage[u].get(0 if z is None else z + 1)
+        gathered = self.split and stage == 3 and a.payload is Payload.WEIGHT and a.op in (Op.ALLGATHER, Op.FREE)
+        if z is None and self.mixed[u]:
+            detail = f"unit {u} has ZeRO classes {classes}: name one (z{classes[0]}..)"
+        elif z is not None and z not in classes:
+            detail = (f"unit {u} has ZeRO classes {classes}" if classes else
+                      f"unit {u} has one ZeRO stage ({self.stage[u][0]}): its actions name no class") + f", not z{z}"
+        elif gathered and a.side is None:
+            detail = (f"the schedule keeps separate forward and backward copies of gathered ZeRO-3 weights "
+                      f"(placement zero3_buffers=2): name one (fwd or bwd)")
+        elif a.side is not None and not gathered:
+            detail = (f"side {a.side} names a copy of gathered ZeRO-3 weights, which this schedule does not keep "
+                      f"apart (placement zero3_buffers={2 if self.split else 1}, stage {stage})")
+        else:
+            return False
+        self.error(r, i, a, "zero_class", detail)
+        return True
 
     def _bad_index(self, r: int, i: int, a: Action) -> bool:
         if (a.unit is not None and a.unit >= self.U) or (a.mb and max(a.mb) >= self.M):
@@ -224,7 +266,7 @@ class Builder(CommState):
             first, last = self.sub_block(r, i, a)
         u = a.unit
         keeps = op is _F and bool(self.recomputed) and any((u, m) in self.recomputed for m in a.mb)
-        got = self._plan_cache.get((op, a.payload, u, r == a.root, keeps))
+        got = self._plan_cache.get((op, a.payload, u, r == a.root, keeps, a.zclass, a.side))
         reads, writes = got if got is not None else self._plan(a, r, keeps)
         if reads and (first or last):  # a split compute reads at its first piece, frees what it read at its last
             if compute:
@@ -232,7 +274,8 @@ class Builder(CommState):
             else:
                 self.comm_reads(a, r, i, n, reads)
         if op is _W and first and not last:  # its pieces fill the gradient from the first one on
-            self.reserve_wgrad(u, n)
+            for sl in self.slots[u]:
+                self.reserve_wgrad(u, sl, n)
         if last:
             if compute:
                 self.mark_done(a, r, i)
@@ -246,14 +289,15 @@ class Builder(CommState):
         op, u, mb = a.op, a.unit, a.mb
         rec = self.recomputed
         keeps = op is _F and bool(rec) and any((u, m) in rec for m in mb)
-        got = self._plan_cache.get((op, a.payload, u, r == a.root, keeps))
+        got = self._plan_cache.get((op, a.payload, u, r == a.root, keeps, a.zclass, a.side))
         reads, writes = got if got is not None else self._plan(a, r, keeps)
         have, kind = self.have, self.kind
-        for wg, uu, release, shard, ku, per_mb, _ in reads:
+        for wg, uu, release, shard, ku, slots, _ in reads:
             if wg:
-                self.take_wgrad(a, r, i, n, uu, shard)
+                for sl, _ in slots:
+                    self.take_wgrad(a, r, i, n, uu, shard, sl)
                 continue
-            for m in (mb if per_mb else (0,)):
+            for m in (mb if slots is None else [sl for sl, _ in slots]):
                 k = ku | m << SHIFT
                 p = have.get(k, MISSING)
                 if p == MISSING:
@@ -282,7 +326,7 @@ class Builder(CommState):
     def _plan(self, a: Action, r: int, keeps: bool) -> tuple[tuple, tuple]:
         """(reads, writes) of ``a`` on rank r, ``keeps``: an F that keeps its input for a later
         RECOMPUTE. That depends only on the cache key's fields, so each key is planned once per rank."""
-        key = (a.op, a.payload, a.unit, r == a.root, keeps)
+        key = (a.op, a.payload, a.unit, r == a.root, keeps, a.zclass, a.side)
         got = self._plan_cache.get(key)
         if got is None:
             op = a.op
@@ -293,8 +337,10 @@ class Builder(CommState):
     def _applied(self, a: Action, r: int, refs: tuple) -> tuple:
         """Each ref of ``refs`` that applies to ``a`` on rank r (edges and roles applied, the
         payload's kind filled in; a SEND keeps a unit's weights) as (is weight grad, unit,
-        release, shard, key of the unit's value (micro-batch 0), per micro-batch, size a write
-        adds to the running sum (None for model state and host copies))."""
+        release, shard, key of the unit's value (micro-batch 0), slots, size a write adds to the
+        running sum (None for model state and host copies)). ``slots`` is None for a value per
+        micro-batch; for a per-unit value, the (class slot, size) pairs it covers: the action's
+        ZeRO class for a payload, every class of the unit for a compute's weights and gradient."""
         u = a.unit
         out = []
         for kind, du, edge, release, role, bits in refs:
@@ -302,17 +348,33 @@ class Builder(CommState):
                 continue
             if role and not self._role_ok(role, a, r):
                 continue
-            if kind < 0:
+            payload = kind < 0
+            if payload:
                 kind = _payload_kind(a)
                 if a.op is _SEND and kind == _WEIGHT:
                     release = False
             uu = u + du
             shard = bool(bits & SHARD)
-            size = None
-            if kind != _WGRAD and not bits & HOST and not self.static(kind, uu, shard):
-                size = self.size_of[kind][uu] / (len(self.holders[uu]) if shard else 1)
-            per_mb = kind != _WEIGHT and kind != _WGRAD
-            out.append((kind == _WGRAD, uu, release, shard, (uu << 32) << SHIFT | kind | bits, per_mb, size))
+            base = (uu << 32) << SHIFT | kind | bits
+            if kind != _WEIGHT and kind != _WGRAD:
+                size = None
+                if not bits & HOST and not self.static(kind, uu, shard):
+                    size = self.size_of[kind][uu]
+                out.append((False, uu, release, shard, base, None, size))
+                continue
+            if payload:
+                # the shard is one per class; the side names one of its gathered copies
+                slots = ((0 if a.zclass is None else a.zclass + 1) + (BWD if a.side == "bwd" and not shard else 0),)
+            else:
+                slots = self.bslots[uu] if kind == _WEIGHT and a.op in _BWD_READERS else self.slots[uu]
+            sized = []
+            for sl in slots:
+                size = None
+                if kind != _WGRAD and not bits & HOST and not self.static(kind, uu, shard, sl):
+                    size = self.size_of[kind][uu] * self.share[uu].get(sl, 1.0) / (len(self.holders[uu]) if shard
+                                                                                    else 1)
+                sized.append((sl, size))
+            out.append((kind == _WGRAD, uu, release, shard, base, tuple(sized), None))
         return tuple(out)
 
     def compute_reads(self, a: Action, r: int, i: int, n: int, refs: tuple, use: bool = True,
@@ -321,12 +383,13 @@ class Builder(CommState):
         releases them). A value from another queue's node gets an edge and counts as communicated
         input (``comm_in``); one from this rank's compute queue is ordered by the queue already."""
         have, kind = self.have, self.kind
-        for wg, uu, release, shard, ku, per_mb, _ in refs:
+        for wg, uu, release, shard, ku, slots, _ in refs:
             if wg:
                 if use:
-                    self.take_wgrad(a, r, i, n, uu, shard)
+                    for sl, _ in slots:
+                        self.take_wgrad(a, r, i, n, uu, shard, sl)
                 continue
-            for m in (a.mb if per_mb else (0,)):
+            for m in (a.mb if slots is None else [sl for sl, _ in slots]):
                 k = ku | m << SHIFT
                 p = have.get(k, MISSING)
                 if p == MISSING:
@@ -346,11 +409,12 @@ class Builder(CommState):
         an edge from its producer, which a transfer then carries (``tx_prod``)."""
         have = self.have
         transfer = self.kind[n] == K_TRANSFER
-        for wg, uu, release, shard, ku, per_mb, _ in refs:
+        for wg, uu, release, shard, ku, slots, _ in refs:
             if wg:
-                self.take_wgrad(a, r, i, n, uu, shard)
+                for sl, _ in slots:
+                    self.take_wgrad(a, r, i, n, uu, shard, sl)
                 continue
-            for m in (a.mb if per_mb else (0,)):
+            for m in (a.mb if slots is None else [sl for sl, _ in slots]):
                 k = ku | m << SHIFT
                 p = have.get(k, MISSING)
                 if p >= 0:  # an edge as in use(), without its call
@@ -368,25 +432,26 @@ class Builder(CommState):
     def apply_writes(self, a: Action, r: int, n: int, refs: tuple) -> None:
         have, live = self.have, self.live
         mb = a.mb
-        for wg, uu, _, shard, ku, per_mb, size in refs:
+        for wg, uu, _, shard, ku, slots, size in refs:
             if wg:
-                self.add_wgrad(a, r, n, uu, shard)
+                for sl, _ in slots:
+                    self.add_wgrad(a, r, n, uu, shard, sl)
                 continue
-            for m in (mb if per_mb else (0,)):
+            for m, sz in (((m, size) for m in mb) if slots is None else slots):
                 k = ku | m << SHIFT
                 have[k] = n
-                if size is not None and k not in live:
-                    live[k] = size
-                    self.mem += size
+                if sz is not None and k not in live:
+                    live[k] = sz
+                    self.mem += sz
 
-    def static(self, kind: int, u: int, shard: bool) -> bool:
+    def static(self, kind: int, u: int, shard: bool, slot: int = 0) -> bool:
         """Model state a rank keeps across steps (not part of the running sum)."""
         if self.r not in self.holders[u]:
             return False
         if kind == _WEIGHT:
-            return shard or self.zero[u] <= 2
+            return shard or self.stage[u][slot] <= 2
         if kind == _WGRAD:
-            return shard or self.zero[u] <= 1
+            return shard or self.stage[u][slot] <= 1
         return False
 
     def use(self, r: int, i: int, key: int, n: int, compute: bool) -> int:
@@ -407,17 +472,20 @@ class Builder(CommState):
         return p
 
     # --- weight gradients: sets of micro-batch contributions -------------------------------------
-    def wg_state(self, u: int, shard: bool) -> list:
-        st = self.wg.get((u, shard))
+    def wg_state(self, u: int, shard: bool, slot: int) -> list:
+        st = self.wg.get((u, shard, slot))
         if st is None:
             # [local micro-batches, source nodes, last local contributor, size held]
-            st = self.wg[(u, shard)] = [[], [], -1, 0.0]
+            st = self.wg[(u, shard, slot)] = [[], [], -1, 0.0]
         return st
 
-    def add_wgrad(self, a: Action, r: int, n: int, u: int, shard: bool) -> None:
+    def wgrad_size(self, u: int, slot: int) -> float:
+        return self.sz["wgrad"][u] * self.share[u].get(slot, 1.0)
+
+    def add_wgrad(self, a: Action, r: int, n: int, u: int, shard: bool, slot: int) -> None:
         """A contribution: a local accumulator (B, W) or one more received buffer (RECV,
         collective); each holds one weight gradient until the next reader takes them all."""
-        st = self.wg_state(u, shard)
+        st = self.wg_state(u, shard, slot)
         local = a.op is _B or a.op is _W
         new_buffer = not local or st[2] < 0
         if local:
@@ -425,23 +493,23 @@ class Builder(CommState):
             st[2] = n
         else:
             st[1].append(n)
-        if new_buffer and not self.static(_WGRAD, u, shard):
-            sz = self.sz["wgrad"][u] / (len(self.holders[u]) if shard else 1)
+        if new_buffer and not self.static(_WGRAD, u, shard, slot):
+            sz = self.wgrad_size(u, slot) / (len(self.holders[u]) if shard else 1)
             st[3] += sz
             self.mem += sz
 
-    def reserve_wgrad(self, u: int, n: int) -> None:
+    def reserve_wgrad(self, u: int, slot: int, n: int) -> None:
         """The local accumulator of unit u exists from node n on (the first piece of a split W)."""
-        st = self.wg_state(u, False)
+        st = self.wg_state(u, False, slot)
         if st[2] < 0:
             st[2] = n
-            if not self.static(_WGRAD, u, False):
-                st[3] += self.sz["wgrad"][u]
-                self.mem += self.sz["wgrad"][u]
+            if not self.static(_WGRAD, u, False, slot):
+                st[3] += self.wgrad_size(u, slot)
+                self.mem += self.wgrad_size(u, slot)
 
-    def wg_take(self, u: int, shard: bool, n: int) -> tuple[list[int], list[int]] | None:
+    def wg_take(self, u: int, shard: bool, slot: int, n: int) -> tuple[list[int], list[int]] | None:
         """Move the rank's weight gradient of unit u into node n (edges from its contributors)."""
-        st = self.wg.pop((u, shard), None)
+        st = self.wg.pop((u, shard, slot), None)
         if st is None:
             return None
         if st[2] >= 0 and st[2] != n:
@@ -451,8 +519,8 @@ class Builder(CommState):
         self.mem -= st[3]
         return st[0], st[1]
 
-    def take_wgrad(self, a: Action, r: int, i: int, n: int, u: int, shard: bool) -> None:
-        parts = self.wg_take(u, shard, n)
+    def take_wgrad(self, a: Action, r: int, i: int, n: int, u: int, shard: bool, slot: int) -> None:
+        parts = self.wg_take(u, shard, slot, n)
         if a.op is _SEND:
             if parts is None:
                 self.error(r, i, a, "missing_input", f"no weight-grad contribution of unit {u} on rank {r} "
@@ -476,20 +544,22 @@ class Builder(CommState):
                 self.error(r, i, a, "wgrad", f"OPT u{u} runs on rank {r}, but unit {u}'s weights are held by "
                            f"rank(s) {list(self.holders[u])}")
                 continue
-            shard = self.zero[u] >= 1
-            bit = SHARD if shard else 0
-            wkey = (u << 32) << SHIFT | _WEIGHT | bit
-            self.use(r, i, wkey, n, True)
-            self.have[wkey] = n  # the updated weights: later sends and gathers wait for the step
-            if shard and self.zero[u] <= 2:
-                self.have.pop((u << 32) << SHIFT | _WEIGHT, None)  # whole weights stale until ALLGATHER
-            parts = self.wg_take(u, shard, n)
-            local, sources = parts if parts is not None else ([], [])
-            for src in sources:
-                self.comm_in.append((n, src))
             j = self.opt_count.get(u, 0)
             self.opt_count[u] = j + 1
-            self.opt_checks.append((n, r, i, a, u, local, sources, j))
+            for sl in self.slots[u]:
+                z = self.stage[u][sl]
+                shard = z >= 1
+                bit = SHARD if shard else 0
+                wkey = (u << 32 | sl) << SHIFT | _WEIGHT | bit
+                self.use(r, i, wkey, n, True)
+                self.have[wkey] = n  # the updated weights: later sends and gathers wait for the step
+                if shard and z <= 2:
+                    self.have.pop((u << 32 | sl) << SHIFT | _WEIGHT, None)  # whole weights stale until ALLGATHER
+                parts = self.wg_take(u, shard, sl, n)
+                local, sources = parts if parts is not None else ([], [])
+                for src in sources:
+                    self.comm_in.append((n, src))
+                self.opt_checks.append((n, r, i, a, u, local, sources, j))
 
     def wait(self, a: Action, r: int, i: int, n: int) -> None:
         if self.wait_index is None:
@@ -559,6 +629,11 @@ def _out_of_range(acts: list[Action], num_units: int, num_microbatches: int) -> 
 
 
 _UNIT, _MB = attrgetter("unit"), attrgetter("mb")
+
+
+_UNIT_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD})
+_BWD_READERS = frozenset({Op.B, Op.D, Op.RECOMPUTE})
+"""Computes that read the backward copy of gathered ZeRO-3 weights (pipert.ir.semantics)."""
 
 
 def _payload_kind(a: Action) -> int:

@@ -111,10 +111,16 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_entries(tmp_path):
         checkpoint.check_model(tmp_path, build_units("tiny", 2, keep=[], max_seq=SEQ))
 
 
-@pytest.mark.parametrize("saved, loaded", [(0, 1), (1, 0), (3, 0), (1, 3), (0, 2)])
+MIXED_SPEC = "0:norm,3:mlp,2:attn,1"
+"""Per-parameter ZeRO: norms whole, MLP weights ZeRO-3, attention ZeRO-2, the rest ZeRO-1."""
+
+
+@pytest.mark.parametrize("saved, loaded", [(0, 1), (1, 0), (3, 0), (1, 3), (0, 2), (MIXED_SPEC, 0), (3, MIXED_SPEC),
+                                           ("p=0.5,g=0.8", MIXED_SPEC)])
 def test_zero_sharded_and_whole_units_read_each_others_checkpoints(tmp_path, saved, loaded):
-    """A ZeRO unit is written whole (its holders gather their shards); each holder of a resumed
-    ZeRO run takes its shard. Both pipelines are dp=2 replicas of 1F1B over the same units."""
+    """A ZeRO unit is written whole (its holders gather their shards; with per-parameter stages,
+    each ZeRO class its own); each holder of a resumed ZeRO run takes its shard. Both pipelines
+    are dp=2 replicas of 1F1B over the same units."""
     def pipe(zero, seed):
         units = build_units("tiny", 2, seed=seed, dtype="float64", max_seq=SEQ)
         return Pipeline(units, "1f1b", microbatches=M, optimizer=_opt, dp=2, zero=zero)
