@@ -119,3 +119,19 @@ def test_clock_offsets_recover_a_skew_within_their_bound():
     assert abs(off1[0] - skew) <= bound1[0]  # rank 1 minus rank 0, within half the best round trip
     with pytest.raises(ValueError, match="rounds must be >= 1"):
         clock_offsets(hub.transport(0), HostOps(None), "cpu", rounds=0)
+
+
+@pytest.mark.parametrize("kw, needle", [({"link_path": "gpu"}, "link_path 'gpu' unknown; allowed: auto, timer, stream"),
+                                        ({"link_clock": "ntp"}, "link_clock 'ntp' unknown; allowed: auto, shared")])
+def test_pipeline_rejects_bad_link_options(kw, needle):
+    from pipert.runtime.pipeline import Pipeline
+    from pipert.testing import tiny_units
+    with pytest.raises(ValueError, match=needle):
+        Pipeline(tiny_units(2, "float64"), "1f1b", microbatches=2, **kw)
+
+
+def test_one_process_pipeline_on_the_stream_path_is_exact():
+    from pipert.testing import Case, run_case
+    r = run_case(Case("1f1b", 2, 4, "float64", links=(("dcs", 2), ("dc_latency", "1ms")), link_path="stream"))
+    assert max(r.loss_err, r.grad_err, r.param_err) <= 1e-10
+    assert r.delayed["messages"] == 2 * 4
