@@ -104,14 +104,17 @@ class CudaOps:
     def link_send(self, src: int, dst: int, nbytes: int, words: torch.Tensor) -> None:
         spec = self.emulator.link(src, dst)
         free_at = self.state.free_at.data_ptr() + 8 * (src * self.emulator.num_ranks + dst)
-        _ext.C.cuda_link_send(self._stream(), free_at, round(spec.occupancy(float(nbytes)) * 1e9),
-                              round(spec.latency * 1e9), words.data_ptr())
+        with torch.cuda.device(self.device):  # a kernel launches on its stream's device
+            _ext.C.cuda_link_send(self._stream(), free_at, round(spec.occupancy(float(nbytes)) * 1e9),
+                                  round(spec.latency * 1e9), words.data_ptr())
 
     def link_recv(self, words: torch.Tensor, clock_offset: int) -> None:
-        _ext.C.cuda_link_recv(self._stream(), words.data_ptr(), clock_offset)
+        with torch.cuda.device(self.device):
+            _ext.C.cuda_link_recv(self._stream(), words.data_ptr(), clock_offset)
 
     def stamp(self, out: torch.Tensor) -> None:
-        _ext.C.cuda_globaltimer(self._stream(), out.data_ptr())
+        with torch.cuda.device(self.device):
+            _ext.C.cuda_globaltimer(self._stream(), out.data_ptr())
 
 
 class _Sent:
