@@ -26,7 +26,13 @@ Two implementations of the same two steps (:class:`HostOps`, :class:`CudaOps`):
 Clocks: ``%globaltimer`` of the GPUs in one host is one clock (as CLOCK_MONOTONIC is for the
 processes of one host), so ``offset`` is 0 there. Across hosts it is not: :func:`clock_offsets`
 estimates each peer's offset by ping-pong over the transport (error within half the round trip
-of the best of ``rounds``), and :func:`link_clock_offsets` picks one or the other.
+of the best of ``rounds``; estimated once, so the clocks' drift, some ppm, adds up over a long
+job), and :func:`link_clock_offsets` picks one or the other.
+
+Host-staged gloo (``pipert.runtime.staging``) can take this path too (``path="stream"``): the
+receive side waits on the reader's stream after the copy in, but a staged send synchronises
+its copy out, so the sender's host waits for each occupancy (gloo needs the bytes on the host
+before it sends). DelayedTransport's "auto" keeps such messages on the timer path.
 """
 from __future__ import annotations
 
