@@ -29,20 +29,25 @@ estimates each peer's offset by ping-pong over the transport (error within half 
 of the best of ``rounds``; estimated once, so the clocks' drift, some ppm, adds up over a long
 job), and :func:`link_clock_offsets` picks one or the other.
 
-Host-staged gloo (``pipert.runtime.staging``) can take this path too (``path="stream"``): the
-receive side waits on the reader's stream after the copy in, but a staged send synchronises
-its copy out, so the sender's host waits for each occupancy (gloo needs the bytes on the host
-before it sends). DelayedTransport's "auto" keeps such messages on the timer path.
+Host-staged gloo (a :class:`pipert.runtime.staging.StagedTransport` inner): the send stream
+copies the frame into a pinned buffer after the occupancy, and a poster thread (one per rank,
+in send order, so FIFO per link holds) posts the gloo send once that copy is done, so the
+host of the send queue does not wait for the occupancy either; the receiver's reader waits
+for gloo as every staged receive does, then the copy in and ``link_recv`` run on its stream.
 """
 from __future__ import annotations
 
+import queue
 import socket
-from typing import Any, Iterable, Mapping
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
 from .. import _ext
 from .streams import clock, sleep_until
+from .transport import CommTimeout, PeerFailure
 
 __all__ = ["WORDS", "frame_size", "link_read_at", "HostOps", "CudaOps", "FramedLinks", "clock_offsets",
            "link_clock_offsets", "dist_clock_offsets"]
@@ -136,6 +141,58 @@ class _Sent:
         return self.inner.done()
 
 
+class _Posted:
+    """A staged frame the poster thread hands to gloo later: complete once posted and the gloo send
+    completed; its pinned buffer goes back to the pool then."""
+
+    def __init__(self, buf: Any) -> None:
+        self.buf, self.inner, self.error = buf, None, None
+        self._posted = threading.Event()
+
+    def hand_over(self, post: Callable[[], Any]) -> None:
+        try:
+            self.inner = post()
+        except BaseException as e:  # noqa: BLE001 - raised by wait()
+            self.error = e if isinstance(e, (CommTimeout, PeerFailure)) else PeerFailure(str(e))
+        self._posted.set()
+
+    def _free(self) -> None:
+        if self.buf is not None:
+            self.buf.release()
+            self.buf = None
+
+    def wait(self, timeout: float) -> None:
+        t0 = time.monotonic()
+        if not self._posted.wait(timeout):
+            raise CommTimeout(f"timed out after {timeout:g} s")
+        if self.error is not None:
+            raise self.error
+        self.inner.wait(max(timeout - (time.monotonic() - t0), 0.0))
+        self._free()
+
+    def done(self) -> bool:
+        if self._posted.is_set() and (self.error is not None or self.inner.done()):
+            self._free()
+            return True
+        return False
+
+
+class _Poster:
+    """One thread that posts staged frames in the order they were sent, each once its copy out
+    (a CUDA event; None on a CPU) is done."""
+
+    def __init__(self) -> None:
+        self.todo: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="pipert-link-poster", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            ready, post, handle = self.todo.get()
+            if ready is not None:
+                ready.synchronize()
+            handle.hand_over(post)
+
+
 class _Received:
     """A framed receive. With a stream-ordered inner handle (NCCL: ``work.wait()`` blocks the
     current stream only) the wait and the copy are queued on the receive stream when posted and
@@ -178,6 +235,7 @@ class FramedLinks:
     def __init__(self, emulator: Any, rank: int, ops: Any, clock_offsets: Mapping[int, int] | None = None) -> None:
         self.emulator, self.rank, self.ops = emulator, rank, ops
         self.clock_offsets = clock_offsets if clock_offsets is not None else {}  # may be filled later
+        self._poster: _Poster | None = None
 
     def isend(self, inner: Any, tensor: torch.Tensor, peer: int) -> Any:
         data = _bytes_of(tensor)
@@ -186,7 +244,24 @@ class FramedLinks:
         frame[:n].copy_(data)  # the sender may change its tensor while the message travels
         self.ops.link_send(self.rank, peer, n, _words(frame, n))
         self.emulator.count_delivered(self.rank)
+        from .staging import StagedTransport
+        if isinstance(inner, StagedTransport):
+            return self._post_staged(inner, frame, peer)
         return _Sent(inner.isend(frame, peer), frame)
+
+    def _post_staged(self, staged: Any, frame: torch.Tensor, peer: int) -> _Posted:
+        buf = staged.pool.acquire(frame.numel())
+        host = buf.view(torch.uint8, frame.shape)
+        host.copy_(frame, non_blocking=True)  # on the send stream, after the occupancy
+        ready = None
+        if frame.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        handle = _Posted(buf)
+        if self._poster is None:
+            self._poster = _Poster()
+        self._poster.todo.put((ready, lambda: staged.inner.isend(host, peer), handle))
+        return handle
 
     def irecv(self, inner: Any, tensor: torch.Tensor, peer: int) -> Any:
         n = tensor.numel() * tensor.element_size()
