@@ -74,6 +74,7 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
     out: list[list[Action]] = [[] for _ in range(num_ranks)]
     cross: dict[tuple, tuple] = {}
     unit_rank = placement.ranks if placement.kind == "unit" else None   # the rank depends on the unit only
+    OPT, SEND, RECV = Op.OPT, Op.SEND, Op.RECV   # locals: Op.X is an attribute lookup per use
     if weights:
         first_use, last_bwd = _weight_uses(compute, placement)
         for (r, u) in sorted(first_use):
@@ -82,7 +83,7 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
         prog = out[r]
         for i, a in enumerate(acts):
             u, mbs = a.unit, a.mb
-            if a.op is Op.OPT and weights:
+            if weights and a.op is OPT:
                 for (src, uu) in sorted(last_bwd):
                     if uu == u:
                         prog.append(Action(Op.RECV, unit=u, payload=Payload.WGRAD, peer=src))
@@ -98,13 +99,13 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
                 for payload, v, cu in incoming:
                     src = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
                     if src != r:
-                        prog.append(message_action(Op.RECV, v, mbs, payload, src))
+                        prog.append(message_action(RECV, v, mbs, payload, src))
             prog.append(a)
             if last_piece:
                 for payload, v, cu in outgoing:
                     dst = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
                     if dst != r:
-                        prog.append(message_action(Op.SEND, v, mbs, payload, dst))
+                        prog.append(message_action(SEND, v, mbs, payload, dst))
             if weights and last_bwd.get((r, u)) == i:
                 prog.append(Action(Op.SEND, unit=u, payload=Payload.WGRAD, peer=placement.weight_owner[u]))
     sched = Schedule(name, num_ranks, num_units, num_microbatches, placement, out, dict(meta or {}))
@@ -166,7 +167,7 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
     follows its RECV. A schedule whose links are already in order is returned unchanged.
     """
     sent: dict[tuple[int, int], dict[tuple, int]] = {}   # (src, dst) -> message key -> its SEND place
-    SEND = Op.SEND
+    SEND, RECV = Op.SEND, Op.RECV
     for src, acts in enumerate(schedule.actions):
         for a in acts:
             if a.op is SEND:
@@ -180,7 +181,7 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
         slot: dict[int, tuple[int, int]] = {}   # action index -> (new position, send index)
         recvs_from: dict[int, list[int]] = {}   # peer -> indices of its RECVs
         for i, a in enumerate(acts):
-            if a.op is Op.RECV:
+            if a.op is RECV:
                 recvs_from.setdefault(a.peer, []).append(i)
         for src, idx in recvs_from.items():
             order = sent.get((src, dst), {})

@@ -43,13 +43,14 @@ def post_receives_early(schedule: Schedule, computes: int = 1,
     cq = schedule.meta.get("collective_queue", "group")
     out = []
     on_compute = {op: op_queue(op, cq) is Queue.COMPUTE for op in Op}
+    RECV = Op.RECV
     for acts in schedule.actions:
         compute_pos = [i for i, a in enumerate(acts) if on_compute[a.op]]
         slot: dict[int, float] = {}   # index -> new sort position (a fractional slot before a compute)
         last_of_link: dict[int, float] = {}
         ci = 0   # number of compute-queue actions before index i
         for i, a in enumerate(acts):
-            if a.op is not Op.RECV:
+            if a.op is not RECV:
                 if on_compute[a.op]:
                     ci += 1
                 continue

@@ -248,7 +248,8 @@ def writes(a: Action, num_units: int, rank: int | None = None, recompute: bool =
 
 def recomputed(actions: list[Action]) -> set[tuple[int, int]]:
     """(unit, micro-batch) pairs that a RECOMPUTE of this rank's list rebuilds."""
-    return {(a.unit, m) for a in actions if a.op is Op.RECOMPUTE for m in a.mb}
+    rec = Op.RECOMPUTE
+    return {(a.unit, m) for a in actions if a.op is rec for m in a.mb}
 
 
 def held_weights(weight_owner: tuple[int, ...], replicas: tuple[tuple[int, ...], ...] | None, rank: int,

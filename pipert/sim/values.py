@@ -21,6 +21,9 @@ __all__ = ["Builder"]
 
 _ACT, _STASH, _STASHW, _GRAD, _WEIGHT, _KEPT, _WGRAD = (int(v) for v in Value)
 _COMPUTE_OPS = frozenset({Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE})
+# members as module constants: on Python 3.11 each ``Op.X`` goes through EnumType.__getattr__
+_F, _B, _D, _W, _OPT, _RECOMPUTE, _SEND, _RECV, _WAIT, _FREE = (
+    Op.F, Op.B, Op.D, Op.W, Op.OPT, Op.RECOMPUTE, Op.SEND, Op.RECV, Op.WAIT, Op.FREE)
 _ROLE = {Role.ALL: 0, Role.ROOT: 1, Role.OTHERS: 2, Role.NONE: 3}
 
 
@@ -200,10 +203,10 @@ class Builder(CommState):
     # --- effects of one action ----------------------------------------------------------------
     def effects(self, a: Action, r: int, i: int, n: int) -> None:
         op = a.op
-        if op is Op.WAIT:
+        if op is _WAIT:
             self.wait(a, r, i, n)
             return
-        if op is Op.OPT:
+        if op is _OPT:
             self.opt(a, r, i, n)
             return
         compute = op in _COMPUTE_OPS
@@ -211,7 +214,7 @@ class Builder(CommState):
         if a.sub is not None and compute:
             first, last = self.sub_block(r, i, a)
         u = a.unit
-        keeps = op is Op.F and bool(self.recomputed) and any((u, m) in self.recomputed for m in a.mb)
+        keeps = op is _F and bool(self.recomputed) and any((u, m) in self.recomputed for m in a.mb)
         got = self._plan_cache.get((op, a.payload, u, r == a.root, keeps))
         reads, writes = got if got is not None else self._plan(a, r, keeps)
         if reads and (first or last):  # a split compute reads at its first piece, frees what it read at its last
@@ -219,7 +222,7 @@ class Builder(CommState):
                 self.compute_reads(a, r, i, n, reads, use=first, free=last)
             else:
                 self.comm_reads(a, r, i, n, reads)
-        if op is Op.W and first and not last:  # its pieces fill the gradient from the first one on
+        if op is _W and first and not last:  # its pieces fill the gradient from the first one on
             self.reserve_wgrad(u, n)
         if last:
             if compute:
@@ -255,7 +258,7 @@ class Builder(CommState):
                 continue
             if kind < 0:
                 kind = _payload_kind(a)
-                if a.op is Op.SEND and kind == _WEIGHT:
+                if a.op is _SEND and kind == _WEIGHT:
                     release = False
             uu = u + du
             shard = bool(bits & SHARD)
@@ -369,7 +372,7 @@ class Builder(CommState):
         """A contribution: a local accumulator (B, W) or one more received buffer (RECV,
         collective); each holds one weight gradient until the next reader takes them all."""
         st = self.wg_state(u, shard)
-        local = a.op is Op.B or a.op is Op.W
+        local = a.op is _B or a.op is _W
         new_buffer = not local or st[2] < 0
         if local:
             st[0].extend(a.mb)
@@ -404,13 +407,13 @@ class Builder(CommState):
 
     def take_wgrad(self, a: Action, r: int, i: int, n: int, u: int, shard: bool) -> None:
         parts = self.wg_take(u, shard, n)
-        if a.op is Op.SEND:
+        if a.op is _SEND:
             if parts is None:
                 self.error(r, i, a, "missing_input", f"no weight-grad contribution of unit {u} on rank {r} "
                            f"before this SEND")
                 parts = ([], [])
             self.wg_parts[n] = [parts]
-        elif a.op is Op.FREE:
+        elif a.op is _FREE:
             return
         elif parts is not None:  # a collective: the joint node carries every member's parts
             self.wg_parts.setdefault(n, []).append(parts)
@@ -446,7 +449,7 @@ class Builder(CommState):
         if self.wait_index is None:
             self.wait_index = {}
             for j, b in enumerate(self.s.actions[r]):
-                if b.op is Op.SEND or b.op is Op.RECV:
+                if b.op is _SEND or b.op is _RECV:
                     self.wait_index.setdefault(b, []).append(j)
         target = dataclasses.replace(a, op=a.waits, waits=None)
         idx = self.wait_index.get(target, [])
@@ -456,15 +459,15 @@ class Builder(CommState):
             return
         p = self.nodes_r[idx[k]]
         if p >= 0:
-            self.edge(p, n, 1 if a.waits is Op.RECV else 0)
+            self.edge(p, n, 1 if a.waits is _RECV else 0)
             self.comm_in.append((n, p))
 
     def mark_done(self, a: Action, r: int, i: int) -> None:
         """Exactly one F, one B or D, and a W after a D per (unit, micro-batch)."""
         op, u = a.op, a.unit
-        if op is Op.RECOMPUTE:
+        if op is _RECOMPUTE:
             return
-        table = self.fwd if op is Op.F else self.wdone if op is Op.W else self.bwd
+        table = self.fwd if op is _F else self.wdone if op is _W else self.bwd
         for m in a.mb:
             fk = u << 32 | m
             prev = table.get(fk)
@@ -473,7 +476,7 @@ class Builder(CommState):
                 what = op.value if table is not self.bwd else ("B" if prev & 1 == 0 else "D")
                 self.duplicate(r, i, a, loc, what)
             elif table is self.bwd:
-                table[fk] = (r << 32 | i) << 1 | (op is Op.D)
+                table[fk] = (r << 32 | i) << 1 | (op is _D)
             else:
                 table[fk] = r << 32 | i
 
