@@ -102,6 +102,7 @@ def _one_device(device: torch.device, delays: Sequence[float], repeats: int) -> 
         ta, tb = _delayed(a, d), _delayed(b, d)
         ops = ta.ops(device)
         stamps = torch.zeros(repeats, 2, dtype=torch.int64, device=device)
+        torch.cuda.synchronize(device)  # the side streams read what the default stream wrote
         for k in range(repeats):
             out = torch.empty_like(x)
             with torch.cuda.stream(send):

@@ -26,17 +26,28 @@ Two implementations of the same two steps (:class:`HostOps`, :class:`CudaOps`):
 Clocks: ``%globaltimer`` of the GPUs in one host is one clock (as CLOCK_MONOTONIC is for the
 processes of one host), so ``offset`` is 0 there. Across hosts it is not: :func:`clock_offsets`
 estimates each peer's offset by ping-pong over the transport (error within half the round trip
-of the best of ``rounds``), and :func:`link_clock_offsets` picks one or the other.
+of the best of ``rounds``; estimated once, so the clocks' drift, some ppm, adds up over a long
+job), and :func:`link_clock_offsets` picks one or the other.
+
+Host-staged gloo (a :class:`pipert.runtime.staging.StagedTransport` inner): the send stream
+copies the frame into a pinned buffer after the occupancy, and a poster thread (one per rank,
+in send order, so FIFO per link holds) posts the gloo send once that copy is done, so the
+host of the send queue does not wait for the occupancy either; the receiver's reader waits
+for gloo as every staged receive does, then the copy in and ``link_recv`` run on its stream.
 """
 from __future__ import annotations
 
+import queue
 import socket
-from typing import Any, Iterable, Mapping
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
 from .. import _ext
 from .streams import clock, sleep_until
+from .transport import CommTimeout, PeerFailure
 
 __all__ = ["WORDS", "frame_size", "link_read_at", "HostOps", "CudaOps", "FramedLinks", "clock_offsets",
            "link_clock_offsets", "dist_clock_offsets"]
@@ -104,14 +115,17 @@ class CudaOps:
     def link_send(self, src: int, dst: int, nbytes: int, words: torch.Tensor) -> None:
         spec = self.emulator.link(src, dst)
         free_at = self.state.free_at.data_ptr() + 8 * (src * self.emulator.num_ranks + dst)
-        _ext.C.cuda_link_send(self._stream(), free_at, round(spec.occupancy(float(nbytes)) * 1e9),
-                              round(spec.latency * 1e9), words.data_ptr())
+        with torch.cuda.device(self.device):  # a kernel launches on its stream's device
+            _ext.C.cuda_link_send(self._stream(), free_at, round(spec.occupancy(float(nbytes)) * 1e9),
+                                  round(spec.latency * 1e9), words.data_ptr())
 
     def link_recv(self, words: torch.Tensor, clock_offset: int) -> None:
-        _ext.C.cuda_link_recv(self._stream(), words.data_ptr(), clock_offset)
+        with torch.cuda.device(self.device):
+            _ext.C.cuda_link_recv(self._stream(), words.data_ptr(), clock_offset)
 
     def stamp(self, out: torch.Tensor) -> None:
-        _ext.C.cuda_globaltimer(self._stream(), out.data_ptr())
+        with torch.cuda.device(self.device):
+            _ext.C.cuda_globaltimer(self._stream(), out.data_ptr())
 
 
 class _Sent:
@@ -125,6 +139,58 @@ class _Sent:
 
     def done(self) -> bool:
         return self.inner.done()
+
+
+class _Posted:
+    """A staged frame the poster thread hands to gloo later: complete once posted and the gloo send
+    completed; its pinned buffer goes back to the pool then."""
+
+    def __init__(self, buf: Any) -> None:
+        self.buf, self.inner, self.error = buf, None, None
+        self._posted = threading.Event()
+
+    def hand_over(self, post: Callable[[], Any]) -> None:
+        try:
+            self.inner = post()
+        except BaseException as e:  # noqa: BLE001 - raised by wait()
+            self.error = e if isinstance(e, (CommTimeout, PeerFailure)) else PeerFailure(str(e))
+        self._posted.set()
+
+    def _free(self) -> None:
+        if self.buf is not None:
+            self.buf.release()
+            self.buf = None
+
+    def wait(self, timeout: float) -> None:
+        t0 = time.monotonic()
+        if not self._posted.wait(timeout):
+            raise CommTimeout(f"timed out after {timeout:g} s")
+        if self.error is not None:
+            raise self.error
+        self.inner.wait(max(timeout - (time.monotonic() - t0), 0.0))
+        self._free()
+
+    def done(self) -> bool:
+        if self._posted.is_set() and (self.error is not None or self.inner.done()):
+            self._free()
+            return True
+        return False
+
+
+class _Poster:
+    """One thread that posts staged frames in the order they were sent, each once its copy out
+    (a CUDA event; None on a CPU) is done."""
+
+    def __init__(self) -> None:
+        self.todo: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="pipert-link-poster", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            ready, post, handle = self.todo.get()
+            if ready is not None:
+                ready.synchronize()
+            handle.hand_over(post)
 
 
 class _Received:
@@ -169,6 +235,7 @@ class FramedLinks:
     def __init__(self, emulator: Any, rank: int, ops: Any, clock_offsets: Mapping[int, int] | None = None) -> None:
         self.emulator, self.rank, self.ops = emulator, rank, ops
         self.clock_offsets = clock_offsets if clock_offsets is not None else {}  # may be filled later
+        self._poster: _Poster | None = None
 
     def isend(self, inner: Any, tensor: torch.Tensor, peer: int) -> Any:
         data = _bytes_of(tensor)
@@ -177,7 +244,24 @@ class FramedLinks:
         frame[:n].copy_(data)  # the sender may change its tensor while the message travels
         self.ops.link_send(self.rank, peer, n, _words(frame, n))
         self.emulator.count_delivered(self.rank)
+        from .staging import StagedTransport
+        if isinstance(inner, StagedTransport):
+            return self._post_staged(inner, frame, peer)
         return _Sent(inner.isend(frame, peer), frame)
+
+    def _post_staged(self, staged: Any, frame: torch.Tensor, peer: int) -> _Posted:
+        buf = staged.pool.acquire(frame.numel())
+        host = buf.view(torch.uint8, frame.shape)
+        host.copy_(frame, non_blocking=True)  # on the send stream, after the occupancy
+        ready = None
+        if frame.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        handle = _Posted(buf)
+        if self._poster is None:
+            self._poster = _Poster()
+        self._poster.todo.put((ready, lambda: staged.inner.isend(host, peer), handle))
+        return handle
 
     def irecv(self, inner: Any, tensor: torch.Tensor, peer: int) -> Any:
         n = tensor.numel() * tensor.element_size()

@@ -241,6 +241,8 @@ class Pipeline:
         if link_path not in DelayedTransport.PATHS:
             raise ValueError(f"link_path {link_path!r} unknown; allowed: {', '.join(DelayedTransport.PATHS)}")
         self.link_path = link_path
+        if link_clock not in ("auto", "shared", "estimate"):
+            raise ValueError(f"link_clock {link_clock!r} unknown; allowed: auto, shared, estimate")
         """The LinkEmulator every point-to-point message crosses (None: messages are not delayed)."""
         self._all_units = list(units)
         self._boundary: dict[tuple[int, int], BoundarySpec] = {}

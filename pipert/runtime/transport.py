@@ -378,9 +378,9 @@ class DelayedTransport:
       minus the peer's; none: one clock). On a GPU both waits are one-thread kernels on the
       send and receive streams and the host never blocks; on a CPU the same steps sleep on the
       calling thread (the mirror the tests run).
-    - "auto" (default): "stream" for CUDA tensors when pipert._C has CUDA and the inner
-      transport carries device memory (NCCL; not host-staged gloo, whose host must hold the
-      bytes before it sends), else "timer". Both ends decide alike, so frames match."""
+      Under host-staged gloo a poster thread hands each frame to gloo once its copy out is done.
+    - "auto" (default): "stream" for CUDA tensors when pipert._C has CUDA (NCCL, or gloo with
+      host staging), else "timer". Both ends decide alike, so frames match."""
 
     PATHS = ("auto", "timer", "stream")
 
@@ -398,10 +398,9 @@ class DelayedTransport:
     def takes_stream_path(self, device: torch.device) -> bool:
         """Whether messages of tensors on ``device`` take the stream path (class doc)."""
         from .. import _ext
-        from .staging import StagedTransport
         if self.path != "auto":
             return self.path == "stream"
-        return device.type == "cuda" and _ext.HAVE_EXT_CUDA and not isinstance(self.inner, StagedTransport)
+        return device.type == "cuda" and _ext.HAVE_EXT_CUDA
 
     def ops(self, device: torch.device) -> Any:
         """The link steps of the stream path on ``device`` (pipert.runtime.linkframes)."""

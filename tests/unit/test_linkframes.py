@@ -119,3 +119,38 @@ def test_clock_offsets_recover_a_skew_within_their_bound():
     assert abs(off1[0] - skew) <= bound1[0]  # rank 1 minus rank 0, within half the best round trip
     with pytest.raises(ValueError, match="rounds must be >= 1"):
         clock_offsets(hub.transport(0), HostOps(None), "cpu", rounds=0)
+
+
+@pytest.mark.parametrize("kw, needle", [({"link_path": "gpu"}, "link_path 'gpu' unknown; allowed: auto, timer, stream"),
+                                        ({"link_clock": "ntp"}, "link_clock 'ntp' unknown; allowed: auto, shared")])
+def test_pipeline_rejects_bad_link_options(kw, needle):
+    from pipert.runtime.pipeline import Pipeline
+    from pipert.testing import tiny_units
+    with pytest.raises(ValueError, match=needle):
+        Pipeline(tiny_units(2, "float64"), "1f1b", microbatches=2, **kw)
+
+
+def test_one_process_pipeline_on_the_stream_path_is_exact():
+    from pipert.testing import Case, run_case
+    r = run_case(Case("1f1b", 2, 4, "float64", links=(("dcs", 2), ("dc_latency", "1ms")), link_path="stream"))
+    assert max(r.loss_err, r.grad_err, r.param_err) <= 1e-10
+    assert r.delayed["messages"] == 2 * 4
+
+
+def test_staged_frames_are_posted_in_order_by_the_poster_thread(waits):
+    from pipert.runtime.pinned import PinnedPool
+    from pipert.runtime.staging import StagedTransport
+    hub, pool = LocalHub(2), PinnedPool()
+    em = LinkEmulator(2, (LAT, BW))
+    a, b = (DelayedTransport(StagedTransport(hub.transport(r), pool), em, path="stream") for r in (0, 1))
+    xs = [torch.arange(100, dtype=torch.float64) * k for k in range(3)]
+    sends = [a.isend(x, 1) for x in xs]
+    outs = [torch.empty(100, dtype=torch.float64) for _ in xs]
+    for out, h in zip(outs, [b.irecv(o, 0) for o in outs]):
+        h.wait(5.0)
+    for h in sends:
+        h.wait(5.0)
+        assert h.done()
+    assert all(torch.equal(x, o) for x, o in zip(xs, outs))  # FIFO: each receive got its own message
+    assert waits[3:] == [pytest.approx(f + LAT, abs=2e-9) for f in waits[:3]]  # read at each arrival
+    assert pool.stats()["in_use"] == 0  # every staging buffer went back to the pool
