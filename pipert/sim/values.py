@@ -119,7 +119,6 @@ class Builder(CommState):
             for i, a in enumerate(acts):
                 op = a.op
                 q = q_of[op]
-                u, mb = a.unit, a.mb
                 if check and self._bad_index(r, i, a):
                     trace.append(self.mem)
                     continue
@@ -150,7 +149,7 @@ class Builder(CommState):
                 nodes_r[i] = n
                 if n >= 0:
                     if q == 1 or q == 2:  # a SEND/RECV: its plan is all of its effects
-                        got = plans.get((op, a.payload, u, r == a.root, False))
+                        got = plans.get((op, a.payload, a.unit, r == a.root, False))
                         reads, writes = got if got is not None else plan(a, r, False)
                         if reads:
                             self.comm_reads(a, r, i, n, reads)
@@ -160,9 +159,10 @@ class Builder(CommState):
                         self.plain_compute(a, r, i, n)
                     else:
                         self.effects(a, r, i, n)
-                trace.append(self.mem)
-                if self.mem > peak:
-                    peak = self.mem
+                mem = self.mem
+                trace.append(mem)
+                if mem > peak:
+                    peak = mem
                     if limit is not None and peak > limit and not over:
                         over = True
                         self.error(r, i, a, "memory", f"memory {peak:g} exceeds the limit {limit:g}")
