@@ -130,15 +130,15 @@ class Builder(CommState):
             peak = busy = 0.0
             limit, over = self.limits[r], False
             check = _out_of_range(acts, U, M)   # indices are checked per action only where one is bad
+            classes = self.split or any(self.mixed) or _names_classes(acts)  # likewise ZeRO classes
             for i, a in enumerate(acts):
                 op = a.op
                 q = q_of[op]
-                u, mb = a.unit, a.mb
                 if check and self._bad_index(r, i, a):
                     trace.append(self.mem)
                     continue
-                if (a.zclass is not None or a.side is not None or a.payload in _UNIT_PAYLOADS and
-                        (self.mixed[u] or self.split)) and self._bad_class(r, i, a):
+                if classes and (a.zclass is not None or a.side is not None or a.payload in _UNIT_PAYLOADS and
+                                (self.mixed[a.unit] or self.split)) and self._bad_class(r, i, a):
                     trace.append(self.mem)
                     continue
                 if q == 0:
@@ -168,7 +168,7 @@ class Builder(CommState):
                 nodes_r[i] = n
                 if n >= 0:
                     if q == 1 or q == 2:  # a SEND/RECV: its plan is all of its effects
-                        got = plans.get((op, a.payload, u, r == a.root, False, a.zclass, a.side))
+                        got = plans.get((op, a.payload, a.unit, r == a.root, False, a.zclass, a.side))
                         reads, writes = got if got is not None else plan(a, r, False)
                         if reads:
                             self.comm_reads(a, r, i, n, reads)
@@ -178,9 +178,10 @@ class Builder(CommState):
                         self.plain_compute(a, r, i, n)
                     else:
                         self.effects(a, r, i, n)
-                trace.append(self.mem)
-                if self.mem > peak:
-                    peak = self.mem
+                mem = self.mem
+                trace.append(mem)
+                if mem > peak:
+                    peak = mem
                     if limit is not None and peak > limit and not over:
                         over = True
                         self.error(r, i, a, "memory", f"memory {peak:g} exceeds the limit {limit:g}")
@@ -628,7 +629,12 @@ def _out_of_range(acts: list[Action], num_units: int, num_microbatches: int) -> 
         max(map(max, filter(None, map(_MB, acts))), default=-1) >= num_microbatches
 
 
-_UNIT, _MB = attrgetter("unit"), attrgetter("mb")
+def _names_classes(acts: list[Action]) -> bool:
+    """Whether an action of ``acts`` names a ZeRO class or a gathered copy's side."""
+    return any(v is not None for v in map(_ZCLASS, acts)) or any(v is not None for v in map(_SIDE, acts))
+
+
+_UNIT, _MB, _ZCLASS, _SIDE = attrgetter("unit"), attrgetter("mb"), attrgetter("zclass"), attrgetter("side")
 
 
 _UNIT_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD})
