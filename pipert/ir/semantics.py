@@ -61,7 +61,7 @@ from .action import Action, Op, Payload
 
 __all__ = ["Value", "Queue", "Role", "Ref", "OpSpec", "TABLE", "PAYLOAD_VALUE", "MEMORY_KIND", "PER_UNIT",
            "spec", "op_queue", "queue_of", "expand_refs", "reads", "writes", "recomputed", "held_weights", "ValueKey",
-           "describe", "releases_on_send", "class_mb", "class_of"]
+           "describe", "releases_on_send", "class_mb", "class_of", "BWD_COPY_READERS"]
 
 
 class Value(IntEnum):
@@ -181,6 +181,10 @@ TABLE: dict[Op, OpSpec] = {
                         "bring an offloaded value back"),
 }
 """The meaning of every op."""
+
+BWD_COPY_READERS = frozenset({Op.B, Op.D, Op.RECOMPUTE})
+"""Computes that read the ``bwd`` copy of gathered ZeRO-3 weights when copies are kept apart (F
+reads the ``fwd`` copy; see the module doc, "Separate ZeRO-3 buffers")."""
 
 _F_RECOMPUTED = (Ref(Value.ACT, 0, "next"), Ref(Value.KEPT))
 """What an F writes when a RECOMPUTE of the same (unit, micro-batch) follows on its rank."""

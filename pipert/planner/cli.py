@@ -99,8 +99,9 @@ def cmd_pipemesh(args: argparse.Namespace) -> int:
             others[kind] = plan_fixed(kind, c, ops, budget, base)
         except ValueError as e:
             others[kind] = str(e)
+    zero_spec = _zero_spec(best, c.params)
     if args.json:
-        print(json.dumps({"setting": what, "plan": best.as_dict(),
+        print(json.dumps({"setting": what, "plan": best.as_dict(), "zero_spec": zero_spec,
                           "baselines": {k: (v.as_dict() if isinstance(v, Plan) else {"error": v})
                                         for k, v in others.items()}}))
         return 0
@@ -113,6 +114,8 @@ def cmd_pipemesh(args: argparse.Namespace) -> int:
     share = (lambda x: x / c.params if c.params else 0.0)
     print(f"sharding: ZeRO-3 {share(sh.zero_param):.1%}, ZeRO-2 {share(sh.zero_grad - sh.zero_param):.1%}, "
           f"ZeRO-1 {share(c.params - sh.zero_grad):.1%}; buckets B_Z2={sh.bz2} B_Z3 fwd={sh.bz3_fwd} bwd={sh.bz3_bwd}")
+    print(f"runtime:  pipert train --zero {zero_spec} --zero3-buffers 2  (the shares per unit, largest parameters "
+          f"first)")
     rec = best.recomputed
     print(f"recompute {len(rec)} of {len(ops)} operations per chunk ({best.recompute.recompute_time:.4g} per pass): "
           + (", ".join(rec[:12]) + (" ..." if len(rec) > 12 else "") if rec else "none"))
@@ -124,3 +127,11 @@ def cmd_pipemesh(args: argparse.Namespace) -> int:
     for kind, p in [("pipemesh", best), *others.items()]:
         print("  " + (_line(p) if isinstance(p, Plan) else f"{kind:<14} does not fit: {p}"))
     return 0
+
+
+def _zero_spec(best: Plan, params: float) -> str:
+    """The plan's ZeRO-3 and ZeRO-2/3 shares as a runtime spec (``pipert.schedules.zero_rules``)."""
+    sh = best.queue.sharding
+    p = sh.zero_param / params if params else 0.0
+    g = sh.zero_grad / params if params else 0.0
+    return f"p={p:.4f},g={max(g, p):.4f}"

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..ir import Action, Op, Payload, Schedule
-from ..ir.semantics import Queue, Value, op_queue, reads, recomputed, writes
+from ..ir.semantics import BWD_COPY_READERS, Queue, Value, op_queue, reads, recomputed, writes
 from .buffers import BoundarySpec
 from .queues import HostQueues
 from .stash import tensor_key
@@ -309,7 +309,7 @@ class RankExecutor:
                 self.result.op_times.append((op.value, a.unit, time.perf_counter() - t0, time.thread_time() - c0))
             return
         if op is Op.F or graph or op is Op.W and self.state.split:  # W: its saved parameters, the bwd copy
-            self.state.ready(u, "fwd" if op is Op.F else "bwd")
+            self.state.ready(u, "bwd" if op in BWD_COPY_READERS or op is Op.W else "fwd")
         runner = self.runners[u]
         first = a.sub is None or a.sub[0] == 0
         reads_by_mb = {k[2]: k for k in rd} if first else {}

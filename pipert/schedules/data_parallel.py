@@ -137,7 +137,7 @@ def _overlapped(base: Schedule, r: int, d: int, dp: int, parts: list, groups: li
 
 def _side(a: Action) -> str:
     """The gathered copy of ZeRO-3 weights a compute reads (pipert.ir.semantics)."""
-    return "fwd" if a.op is Op.F else "bwd"
+    return "fwd" if a.op is Op.F else "bwd"   # BWD_COPY_READERS, and W (its saved parameters)
 
 
 def _relabel(a: Action, d: int, dp: int, P: int) -> Action:

@@ -13,7 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 from ..ir.action import COLLECTIVE_OPS, Action, Op, Payload
-from ..ir.semantics import MEMORY_KIND, PAYLOAD_VALUE, TABLE, Role, Value, op_queue, recomputed
+from ..ir.semantics import BWD_COPY_READERS, MEMORY_KIND, PAYLOAD_VALUE, TABLE, Role, Value, op_queue, recomputed
 from .comm import CommState
 from .errors import ScheduleError
 from .keys import BWD, HOST, INITIAL, K_COMPUTE, K_TRANSFER, MISSING, QUEUES, SHARD, SHIFT, describe_key
@@ -367,7 +367,7 @@ class Builder(CommState):
                 # the shard is one per class; the side names one of its gathered copies
                 slots = ((0 if a.zclass is None else a.zclass + 1) + (BWD if a.side == "bwd" and not shard else 0),)
             else:
-                slots = self.bslots[uu] if kind == _WEIGHT and a.op in _BWD_READERS else self.slots[uu]
+                slots = self.bslots[uu] if kind == _WEIGHT and a.op in BWD_COPY_READERS else self.slots[uu]
             sized = []
             for sl in slots:
                 size = None
@@ -638,8 +638,7 @@ _UNIT, _MB, _ZCLASS, _SIDE = attrgetter("unit"), attrgetter("mb"), attrgetter("z
 
 
 _UNIT_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD})
-_BWD_READERS = frozenset({Op.B, Op.D, Op.RECOMPUTE})
-"""Computes that read the backward copy of gathered ZeRO-3 weights (pipert.ir.semantics)."""
+
 
 
 def _payload_kind(a: Action) -> int:

@@ -50,12 +50,17 @@ def test_resume_gives_the_losses_of_an_uninterrupted_run(runs, saved, resumed):
 
 
 def test_zero_sharded_units_resume_under_another_zero_stage(tmp_path):
-    """dp=2 x P=2 (4 processes): a ZeRO-1 run's checkpoint (each unit gathered whole from its
-    holders' shards) resumed with ZeRO-3, where each holder keeps only its shard."""
+    """dp=2 x P=2 (4 processes): the checkpoint of a run with ZeRO stages per parameter (norms 0,
+    MLP 3, attention 2, the rest 1; each ZeRO class gathered whole from its holders' shards)
+    resumed with ZeRO-3 for every unit, where each holder keeps only its shard, and with other
+    per-parameter stages and separate forward and backward ZeRO-3 copies."""
     zero = ("--dp", "2", "--steps", "3")
-    full = {s["step"]: s["loss"] for s in _train(*zero, "--zero", "1", "--save", str(tmp_path), "--save-every", "1")}
+    full = {s["step"]: s["loss"] for s in _train(*zero, "--zero", "0:norm,3:mlp,2:attn,1", "--save", str(tmp_path),
+                                                  "--save-every", "1")}
     again = _train(*zero, "--zero", "3", "--resume", str(tmp_path / "step-00000001"), "--check")
-    assert [s["step"] for s in again] == [1, 2]
-    for s in again:
+    again_mixed = _train(*zero, "--zero", "p=0.5,g=0.8", "--zero3-buffers", "2", "--resume",
+                         str(tmp_path / "step-00000002"), "--check")
+    assert [s["step"] for s in again] == [1, 2] and [s["step"] for s in again_mixed] == [2]
+    for s in again + again_mixed:
         assert s["loss"] == pytest.approx(full[s["step"]], rel=1e-10, abs=0)
         assert s["max_grad_rel_err"] <= 1e-10 and s["max_param_rel_err"] <= 1e-10, s

@@ -185,6 +185,9 @@ def test_cli_plan_pipemesh_json_and_errors(capsys):
     assert p["memory"]["total"] < p["budget"]
     assert p["time"]["total"] == pytest.approx(sum(v for k, v in p["time"].items() if k != "total"))
     assert p["time"]["dp_crit"] == pytest.approx(p["dp_crit"])
+    from pipert.schedules.zero_rules import check_zero_spec
+    check_zero_spec(out["zero_spec"])   # the plan's shares, as pipert train --zero takes them
+    assert out["zero_spec"].startswith("p=") and ",g=" in out["zero_spec"]
     mt = out["baselines"]["megatron"]
     assert mt["q"] == 3 and p["time"]["total"] <= mt["time"]["total"]
     assert main(["plan", "--pipemesh", "--paper", "gpt3-a100", "--memory-budget", "5"]) == 2

@@ -103,6 +103,20 @@ def test_schedule_files_keep_per_parameter_stages():
     assert s.placement.mixed(0) and s.placement.zero_classes(0) == (0, 1, 2, 3)
 
 
+def test_placements_check_per_parameter_stages():
+    from pipert.ir import Placement
+    pl = Placement("unit", (0,), (0,), None, [(2, 2)], [(5, 7)])
+    assert pl.zero == (2,) and pl.zero_numel is None and not pl.mixed(0)   # one stage: stored as it
+    pl = Placement("unit", (0,), (0,), None, [(3, 1)], [(5, 15)])
+    assert pl.class_share(0, 3) == 0.25 and pl.zero_parts(0) == [(1, 1), (3, 3)]
+    with pytest.raises(ScheduleFormatError, match="zero_numel\\[0\\] giving each parameter's element count"):
+        Placement("unit", (0,), (0,), None, [(3, 1)])
+    with pytest.raises(ScheduleFormatError, match="zero3_buffers must be 1 .* or 2"):
+        Placement("unit", (0,), (0,), None, [3], None, 3)
+    with pytest.raises(ValueError, match="per-parameter ZeRO stages .* use zero_classes"):
+        pl.zero_stage(0)
+
+
 def test_the_validator_wants_a_class_on_mixed_units_and_none_on_others():
     s, _ = _mixed()
     acts = [list(a) for a in s.actions]
