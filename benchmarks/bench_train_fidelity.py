@@ -5,7 +5,9 @@ simulator's prediction from the same job's measured compute times and the same l
 with two datacenters (ranks 0-1 | 2-3) whose link delays a message by 0.5 and 2 times the
 longest unit forward T_F (latency), or occupies it for T_F (bandwidth). T_F is measured first
 (a run without links). Each run trains --steps steps; the first --warmup are left out, the
-medians of the rest are reported.
+medians of the rest are reported. Two predictions: every rank on a core of its own (the simulator
+as it is), and the ranks sharing the host's cores (``predicted_step_shared``: CPU seconds of each
+compute, processor sharing); the target is judged on the second when there are more ranks than cores.
 
 Writes results/train_fidelity.csv, .context.json and .md (hardware, date, commit);
 ``--from-csv`` rebuilds the report from the first two.
@@ -47,12 +49,17 @@ def row(schedule: str, label: str, recs: list[dict], warmup: int, lat: float, bw
     kept = recs[warmup:]
     med = lambda k: statistics.median(r[k] for r in kept)  # noqa: E731
     measured, predicted, busy = med("measured_step_s"), med("predicted_step_s"), med("compute_s_all_ranks")
-    cores = os.cpu_count() or 1
+    shared = med("predicted_shared_step_s")
+    cores = len(os.sched_getaffinity(0))
     return {"schedule": schedule, "link": label, "dc_latency_s": lat, "dc_bandwidth_Bps": bw or "",
             "steps": len(kept),
             "measured_s": round(measured, 5), "predicted_s": round(predicted, 5),
-            "rel_error": round((predicted - measured) / measured, 4), "max_forward_s": round(med("max_forward_s"), 6),
+            "rel_error": round((predicted - measured) / measured, 4),
+            "predicted_shared_s": round(shared, 5), "rel_error_shared": round((shared - measured) / measured, 4),
+            "max_forward_s": round(med("max_forward_s"), 6),
             "compute_s_all_ranks": round(busy, 5), "cpu_share": round(busy / (cores * measured), 3),
+            "message_overhead_s": round(med("message_overhead_s"), 7),
+            "action_overhead_s": round(med("action_overhead_s"), 7),
             "actions_per_rank": actions_per_rank(schedule), "load_1min": round(os.getloadavg()[0], 2),
             "processes": P, "cores": cores}
 
@@ -102,33 +109,74 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def uses_shared(r: dict) -> bool:
+    """The target is judged on the shared-cores prediction when the ranks outnumber the cores (and
+    the run recorded it), else on the one with a core per rank."""
+    return isinstance(r.get("rel_error_shared"), float) and r["processes"] > r["cores"]
+
+
+def judged(r: dict) -> float:
+    return r["rel_error_shared"] if uses_shared(r) else r["rel_error"]
+
+
 def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
-    within = [r for r in rows if abs(r["rel_error"]) <= TARGET]
+    within = [r for r in rows if abs(judged(r)) <= TARGET]
+    shared_rows = [r for r in rows if isinstance(r.get("rel_error_shared"), float)]
     lines = report_header("Training fidelity: measured step vs the simulator fed with the job's own measurements",
                           ctx, rebuilt)
     lines += ["",
               f"`pipert train --profile` on {P} gloo processes, M = {M}, the tiny model, {ctx['steps']} steps of which "
               f"the first {ctx['warmup']} are left out (medians of the rest). The prediction is the simulator's makespan "
              f"of the program the ranks ran, with each (op, unit)'s mean compute time measured in that step and "
-             f"the emulated link model; target: within {TARGET:.0%}.", "",
-             "| schedule | link | measured s | predicted s | error | T_F s | compute of all ranks s | CPU share | "
-             "load (1 min) |", "|---|---|---|---|---|---|---|---|---|"]
+             f"the emulated link model. The shared prediction times the same program with each compute's CPU "
+             f"seconds and the {P} ranks sharing the host's cores (processor sharing); the target, within "
+             f"{TARGET:.0%}, is judged on it when the ranks outnumber the cores, else on the first.", "",
+             "| schedule | link | measured s | predicted s | error | shared cores: predicted s | error | T_F s | "
+             "compute of all ranks s | CPU share | load (1 min) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        sp = f"{r['predicted_shared_s']:.4f} | {r['rel_error_shared']:+.1%}" if r in shared_rows else "- | -"
         lines.append(f"| {r['schedule']} | {r['link']} | {r['measured_s']:.4f} | {r['predicted_s']:.4f} | "
-                     f"{r['rel_error']:+.1%} | {r['max_forward_s']:.5f} | {r['compute_s_all_ranks']:.4f} | "
+                     f"{r['rel_error']:+.1%} | {sp} | {r['max_forward_s']:.5f} | {r['compute_s_all_ranks']:.4f} | "
                      f"{r['cpu_share']:.2f} | {r['load_1min']:.1f} |")
     lines += ["", f"{len(within)} of {len(rows)} runs are within {TARGET:.0%}."]
-    misses = [r for r in rows if abs(r["rel_error"]) > TARGET]
+    if shared_rows:
+        better = sum(abs(r["rel_error_shared"]) < abs(r["rel_error"]) for r in shared_rows)
+        lines += ["", f"The shared prediction is closer to the measurement than the one with a core per rank in "
+                      f"{better} of {len(shared_rows)} runs (median error {statistics.median(r['rel_error_shared'] for r in shared_rows):+.1%} "
+                      f"against {statistics.median(r['rel_error'] for r in shared_rows):+.1%})."]
+    measured_overheads = [r for r in rows if r.get("action_overhead_s", "") != ""]
+    if measured_overheads:
+        med = lambda k: statistics.median(r[k] for r in measured_overheads)  # noqa: E731
+        lines += ["", f"Both predictions also count what the job measured beyond its computes "
+                      f"(`pipert.runtime.fidelity`): every link is slower by the messages' transit beyond the link "
+                      f"model (median over the runs {med('message_overhead_s') * 1e6:.0f} us), and in the shared "
+                      f"prediction each compute carries its process's other CPU (median "
+                      f"{med('action_overhead_s') * 1e6:.0f} us per compute: issuing, queue hand-offs, gloo calls, "
+                      f"link timers)."]
+    misses = [r for r in rows if abs(judged(r)) > TARGET]
     if misses:
         lines += ["", "## Misses, from the data", ""]
         for r in misses:
-            side = "under" if r["rel_error"] < 0 else "over"
-            gap = r["measured_s"] - r["predicted_s"]
-            text = (f"- {r['schedule']}, link {r['link']}: the simulator {side}-predicts by {abs(r['rel_error']):.1%} "
+            err = judged(r)
+            side = "under" if err < 0 else "over"
+            gap = -err * r["measured_s"]
+            text = (f"- {r['schedule']}, link {r['link']}: the simulator {side}-predicts by {abs(err):.1%} "
                     f"({gap * 1e3:+.1f} ms per step). The ranks' computes add up to "
                     f"{r['compute_s_all_ranks']:.3f} s, a CPU share of {r['cpu_share']:.2f} of {r['cores']} cores "
                     f"over the measured step ({r['processes']} processes)")
-            if gap > 0 and r["load_1min"] > r["cores"]:
+            if gap > 0 and uses_shared(r) and r in measured_overheads:
+                text += (f"; the shared prediction already has the {r['processes']} ranks' computes and their "
+                         f"processes' other CPU share the {r['cores']} cores and every message pay its measured "
+                         f"transit, so the rest is cores the machine's other processes took (load average "
+                         f"{r['load_1min']:.1f} at the end of the run, {r['processes']} of it these ranks) and the "
+                         f"waits of the ranks' threads for a core after each message.")
+            elif gap > 0 and uses_shared(r):
+                text += (f"; the shared prediction already has the {r['processes']} ranks' computes share the "
+                         f"{r['cores']} cores, so the rest is time outside the computes that neither prediction "
+                         f"counts: {gap / r['actions_per_rank'] * 1e6:.0f} us per action of a rank's "
+                         f"{r['actions_per_rank']:.0f} (queue hand-offs, gloo calls, link timers, each waiting for "
+                         f"a core too), with the machine's load average at {r['load_1min']:.1f} at the end of the run.")
+            elif gap > 0 and r["load_1min"] > r["cores"]:
                 text += (f": the machine's load average at the end of the run was {r['load_1min']:.1f} runnable "
                          f"processes on {r['cores']} cores, {r['processes']} of them these ranks, so a rank held a "
                          f"core about {r['cores'] / r['load_1min']:.0%} of the time; every wait for a core, in the "

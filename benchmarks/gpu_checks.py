@@ -10,7 +10,10 @@
    max(compute, comm) and the serial sum (``pipert bench overlap --device cuda``);
 3. emulation: 4 ranks on one GPU (local transport, CUDA streams) training real units of the
    "small" model, 1F1B, ZB-H1 and crosspipe-greedy, without and with a 2-datacenter link of one
-   forward's latency, measured step time against the simulator fed with the units' profiled times.
+   forward's latency, measured step time against the simulator fed with the units' profiled times;
+4. links: the stream path of DelayedTransport between two ranks (two GPUs: two processes over
+   NCCL; one GPU: one process, send stream to receive stream, as NCCL refuses two ranks on one
+   device), latencies of 10 us to 100 ms: error of the injected delay (pipert.runtime.linkcheck).
 
 Writes DIR/gpu_checks.csv and DIR/gpu_checks.md (hardware, date, commit). Without a GPU it says so,
 prints the plan and exits 0; ``--plan`` prints the plan anywhere without measuring.
@@ -25,6 +28,7 @@ from pathlib import Path
 import torch
 
 from _common import RESULTS, context, rebuild, report_header, write_results
+from bench_delay import DELAYS, target
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,14 +41,16 @@ FIELDS = ["check", "case", "expected_s", "measured_s", "error", "target", "pass"
 
 def plan(quick: bool) -> list[str]:
     """What a run measures, one line per check group."""
-    from bench_delay import BANDWIDTH_CASES, DELAYS
+    from bench_delay import BANDWIDTH_CASES
     return [f"delay: {len(DELAYS)} delays from {DELAYS[0] * 1e6:g} us to {DELAYS[-1] * 1e3:g} ms and "
             f"{len(BANDWIDTH_CASES)} bandwidth cases on cuda:0 streams" + (" (few repeats)" if quick else ""),
             f"overlap: {len(OVERLAP)} cases, GEMM {OVERLAP[0]['gemm']} x {OVERLAP[0]['computes']} against "
             f"{OVERLAP[0]['messages']} messages of {OVERLAP[0]['message_bytes'] >> 20} MiB, injected latency "
             + ", ".join(f"{c['latency'] * 1e3:g} ms" for c in OVERLAP),
             f"emulation: 4 ranks on cuda:0, model small, {', '.join(EMULATED)}, M=8, without and with a 2-DC link "
-            f"of latency T_F"]
+            f"of latency T_F",
+            f"links: {len(DELAYS)} latencies from {DELAYS[0] * 1e6:g} us to {DELAYS[-1] * 1e3:g} ms between two ranks "
+            f"on the stream path (NCCL with 2 GPUs, one process with 1)"]
 
 
 def check_delay(quick: bool) -> list[dict]:
@@ -100,12 +106,24 @@ def check_emulation(quick: bool) -> list[dict]:
     return rows
 
 
+def check_links(quick: bool) -> list[dict]:
+    import tempfile
+
+    from pipert.runtime.linkcheck import measure_link_delays
+    with tempfile.TemporaryDirectory() as tmp:
+        found = measure_link_delays(DELAYS, 5 if quick else 20, Path(tmp) / "links.json")
+    return [{"check": "links", "case": f"latency {r['delay_s'] * 1e6:g} us", "expected_s": r["delay_s"],
+             "measured_s": r["delay_s"] + r["median_err_s"], "error": r["median_err_s"],
+             "target": target(r["delay_s"]), "pass": r["p95_abs_err_s"] <= target(r["delay_s"]),
+             "note": f"{r['where']}; p95 |err| {r['p95_abs_err_s'] * 1e6:.1f} us of {r['n']}"} for r in found]
+
+
 def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
     lines = report_header("GPU checks", ctx, rebuilt) + ["",
              "| check | case | expected (ms) | measured (ms) | error | target | result | note |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        unit = "s" if r["check"] in ("delay", "bandwidth") else "rel"
+        unit = "s" if r["check"] in ("delay", "bandwidth", "links") else "rel"
         err = f"{r['error'] * 1e6:.1f} us" if unit == "s" else f"{r['error']:+.1%}"
         tgt = f"{r['target'] * 1e6:.0f} us" if unit == "s" else f"{r['target']:.0%}"
         lines.append(f"| {r['check']} | {r['case']} | {r['expected_s'] * 1e3:.3f} | {r['measured_s'] * 1e3:.3f} | "
@@ -138,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = context({"pipert._C": f"{_ext.HAVE_EXT} (CUDA {_ext.HAVE_EXT_CUDA})"})
     t0 = time.time()
     rows = []
-    for check in (check_delay, check_overlap, check_emulation):
+    for check in (check_delay, check_overlap, check_emulation, check_links):
         part = check(args.quick)
         for r in part:
             print(f"{r['check']:9s} {r['case']:55s} {'PASS' if r['pass'] else 'MISS'}  {r['note']}", flush=True)

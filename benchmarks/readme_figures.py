@@ -115,8 +115,17 @@ def train_fidelity(rows: list[dict], ctx: dict) -> str:
             f"{', '.join(dict.fromkeys(r['link'] for r in rows))}): measured step vs the simulator fed with the job's "
             f"own compute times, errors {100 * errs[0]:+.1f} % to {100 * errs[-1]:+.1f} % (median "
             f"{100 * statistics.median(errs):+.1f} %), {sum(abs(e) <= 0.10 for e in errs)} of {len(errs)} within 10 %, "
-            f"{under} under-predicted, load average {min(loads):.0f}-{max(loads):.0f} on {rows[0]['cores']} cores "
-            + _source("bench_train_fidelity.py", "train_fidelity", ctx) + ".")
+            f"{under} under-predicted" + _shared_fidelity(rows) + f", load average {min(loads):.0f}-{max(loads):.0f} "
+            f"on {rows[0]['cores']} cores " + _source("bench_train_fidelity.py", "train_fidelity", ctx) + ".")
+
+
+def _shared_fidelity(rows: list[dict]) -> str:
+    errs = sorted(r["rel_error_shared"] for r in rows if isinstance(r.get("rel_error_shared"), float))
+    if not errs:
+        return ""
+    return (f"; with the ranks sharing the host's cores in the prediction: {100 * errs[0]:+.1f} % to "
+            f"{100 * errs[-1]:+.1f} % (median {100 * statistics.median(errs):+.1f} %), "
+            f"{sum(abs(e) <= 0.10 for e in errs)} of {len(errs)} within 10 %")
 
 
 def overlap_cpu(rows: list[dict], ctx: dict) -> str:

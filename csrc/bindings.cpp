@@ -317,6 +317,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     cuda_check(pipert_cuda_link_send(as_ptr(s), static_cast<int64_t*>(as_ptr(free_at)), occ, lat,
                                      static_cast<int64_t*>(as_ptr(timing))), "link_send");
   });
+  m.def("cuda_link_recv", [](uintptr_t s, uintptr_t timing, int64_t offset) {
+    cuda_check(pipert_cuda_link_recv(as_ptr(s), static_cast<const int64_t*>(as_ptr(timing)), offset), "link_recv");
+  });
   m.def("cuda_spin", [](uintptr_t s, int64_t ns, int blocks) { cuda_check(pipert_cuda_spin(as_ptr(s), ns, blocks), "spin"); });
   m.def("cuda_globaltimer", [](uintptr_t s, uintptr_t out) {
     cuda_check(pipert_cuda_globaltimer(as_ptr(s), static_cast<int64_t*>(as_ptr(out))), "globaltimer");

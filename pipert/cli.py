@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 from dataclasses import fields
+from typing import Any, Callable
 
 __all__ = ["main", "build_parser"]
 
@@ -120,15 +122,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .scenario import add_scenario_args
-    from .train import TrainConfig
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``pipert`` parser; ``only``: with just that command's sub-parser (``main`` parses with
+    it, so one command does not import what the others need to declare their flags)."""
     p = argparse.ArgumentParser(prog="pipert", description="Pipeline-parallel training: simulate, compare, train, "
                                 "emulate and plan schedules (GPipe, 1F1B, ZB, WeiPipe, TawPipe, CrossPipe).")
     from . import __version__
     p.add_argument("--version", action="version", version=f"pipert {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    for name, add in _COMMANDS.items():
+        if only is None or name == only:
+            add(sub)
+    sub.metavar = "{" + ",".join(_COMMANDS) + "}"  # a missing command is named by its choices
+    return p
 
+
+def _add_simulate(sub: Any) -> None:
+    from .scenario import add_scenario_args
     s = sub.add_parser("simulate", help="simulate one schedule on one scenario")
     s.add_argument("schedule", help="registered schedule name, or a schedule file: pipert's .json, torch.pipelining's "
                    ".csv (_dump_csv) or its orders as .json; the file's shape (ranks, units, micro-batches) is kept")
@@ -143,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--save", help="write the schedule as JSON (after --passes)")
     s.set_defaults(fn=cmd_simulate)
 
+
+def _add_compare(sub: Any) -> None:
+    from .scenario import add_scenario_args
     c = sub.add_parser("compare", help="simulate every applicable schedule on one scenario, ranked")
     c.add_argument("file", nargs="?", default=None, help="a schedule file (as for simulate), ranked against the "
                    "registered schedules on its shape")
@@ -152,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--plot", default="pipert-compare.png", help="PNG with one Gantt chart per schedule ('' to skip)")
     c.set_defaults(fn=cmd_compare)
 
+
+def _add_export(sub: Any) -> None:
+    from .scenario import add_scenario_args
     from .ir.files import EXPORT_FORMATS
     e = sub.add_parser("export", help="write a schedule as pipert JSON, a text grid, or torch.pipelining's CSV/JSON")
     e.add_argument("schedule", help="registered schedule name, or a schedule file (converted)")
@@ -165,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--output", "-o", default=None, help="file to write (default: standard output)")
     e.set_defaults(fn=cmd_export)
 
+
+def _add_train(sub: Any) -> None:
+    from .train import TrainConfig
     t = sub.add_parser("train", help="train the built-in model with a pipeline schedule")
     defaults = TrainConfig()
     for f in fields(TrainConfig):
@@ -180,10 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
                            help=doc + (" or a schedule file's" if f.name in _FILE_SHAPED else ""))
     t.set_defaults(fn=cmd_train)
 
-    for register in _extra_commands():
-        register(sub)
-    sub.metavar = "{" + ",".join(sub.choices) + "}"  # a missing command is named by its choices
-    return p
+
+def _registered(module: str) -> Callable[[Any], None]:
+    """The ``register(sub)`` of a command module, imported when the command is declared."""
+    def add(sub: Any) -> None:
+        importlib.import_module(module, __package__).register(sub)
+    return add
+
+
+_COMMANDS: dict[str, Callable[[Any], None]] = {
+    "simulate": _add_simulate, "compare": _add_compare, "export": _add_export, "train": _add_train,
+    "emulate": _registered(".emulate.cli"), "plan": _registered(".plan"), "bench": _registered(".bench")}
+"""Each command and the function that declares its sub-parser, in the order help lists them."""
 
 
 _TRAIN_HELP = {
@@ -219,15 +246,9 @@ _TRAIN_HELP = {
 }
 
 
-def _extra_commands() -> list:
-    from .bench import register as reg_bench
-    from .emulate.cli import register as reg_emulate
-    from .plan import register as reg_plan
-    return [reg_emulate, reg_plan, reg_bench]
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    line = sys.argv[1:] if argv is None else argv
+    parser = build_parser(line[0] if line and line[0] in _COMMANDS else None)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

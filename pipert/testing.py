@@ -49,6 +49,9 @@ class Case:
     links: tuple = ()
     """Emulated links as (name, value) pairs of ``pipert.linkflags.LinkOptions.parse``
     (e.g. ``(("dcs", 2), ("dc_latency", "2ms"))``); empty: messages are not delayed."""
+    link_path: str = "auto"
+    """How delayed messages are applied (``pipert.runtime.transport.DelayedTransport``): auto,
+    timer or stream; the stream path estimates the ranks' clock offsets (link_clock "estimate")."""
     model: str = "llama"
     """Model family of the tiny test model: llama or gpt (``tiny_units``)."""
     cut: str | None = None
@@ -233,7 +236,8 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
     if case.links:
         from .linkflags import LinkOptions
         links = LinkOptions.parse(**dict(case.links))
-    pipe = Pipeline(units, schedule, optimizer=optimizer, backend=backend, timeout=timeout, links=links)
+    pipe = Pipeline(units, schedule, optimizer=optimizer, backend=backend, timeout=timeout, links=links,
+                    link_path=case.link_path, link_clock="estimate" if case.link_path == "stream" else "auto")
     gather = gather or (lambda d: d)
     worst = [0.0, 0.0, 0.0]
     sent: dict = {}

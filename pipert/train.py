@@ -364,7 +364,7 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         extra = dict(start) if step == 0 and cfg.json else {}
         if cfg.profile:
             prof = _predicted(pipe, backend, rank, links, dt)
-            timed.append(prof.get("predicted_step_s"))
+            timed.append(prof)
             extra.update(prof if cfg.json else {k: v for k, v in prof.items() if k.endswith("_step_s")})
         if cfg.check:
             grads = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_grads().items()})
@@ -391,18 +391,25 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     return losses
 
 
-def _print_fidelity(predicted: list[float], measured: list[float]) -> None:
+def _print_fidelity(predicted: list[dict], measured: list[float]) -> None:
     """Medians over the steps after the first (which also builds buffers and warms up)."""
     import statistics
-    p, m = statistics.median(predicted), statistics.median(measured)
-    print(f"pipert train --profile: step time measured {m * 1e3:.1f} ms, predicted {p * 1e3:.1f} ms "
-          f"({(p - m) / m:+.1%}; medians of steps 1-{len(measured)})", file=sys.stderr)
+    m = statistics.median(measured)
+    p = statistics.median(d["predicted_step_s"] for d in predicted)
+    line = f"pipert train --profile: step time measured {m * 1e3:.1f} ms, predicted {p * 1e3:.1f} ms ({(p - m) / m:+.1%})"
+    if "predicted_shared_step_s" in predicted[0]:
+        s = statistics.median(d["predicted_shared_step_s"] for d in predicted)
+        ranks, cores = predicted[0]["ranks_per_host"], predicted[0]["cores_per_host"]
+        line += (f", {s * 1e3:.1f} ms with {'/'.join(map(str, ranks))} ranks sharing "
+                 f"{'/'.join(map(str, cores))} cores ({(s - m) / m:+.1%})")
+    print(f"{line}; medians of steps 1-{len(measured)}", file=sys.stderr)
 
 
 def _predicted(pipe, backend: str, rank: int, links, measured: float) -> dict:
     """The simulator's step time from this step's measured compute times, beside the measured one
     (every rank of a dist job must call this; rank 0 gets the numbers)."""
-    from .runtime.fidelity import local_measurements, predict_step, profile_from_measurements
+    from .runtime.fidelity import (local_measurements, message_overhead, predict_step, predict_step_shared,
+                                   profile_from_measurements)
     mine = local_measurements(pipe)
     parts = [mine]
     if backend != "local":
@@ -413,9 +420,15 @@ def _predicted(pipe, backend: str, rank: int, links, measured: float) -> dict:
         return {}
     prof = profile_from_measurements(parts, pipe.schedule.num_units)
     predicted = predict_step(pipe.program, prof, links)
-    return {"measured_step_s": measured, "predicted_step_s": predicted,
-            "predicted_rel_err": (predicted - measured) / measured, "max_forward_s": prof.max_forward,
-            "compute_s_all_ranks": prof.busy}
+    shared = predict_step_shared(pipe.program, prof, links)
+    out = {"measured_step_s": measured, "predicted_step_s": predicted,
+           "predicted_rel_err": (predicted - measured) / measured, "max_forward_s": prof.max_forward,
+           "compute_s_all_ranks": prof.busy, "message_overhead_s": message_overhead(prof.messages, links)}
+    if shared is not None:
+        out.update(predicted_shared_step_s=shared, predicted_shared_rel_err=(shared - measured) / measured,
+                   ranks_per_host=[prof.host_of_rank.count(h) for h in range(len(prof.cores))],
+                   cores_per_host=prof.cores, action_overhead_s=prof.action_overhead)
+    return out
 def _resume(cfg: TrainConfig, pipe, ref_units, ref_opt) -> int:
     """The first step to run: 0, or the checkpoint's step after loading it (and, with --check,
     the reference's weights and optimizer)."""

@@ -47,6 +47,11 @@ __global__ void k_link_send(int64_t* free_at, int64_t occupancy, int64_t latency
   sleep_until_ns(t.free_at);
 }
 
+__global__ void k_link_recv(const int64_t* timing, int64_t clock_offset) {
+  const volatile int64_t* t = timing;
+  sleep_until_ns(pipert::link_read_at(t[2], clock_offset));
+}
+
 __global__ void k_spin(int64_t ns) {
   __shared__ int64_t end;
   if (threadIdx.x == 0) end = globaltimer_ns() + ns;
@@ -81,6 +86,11 @@ int pipert_cuda_wait_until_ptr(void* stream, const int64_t* deadline) {
 int pipert_cuda_link_send(void* stream, int64_t* free_at, int64_t occupancy_ns, int64_t latency_ns,
                           int64_t* timing_out) {
   k_link_send<<<1, 1, 0, as_stream(stream)>>>(free_at, occupancy_ns, latency_ns, timing_out);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int pipert_cuda_link_recv(void* stream, const int64_t* timing, int64_t clock_offset_ns) {
+  k_link_recv<<<1, 1, 0, as_stream(stream)>>>(timing, clock_offset_ns);
   return static_cast<int>(cudaGetLastError());
 }
 

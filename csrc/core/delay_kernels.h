@@ -25,6 +25,10 @@ int pipert_cuda_wait_until_ptr(void* stream, const int64_t* deadline);
 // Invariant: only one stream (the link's send stream) uses a given free_at.
 int pipert_cuda_link_send(void* stream, int64_t* free_at, int64_t occupancy_ns, int64_t latency_ns,
                           int64_t* timing_out);
+// The receiver side of link_send across processes: timing[0..2] as link_send wrote
+// them on the sender (the sender's clock; the three words travel with the message),
+// sleeps until link_read_at(timing[2], clock_offset_ns) of this device's clock.
+int pipert_cuda_link_recv(void* stream, const int64_t* timing, int64_t clock_offset_ns);
 // Busy compute: `blocks` blocks of one warp each spin for ns (calibrated compute).
 int pipert_cuda_spin(void* stream, int64_t ns, int blocks);
 // *out = %globaltimer when the kernel runs (for host <-> device clock mapping).

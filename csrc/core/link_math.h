@@ -39,4 +39,12 @@ PIPERT_HD inline LinkTiming link_schedule(int64_t free_at, int64_t ready, int64_
   return LinkTiming{depart, depart + occupancy, depart + occupancy + latency};
 }
 
+// When a message may be read on its receiver: its arrival (sender's clock) moved
+// into the receiver's clock by offset = receiver clock - sender clock (0 when both
+// read one clock, e.g. %globaltimer of GPUs in one host). Latency the receiver
+// spent on its own work before reading is not waited again.
+PIPERT_HD inline int64_t link_read_at(int64_t arrive, int64_t clock_offset) {
+  return arrive + clock_offset;
+}
+
 }  // namespace pipert

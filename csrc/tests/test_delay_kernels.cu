@@ -43,6 +43,14 @@ int main() {
   CHECK(h[2] == h[1] + 1'000'000 && h[3] == h[2] + 3'000'000);
   CHECK(h[4] >= h[2]);  // second departs after the first's occupancy
   CHECK(h[0] == h[5]);  // free_at tracks the last message
+
+  // link_recv: waits for the arrival moved by the clock offset (here 1 ms later)
+  t0 = read_timer(s, d + 7);
+  CHECK(pipert_cuda_link_send(s, d, 0, 2'000'000, d + 1) == 0);
+  CHECK(pipert_cuda_link_recv(s, d + 1, 1'000'000) == 0);
+  t1 = read_timer(s, d + 7);
+  CHECK(t1 - t0 >= 3'000'000);
+  CHECK(t1 - t0 < 3'000'000 + 1'000'000);
   std::printf("ok cuda delay kernels\n");
   return 0;
 }

@@ -6,6 +6,7 @@
 
 #include "core/clock.h"
 #include "core/link_emulator.h"
+#include "core/link_math.h"
 #include "tests/check.h"
 
 using namespace pipert;
@@ -107,9 +108,17 @@ static void transfer_on_closed_stream_throws() {
   CHECK(send.query());  // nothing was left half-enqueued on the open side
 }
 
+// The receiver side of a cross-process message: the arrival moved into its own clock.
+static void math_read_at_clock_offset() {
+  const pipert::LinkTiming t = pipert::link_schedule(0, 1000, 50, 400);
+  CHECK(pipert::link_read_at(t.arrive, 0) == 1450);     // one clock
+  CHECK(pipert::link_read_at(t.arrive, -300) == 1150);  // the receiver's clock is 300 ns behind
+}
+
 int main() {
   RUN(math_fifo_and_pipelining);
   RUN(math_per_pair_and_errors);
+  RUN(math_read_at_clock_offset);
   RUN_TIMED(deliver_fires_at_arrival);
   RUN(stream_transfer_rendezvous_and_copy);
   RUN_TIMED(stream_transfers_pipeline);

@@ -74,6 +74,7 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
     out: list[list[Action]] = [[] for _ in range(num_ranks)]
     cross: dict[tuple, tuple] = {}
     unit_rank = placement.ranks if placement.kind == "unit" else None   # the rank depends on the unit only
+    OPT, SEND, RECV = Op.OPT, Op.SEND, Op.RECV   # locals: Op.X is an attribute lookup per use
     if weights:
         first_use, last_bwd = _weight_uses(compute, placement)
         for (r, u) in sorted(first_use):
@@ -82,7 +83,7 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
         prog = out[r]
         for i, a in enumerate(acts):
             u, mbs = a.unit, a.mb
-            if a.op is Op.OPT and weights:
+            if weights and a.op is OPT:
                 for (src, uu) in sorted(last_bwd):
                     if uu == u:
                         prog.append(Action(Op.RECV, unit=u, payload=Payload.WGRAD, peer=src))
@@ -98,13 +99,13 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
                 for payload, v, cu in incoming:
                     src = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
                     if src != r:
-                        prog.append(message_action(Op.RECV, v, mbs, payload, src))
+                        prog.append(message_action(RECV, v, mbs, payload, src))
             prog.append(a)
             if last_piece:
                 for payload, v, cu in outgoing:
                     dst = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
                     if dst != r:
-                        prog.append(message_action(Op.SEND, v, mbs, payload, dst))
+                        prog.append(message_action(SEND, v, mbs, payload, dst))
             if weights and last_bwd.get((r, u)) == i:
                 prog.append(Action(Op.SEND, unit=u, payload=Payload.WGRAD, peer=placement.weight_owner[u]))
     sched = Schedule(name, num_ranks, num_units, num_microbatches, placement, out, dict(meta or {}))
@@ -165,25 +166,28 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
     move earlier and non-RECV actions keep their relative order, so every consumer still
     follows its RECV. A schedule whose links are already in order is returned unchanged.
     """
-    sent: dict[tuple[int, int], dict[tuple, int]] = {}   # (src, dst) -> message key -> its SEND place
-    SEND = Op.SEND
+    sent: dict[int, dict[int, dict[tuple, int]]] = {}   # dst -> src -> message key -> its SEND place
+    SEND, RECV = Op.SEND, Op.RECV
     for src, acts in enumerate(schedule.actions):
+        to: dict[int, dict[tuple, int]] = {}   # dst -> sent[dst][src]
         for a in acts:
             if a.op is SEND:
-                link = sent.setdefault((src, a.peer), {})
-                link[a.key] = len(link)
+                link = to.get(a.peer)
+                if link is None:
+                    link = to[a.peer] = sent.setdefault(a.peer, {}).setdefault(src, {})
+                link[(a.payload, a.unit, a.mb, a.tag)] = len(link)   # a.key without the property call
     out: list[list[Action]] = []
     for dst, acts in enumerate(schedule.actions):
-        if _in_send_order(acts, dst, sent):
+        if _in_send_order(acts, sent.get(dst, {})):
             out.append(acts)
             continue
         slot: dict[int, tuple[int, int]] = {}   # action index -> (new position, send index)
         recvs_from: dict[int, list[int]] = {}   # peer -> indices of its RECVs
         for i, a in enumerate(acts):
-            if a.op is Op.RECV:
+            if a.op is RECV:
                 recvs_from.setdefault(a.peer, []).append(i)
         for src, idx in recvs_from.items():
-            order = sent.get((src, dst), {})
+            order = sent.get(dst, {}).get(src, {})
             recvs = sorted((order.get(acts[i].key, -1), i) for i in idx)
             earliest = len(acts)
             for k, i in reversed(recvs):         # position = min over this and later-sent RECVs
@@ -199,15 +203,18 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
     return schedule.with_actions(out)
 
 
-def _in_send_order(acts: list[Action], dst: int, sent: dict[tuple[int, int], dict[tuple, int]]) -> bool:
-    """Whether every link's RECVs on rank dst already follow strictly increasing SEND places
-    (then :func:`order_recvs_by_send` keeps the list; a RECV nothing sent breaks the order)."""
+def _in_send_order(acts: list[Action], links: dict[int, dict[tuple, int]]) -> bool:
+    """Whether every link's RECVs on a rank already follow strictly increasing SEND places
+    (``links``: its sources' message key -> SEND place; then :func:`order_recvs_by_send` keeps the
+    list; a RECV nothing sent breaks the order)."""
     last: dict[int, int] = {}
     RECV = Op.RECV
     for a in acts:
         if a.op is RECV:
-            k = sent.get((a.peer, dst), {}).get(a.key, -1)
-            if k <= last.get(a.peer, -1):
+            peer = a.peer
+            link = links.get(peer)
+            k = -1 if link is None else link.get((a.payload, a.unit, a.mb, a.tag), -1)
+            if k <= last.get(peer, -1):
                 return False
-            last[a.peer] = k
+            last[peer] = k
     return True

@@ -43,31 +43,31 @@ def post_receives_early(schedule: Schedule, computes: int = 1,
     cq = schedule.meta.get("collective_queue", "group")
     out = []
     on_compute = {op: op_queue(op, cq) is Queue.COMPUTE for op in Op}
+    RECV = Op.RECV
     for acts in schedule.actions:
-        compute_pos = [i for i, a in enumerate(acts) if on_compute[a.op]]
-        slot: dict[int, float] = {}   # index -> new sort position (a fractional slot before a compute)
+        compute_pos: list[int] = []   # indices of the compute-queue actions before index i
+        pos = list(range(len(acts)))   # sort position per index: a moved RECV's is fractional, before a compute
+        moved = False
         last_of_link: dict[int, float] = {}
-        ci = 0   # number of compute-queue actions before index i
         for i, a in enumerate(acts):
-            if a.op is not Op.RECV:
-                if on_compute[a.op]:
-                    ci += 1
+            op = a.op
+            if op is not RECV:
+                if on_compute[op]:
+                    compute_pos.append(i)
                 continue
-            pos = float(i)
-            if a.payload in kinds and computes:
-                k = ci - computes  # the compute it is posted before
-                pos = compute_pos[k] - 0.5 if k >= 0 else -0.5
+            p = float(i)
+            if computes and a.payload in kinds:
+                k = len(compute_pos) - computes  # the compute it is posted before
+                p = compute_pos[k] - 0.5 if k >= 0 else -0.5
             bound = last_of_link.get(a.peer)
-            if bound is not None and pos <= bound:
-                pos = bound + 1e-6
-            pos = min(pos, float(i))
-            slot[i] = pos
-            last_of_link[a.peer] = pos
-        if not slot or all(p == i for i, p in slot.items()):
-            out.append(acts)
-            continue
-        order = sorted([(slot.get(i, i), i) for i in range(len(acts))])
-        out.append([acts[i] for _, i in order])
+            if bound is not None and p <= bound:
+                p = bound + 1e-6
+            if p < i:
+                pos[i] = p
+                moved = True
+            last_of_link[a.peer] = min(p, i)
+        # no fractional position equals an index, and the sort is stable: equal ones keep list order
+        out.append([acts[i] for i in sorted(range(len(acts)), key=pos.__getitem__)] if moved else acts)
     return _with(schedule, out)
 
 

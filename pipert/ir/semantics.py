@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum, IntEnum
+from operator import attrgetter
 from typing import Iterator
 
 from .action import Action, Op, Payload
@@ -276,9 +277,15 @@ def writes(a: Action, num_units: int, rank: int | None = None, recompute: bool =
     return list(expand_refs(a, refs, num_units, rank))
 
 
+_OP = attrgetter("op")
+
+
 def recomputed(actions: list[Action]) -> set[tuple[int, int]]:
     """(unit, micro-batch) pairs that a RECOMPUTE of this rank's list rebuilds."""
-    return {(a.unit, m) for a in actions if a.op is Op.RECOMPUTE for m in a.mb}
+    rec = Op.RECOMPUTE
+    if rec not in map(_OP, actions):   # the common case, scanned without a Python-level loop
+        return set()
+    return {(a.unit, m) for a in actions if a.op is rec for m in a.mb}
 
 
 def held_weights(weight_owner: tuple[int, ...], replicas: tuple[tuple[int, ...], ...] | None, rank: int,

@@ -161,23 +161,49 @@ def cached_tensors(caches: Iterable[dict]) -> list[Tensor]:
 
 class _Checkpointed:
     """A unit's own forward run as a selective region (deep copies follow the module they are
-    copied with: the bound forward is rebound to the copy; picklable for spawned ranks)."""
+    copied with: the bound forward is rebound to the copy; picklable for spawned ranks).
 
-    def __init__(self, forward: Callable[..., Any], save: frozenset[str]) -> None:
+    ``relays`` (the unit's, ``pipert.runtime.unit``): input i returned unchanged as output j.
+    A relayed input stays outside the region: the region sees a zero-byte placeholder of its
+    shape in its place (the forward only passes it through), and the real input is put back
+    as output j, so the region neither keeps nor recomputes it."""
+
+    def __init__(self, forward: Callable[..., Any], save: frozenset[str], relays: dict[int, int] | None = None) -> None:
         self.forward = forward
         self.save = save
+        self.relays = dict(relays or {})
 
     def __call__(self, *args: Any) -> Any:
         if not torch.is_grad_enabled():  # nothing is saved, nothing to recompute
             return self.forward(*args)
-        return selective_checkpoint(self.forward, *args, save=self.save)
+        if not self.relays:
+            return selective_checkpoint(self.forward, *args, save=self.save)
+        return self._relaying(*args)
+
+    def _relaying(self, xs: tuple[Tensor, ...]) -> Any:
+        relays, forward = self.relays, self.forward
+        if not isinstance(xs, tuple) or max(relays) >= len(xs):
+            raise TypeError(f"a unit with relays {relays} takes one tuple of at least {max(relays) + 1} tensors; "
+                            f"got {type(xs).__name__}")
+        stand_in = {i: xs[i].detach().new_zeros(()).expand(xs[i].shape) for i in relays}
+        rest = [t for i, t in enumerate(xs) if i not in relays]
+
+        def region(*others: Tensor) -> Any:
+            it = iter(others)
+            return forward(tuple(stand_in[i] if i in stand_in else next(it) for i in range(len(stand_in) + len(others))))
+
+        outs = list(selective_checkpoint(region, *rest, save=self.save))
+        for i, j in relays.items():
+            outs[j] = xs[i]
+        return tuple(outs)
 
 
 def selective_recompute(unit: nn.Module, save: Iterable[str]) -> nn.Module:
     """``unit`` (returned, changed in place) with its whole forward one selective region keeping
     the op groups ``save``: for any unit of a partition, whatever model it was cut from; its
-    parameters and their names are unchanged."""
+    parameters and their names are unchanged. Inputs the unit relays (``relays``) pass around
+    the region: neither kept nor recomputed."""
     groups = save_set(save)
     forward = unit.forward.forward if isinstance(unit.forward, _Checkpointed) else unit.forward
-    unit.forward = _Checkpointed(forward, groups)
+    unit.forward = _Checkpointed(forward, groups, getattr(unit, "relays", None))
     return unit

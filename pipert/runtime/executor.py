@@ -67,9 +67,14 @@ class StepResult:
     losses: dict[int, float] = field(default_factory=dict)  # micro-batch -> loss (last-unit ranks only)
     sent_bytes: dict[str, int] = field(default_factory=dict)  # payload (or op:payload) -> bytes this rank sent
     trace: list[tuple[str, float, float]] = field(default_factory=list)  # (action, start, end) if traced
-    op_times: list[tuple[str, int | None, float]] = field(default_factory=list)
-    """If traced: (op, unit, seconds) of every compute per micro-batch and of OPT, the unit's work
-    alone (waits for received values excluded)."""
+    op_times: list[tuple[str, int | None, float, float]] = field(default_factory=list)
+    """If traced: (op, unit, seconds, CPU seconds of the computing thread) of every compute per
+    micro-batch and of OPT, the unit's work alone (waits for received values excluded)."""
+    messages: list[tuple] = field(default_factory=list)
+    """If traced: every point-to-point message of the step, ("send", peer, k, bytes, posted at) on
+    its sender and ("recv", peer, k, wait began, completed) on its receiver, k its index on its
+    directed link in the step (FIFO: the k-th send meets the k-th receive), times
+    ``time.perf_counter()`` (one clock for the processes of one host)."""
     memory: list[int] = field(default_factory=list)  # bytes held after each action, if measured
     stashes: list[list[tuple[int, int]]] = field(default_factory=list)
     """If measured: after each action, the (unit, micro-batch) stashes holding saved tensors
@@ -152,6 +157,8 @@ class RankExecutor:
         self.pending: dict[tuple, tuple] = {}      # value key -> (handle, buffer, slot, index, action)
         self.sends: list[tuple[Handle, Any, int, Action]] = []
         self.result = StepResult()
+        self._link_index: dict[tuple[str, int], int] = {}  # (SEND|RECV, peer) -> messages posted
+        self._recv_index: dict[int, int] = {}  # action index of a posted RECV -> its k on the link
         self._error: BaseException | None = None
         q = self.queues
         posted: dict[tuple, Any] = {}    # value key -> event of the post that brings it
@@ -229,8 +236,12 @@ class RankExecutor:
 
     # ------------------------------------------------------------------ waits
     def _complete(self, handle: Handle, i: int, a: Action) -> None:
+        k = self._recv_index.pop(i, None) if self.trace and a.op is Op.RECV else None
+        t0 = time.perf_counter()
         try:
             handle.wait(self.timeout)
+            if k is not None:
+                self.result.messages.append(("recv", a.peer, k, t0, time.perf_counter()))
         except CommTimeout:
             verb = "to" if a.op is Op.SEND or a.waits is Op.SEND else "from"
             raise PipelineTimeout(
@@ -240,7 +251,14 @@ class RankExecutor:
             raise PipelineError(f"rank {self.rank} failed at action {i} ({a}): peer rank {peer_text(a)} "
                                 f"went away ({e})", self.rank, a.peer) from None
 
-    def _post(self, post: Callable[[], Handle], i: int, a: Action) -> Handle:
+    def _post(self, post: Callable[[], Handle], i: int, a: Action, nbytes: int = 0) -> Handle:
+        if self.trace and a.op in (Op.SEND, Op.RECV):
+            k = self._link_index.get((a.op.value, a.peer), 0)
+            self._link_index[(a.op.value, a.peer)] = k + 1
+            if a.op is Op.SEND:
+                self.result.messages.append(("send", a.peer, k, nbytes, time.perf_counter()))
+            else:
+                self._recv_index[i] = k
         try:
             return post()
         except PeerFailure as e:
@@ -285,10 +303,10 @@ class RankExecutor:
     def _compute(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
         op, u = a.op, a.unit
         if op is Op.OPT:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             self.state.optimize(a)
             if self.trace:
-                self.result.op_times.append((op.value, a.unit, time.perf_counter() - t0))
+                self.result.op_times.append((op.value, a.unit, time.perf_counter() - t0, time.thread_time() - c0))
             return
         if op is Op.F or graph or op is Op.W and self.state.split:  # W: its saved parameters, the bwd copy
             self.state.ready(u, "bwd" if op in BWD_COPY_READERS or op is Op.W else "fwd")
@@ -299,10 +317,11 @@ class RankExecutor:
         for m in a.mb:
             key = reads_by_mb.get(m)
             x = self._take(key, i, a) if key is not None else None
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             out = self._run(runner, a, m, x, graph)
             if self.trace:
-                self.result.op_times.append((op.value, u, (time.perf_counter() - t0) * (a.sub[1] if a.sub else 1)))
+                k = a.sub[1] if a.sub else 1
+                self.result.op_times.append((op.value, u, (time.perf_counter() - t0) * k, (time.thread_time() - c0) * k))
             if self.record:
                 self.result.order.append((i, op.value, u, m, digest(x), digest(out)))
             key = writes_by_mb.get(m)
@@ -359,7 +378,7 @@ class RankExecutor:
             t = self.state.take_wgrad(a.unit, a.zclass)
         else:
             t = self._payload_out(i, a, release=True)
-        handle = self._post(lambda: self.transport.isend(t, a.peer), i, a)
+        handle = self._post(lambda: self.transport.isend(t, a.peer), i, a, t.numel() * t.element_size())
         self._count(a.payload.value, t)
         with self._sends_lock:
             self.sends.append((handle, t, i, a))

@@ -9,16 +9,40 @@ weights, and the same link model the run emulates (``pipert.cost.Links``) make a
 :class:`pipert.cost.profiled.ProfiledCost`; the simulator's makespan of the program the ranks
 ran is the predicted step time. Only times are measured here: memory sizes are left 0 (the
 makespan does not depend on them).
+
+Ranks that share a CPU host with fewer cores than ranks (several gloo processes on one machine)
+wait for a core, inside their computes and between them, which a simulator that gives every
+rank a device of its own cannot see. The shared prediction (:func:`predict_step_shared`) feeds
+the simulator's DAG with each compute's CPU seconds (the work, without the waits for a core)
+and times it with the host's cores shared among the computes that run at once
+(:func:`pipert.sim.shared.shared_makespan`). The CPU a process spends on anything else in the
+step (issuing actions, queue hand-offs, gloo calls, link timers: its CPU time minus its
+computes') takes the same cores: it is spread evenly over the process's computes
+(``action_overhead`` CPU seconds each).
+
+Messages also cost more than the link model: the transport's own transit and the wake-ups of
+the threads that post, carry and read them. The step measures it (``StepResult.messages``):
+for each message whose reader was already waiting when the link model says it arrived
+(``arrive`` replays the link's FIFO from the sends' post times), the reader's wait ended
+``completed - arrive`` later; the median of those (:func:`message_overhead`) is added to the
+latency of every link in both predictions (the simulator's own latency term). It needs the
+ranks' clocks to be one (processes of one host: ``time.perf_counter``); ranks on several hosts
+get none.
 """
 from __future__ import annotations
 
+import math
+import os
+import socket
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ..cost.topology import LinkSpec
 from .profile import UnitProfile
 
-__all__ = ["StepProfile", "local_measurements", "profile_from_measurements", "predict_step"]
+__all__ = ["StepProfile", "local_measurements", "profile_from_measurements", "message_overhead", "predict_step",
+           "predict_step_shared"]
 
 _MEMORY_KINDS = ("stash", "stash_w", "kept")
 
@@ -33,6 +57,19 @@ class StepProfile:
     """Mean seconds of one rank's optimizer step."""
     busy: float = 0.0
     """Seconds of every compute of every rank in the step, added up."""
+    cpu_profiles: list[UnitProfile] = field(default_factory=list)
+    """As ``profiles``, with each compute's CPU seconds (its work without waits for a core)."""
+    cpu_opt: float = 0.0
+    """Mean CPU seconds of one rank's optimizer step."""
+    host_of_rank: list[int] = field(default_factory=list)
+    """Per rank, the index of the CPU host it computes on (empty: a rank computes on a GPU)."""
+    cores: list[int] = field(default_factory=list)
+    """Per host, the cores its processes may run on."""
+    action_overhead: float = 0.0
+    """CPU seconds per compute that the processes of a CPU host spent beyond their computes."""
+    messages: list = field(default_factory=list)
+    """Every rank's ``StepResult.messages`` with the rank in front (rank, kind, peer, k, ...);
+    empty unless every rank ran on one host."""
 
     @property
     def max_forward(self) -> float:
@@ -44,37 +81,131 @@ def local_measurements(pipe: Any) -> dict:
     """This process's share of the last step of a traced ``Pipeline``: compute times of its ranks,
     boundary bytes of every unit and weight bytes of the units it holds (plain data, to gather)."""
     times = [t for r in pipe.last_results.values() for t in r.op_times]
+    on_cpu = all(p.device.type == "cpu" for mods in pipe.modules.values() for m in mods.values()
+                 for p in m.parameters())
     U = pipe.schedule.num_units
     act = {u: b.numel() * b.dtype.itemsize for u in range(U) if (b := pipe._boundary.get((u, 0))) is not None}
     weight = {u: sum(p.numel() * p.element_size() for p in mod.parameters())
               for mods in pipe.modules.values() for u, mod in mods.items()}
-    return {"times": times, "act": act, "weight": weight}
+    messages = [(r, *m) for r, res in pipe.last_results.items() for m in res.messages]
+    return {"times": times, "act": act, "weight": weight, "ranks": list(pipe.ranks),
+            "host": socket.gethostname() if on_cpu else None, "cores": len(os.sched_getaffinity(0)),
+            "process_cpu": getattr(pipe, "last_process_cpu", 0.0), "messages": messages,
+            "clock_host": socket.gethostname()}
 
 
 def profile_from_measurements(parts: Iterable[dict], num_units: int) -> StepProfile:
     """One :class:`StepProfile` from the :func:`local_measurements` of every process."""
-    samples: dict[tuple[str, int | None], list[float]] = {}
+    parts = list(parts)
+    wall: dict[tuple[str, int | None], list[float]] = {}
+    cpu: dict[tuple[str, int | None], list[float]] = {}
     act: dict[int, int] = {}
     weight: dict[int, int] = {}
     for part in parts:
-        for op, u, s in part["times"]:
-            samples.setdefault((op, u), []).append(s)
+        for op, u, s, c in part["times"]:
+            wall.setdefault((op, u), []).append(s)
+            cpu.setdefault((op, u), []).append(c)
         act.update({int(k): v for k, v in part["act"].items()})
         weight.update({int(k): v for k, v in part["weight"].items()})
-    profiles = []
-    for u in range(num_units):
-        times = {op: statistics.fmean(v) for (op, unit), v in samples.items() if unit == u and op != "OPT"}
-        sizes = {"act": act.get(u, 0), "grad": act.get(u, 0), "weight": weight.get(u, 0), "wgrad": weight.get(u, 0)}
-        sizes.update({k: 0 for k in _MEMORY_KINDS})
-        profiles.append(UnitProfile(times, sizes))
-    opt = [s for (op, _), v in samples.items() if op == "OPT" for s in v]
-    busy = sum(s for v in samples.values() for s in v)
-    return StepProfile(profiles, statistics.fmean(opt) if opt else 0.0, busy)
+
+    def units(samples: dict) -> list[UnitProfile]:
+        out = []
+        for u in range(num_units):
+            times = {op: statistics.fmean(v) for (op, unit), v in samples.items() if unit == u and op != "OPT"}
+            sizes = {"act": act.get(u, 0), "grad": act.get(u, 0), "weight": weight.get(u, 0),
+                     "wgrad": weight.get(u, 0)}
+            sizes.update({k: 0 for k in _MEMORY_KINDS})
+            out.append(UnitProfile(times, sizes))
+        return out
+
+    def opt(samples: dict) -> float:
+        v = [s for (op, _), ss in samples.items() if op == "OPT" for s in ss]
+        return statistics.fmean(v) if v else 0.0
+
+    _, cores, host_of = _hosts(parts)
+    busy = sum(s for v in wall.values() for s in v)
+    beyond = sum(max(0.0, p.get("process_cpu", 0.0) - sum(t[3] for t in p["times"])) for p in parts)
+    computes = sum(len(p["times"]) for p in parts)
+    overhead = beyond / computes if host_of and computes else 0.0
+    one_clock = len({p.get("clock_host") for p in parts}) == 1 and None not in {p.get("clock_host") for p in parts}
+    messages = [tuple(m) for p in parts for m in p.get("messages", ())] if one_clock else []
+    return StepProfile(units(wall), opt(wall), busy, units(cpu), opt(cpu), host_of, cores, overhead, messages)
+
+
+def message_overhead(messages: Iterable[tuple], links: Any = None) -> float:
+    """Median seconds by which a waiting reader got its message after the link model's arrival
+    (module doc); 0 when no reader waited. ``links``: the emulated ``pipert.cost.Links`` (None:
+    free links)."""
+    sends: dict[tuple[int, int], list] = {}
+    recvs: dict[tuple[int, int, int], tuple[float, float]] = {}
+    for rank, kind, peer, k, *rest in messages:
+        if kind == "send":
+            sends.setdefault((rank, peer), []).append((k, *rest))
+        else:
+            recvs[(peer, rank, k)] = tuple(rest)
+    late = []
+    for (src, dst), msgs in sends.items():
+        spec = links.spec(src, dst) if links is not None else LinkSpec()
+        free_at = -math.inf
+        for k, nbytes, posted in sorted(msgs):
+            free_at = max(posted, free_at) + spec.occupancy(nbytes)  # FIFO, as pipert.runtime.links
+            arrive = free_at + spec.latency
+            got = recvs.get((src, dst, k))
+            if got is not None and got[0] <= arrive:
+                late.append(got[1] - arrive)
+    return statistics.median(late) if late else 0.0
+
+
+def _slower(links: Any, overhead: float, num_ranks: int) -> Any:
+    """``links`` (None: free) with ``overhead`` more latency on every link."""
+    from ..cost.base import LINK_CLASSES
+    from ..cost.topology import Links, Topology
+    if overhead <= 0:
+        return links
+
+    def more(s: LinkSpec) -> LinkSpec:
+        return LinkSpec(s.latency + overhead, s.bandwidth, s.per_message)
+    if links is None:
+        return Links(Topology(num_ranks), {c: LinkSpec(overhead) for c in LINK_CLASSES})
+    return Links(links.topology, {c: more(links.specs.get(c, LinkSpec())) for c in LINK_CLASSES},
+                 {pair: more(s) for pair, s in links.overrides.items()})
+
+
+def _hosts(parts: list[dict]) -> tuple[list[str], list[int], list[int]]:
+    """(host names, cores per host, host index per rank); no hosts when a rank computes on a GPU
+    or a part does not say where it ran."""
+    if any(p.get("host") is None for p in parts):
+        return [], [], []
+    names = sorted({p["host"] for p in parts})
+    cores = [min(p["cores"] for p in parts if p["host"] == h) for h in names]
+    by_rank = {r: names.index(p["host"]) for p in parts for r in p["ranks"]}
+    return names, cores, [by_rank[r] for r in sorted(by_rank)]
 
 
 def predict_step(program: Any, profile: StepProfile, links: Any = None) -> float:
-    """The simulator's step time of ``program`` with the measured costs and ``links``
-    (a ``pipert.cost.Links``; None: messages are free)."""
+    """The simulator's step time of ``program`` with the measured costs and ``links`` (a
+    ``pipert.cost.Links``; None: messages are free), every link slower by the profile's
+    :func:`message_overhead`."""
     from ..cost.profiled import ProfiledCost
     from ..sim import simulate
+    links = _slower(links, message_overhead(profile.messages, links), program.num_ranks)
     return simulate(program, ProfiledCost(profile.profiles, profile.t_opt), links=links).makespan
+
+
+def predict_step_shared(program: Any, profile: StepProfile, links: Any = None) -> float | None:
+    """The step time of ``program`` when the ranks of one host share its cores (see the module
+    doc): the simulator's DAG with the measured CPU seconds and the action overhead, links as in
+    :func:`predict_step`, timed by processor sharing. None
+    when the ranks computed on GPUs (their CPU seconds are not their work)."""
+    if not profile.host_of_rank:
+        return None
+    from ..cost.profiled import ProfiledCost
+    from ..sim.engine import analyze
+    from ..sim.shared import shared_makespan
+    extra = profile.action_overhead
+    cpu = [UnitProfile({op: t + extra for op, t in p.times.items()}, p.sizes) for p in profile.cpu_profiles]
+    links = _slower(links, message_overhead(profile.messages, links), program.num_ranks)
+    an = analyze(program, ProfiledCost(cpu, profile.cpu_opt + extra if profile.cpu_opt else 0.0), links)
+    if an.errors:
+        raise an.errors[0]
+    return shared_makespan(an.graph, profile.host_of_rank, profile.cores)

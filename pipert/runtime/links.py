@@ -307,12 +307,25 @@ class LinkEmulator:
         timer thread at its arrival deadline. Returns (depart, arrive)."""
         ready = clock() if ready_time is None else float(ready_time)
         depart, _, arrive = self._core.deliver(src, dst, float(nbytes), ready, fn)
-        self._delivered[src] += 1  # only src's sender thread delivers from src
+        self.count_delivered(src)  # only src's sender thread delivers from src
         return depart, arrive
 
     def delivered(self, src: int) -> int:
-        """Messages :meth:`deliver` scheduled from rank ``src`` so far."""
+        """Messages scheduled from rank ``src`` so far (by :meth:`deliver` or the stream path of
+        DelayedTransport, which calls :meth:`count_delivered`)."""
         return self._delivered[src]
+
+    def count_delivered(self, src: int) -> None:
+        """One more message scheduled from ``src`` (called by its sender only)."""
+        self._delivered[src] += 1
+
+    def device_state(self, device: torch.device) -> _CudaLinkState:
+        """free_at per directed link in ``device``'s memory (zero = free), for the wait kernels
+        of the senders on that device; :meth:`reset` clears it."""
+        state = self._cuda.get(device)
+        if state is None:
+            state = self._cuda[device] = _CudaLinkState(self.num_ranks, device)
+        return state
 
     def drain(self) -> None:
         """Host waits until every delivered callback ran; raises the first callback error."""
@@ -396,11 +409,9 @@ class LinkEmulator:
         occ_ns = round(spec.occupancy(max(float(nbytes), 0.0)) * 1e9)
         if rendezvous:
             send.wait(recv.record())
-        state = self._cuda.get(send.device)
         clock_map = send._clock
         if _ext.HAVE_EXT_CUDA:
-            if state is None:
-                state = self._cuda[send.device] = _CudaLinkState(self.num_ranks, send.device)
+            state = self.device_state(send.device)
             slot = state.next % state.RING
             state.next += 1
             row = state.timing[slot]

@@ -185,6 +185,8 @@ class Pipeline:
     ``links`` delays every point-to-point message by an emulated link, on either backend: a
     ``pipert.cost.Links`` (the simulator's numbers), a ``pipert.linkflags.LinkOptions`` or a
     ``pipert.runtime.links.LinkEmulator`` (rules: ``pipert.runtime.transport.DelayedTransport``).
+    ``link_path`` picks how (DelayedTransport's ``path``); ``link_clock`` is the clock rule of its
+    stream path under torch.distributed (``pipert.runtime.linkframes.link_clock_offsets``).
     ``staging`` moves messages through host buffers of ``pool`` (``pipert.runtime.staging``;
     None: when gloo carries GPU tensors). ``trace`` also records each compute's own time
     (``StepResult.op_times``, read by ``pipert.runtime.fidelity``).
@@ -196,7 +198,8 @@ class Pipeline:
                  timeout: float = 60.0, schedule_options: dict | None = None, fault: Fault | None = None,
                  trace: bool = False, links: Any = None, measure_memory: bool = False, record: bool = False,
                  pool: Any = None, dp: int = 1, zero: int | str | Sequence = 0, queues: str = "streams",
-                 staging: bool | None = None, zero3_buffers: int = 1) -> None:
+                 staging: bool | None = None, zero3_buffers: int = 1, link_path: str = "auto",
+                 link_clock: str = "auto") -> None:
         if backend not in ("local", "dist"):
             raise ValueError(f"backend {backend!r} unknown; allowed: 'local', 'dist'")
         if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
@@ -235,6 +238,11 @@ class Pipeline:
         # a snapshot after every action needs the actions to run one at a time
         self.queues = "host" if (measure_memory or record) else queues
         self.links = _link_emulator(links, schedule.num_ranks)
+        if link_path not in DelayedTransport.PATHS:
+            raise ValueError(f"link_path {link_path!r} unknown; allowed: {', '.join(DelayedTransport.PATHS)}")
+        self.link_path = link_path
+        if link_clock not in ("auto", "shared", "estimate"):
+            raise ValueError(f"link_clock {link_clock!r} unknown; allowed: auto, shared, estimate")
         """The LinkEmulator every point-to-point message crosses (None: messages are not delayed)."""
         self._all_units = list(units)
         self._boundary: dict[tuple[int, int], BoundarySpec] = {}
@@ -286,11 +294,21 @@ class Pipeline:
                                                             _device_of(local).type))
             dist_transport = self._staged(DistTransport(groups, process_groups=made))
             if self.links is not None:
-                dist_transport = DelayedTransport(dist_transport, self.links)
+                dist_transport = self._delayed(dist_transport, _device_of(self.modules[self.ranks[0]].values()),
+                                               link_clock)
         # Built once: runners and the executor's per-program tables do not depend on the step.
         # The local backend gives each step a fresh hub (set as the executor's transport).
         self._closers: list = []
         self._executors = {r: self._executor(r, dist_transport) for r in self.ranks}
+
+    def _delayed(self, transport: Any, device: torch.device, link_clock: str) -> DelayedTransport:
+        """``transport`` behind the emulated links; on the stream path with this rank's clock offsets
+        to every peer (every rank calls this at the same point)."""
+        delayed = DelayedTransport(transport, self.links, path=self.link_path)
+        if delayed.takes_stream_path(device):
+            from .linkframes import dist_clock_offsets
+            delayed.clock_offsets.update(dist_clock_offsets(transport, delayed.ops(device), device, link_clock))
+        return delayed
 
     def _staged(self, transport: Any) -> Any:
         if not self.staging:
@@ -395,10 +413,12 @@ class Pipeline:
             for mod in self.modules[r].values():
                 for p in mod.parameters():
                     p.grad = None
+        cpu0 = time.process_time()
         if self.backend == "local":
             results = self._run_local(xs, ys)
         else:
             results = {self.ranks[0]: self._executors[self.ranks[0]].run(xs, ys)}
+        self.last_process_cpu = time.process_time() - cpu0  # every thread of this process, in the run
         self.last_results = results
         total = sum(sum(r.losses.values()) for r in results.values())
         count = sum(len(r.losses) for r in results.values())
@@ -422,7 +442,7 @@ class Pipeline:
                 executor = self._executors[rank]
                 executor.transport = self._staged(hub.transport(rank))
                 if self.links is not None:
-                    executor.transport = DelayedTransport(executor.transport, self.links)
+                    executor.transport = DelayedTransport(executor.transport, self.links, path=self.link_path)
                 results[rank] = executor.run(xs, ys)
             except BaseException as e:  # noqa: BLE001 - reported below, after all threads stop
                 errors[rank] = e

@@ -363,28 +363,69 @@ class DelayedTransport:
 
     A send is the message's ready time: the message occupies its directed link for
     ``bytes / bandwidth`` after the previous message of that link (FIFO per link, kept by the
-    sender, which alone sends on it) and is handed to the inner transport when it arrives, one
-    latency after its occupancy ends (the emulator's timer thread: C++ with pipert._C, Python
-    without). The receiver posts an ordinary receive and waits at its first reader only for
-    what is left of the delay: latency its own compute already covered is not paid again
-    (CrossPipe's receiver-side rule), and no clock is shared between processes. A free link
-    (no latency, unlimited bandwidth) sends at once. The payload is copied at the send, so the
-    sender may change or free its tensor (weights after an OPT) while the message travels.
-    GPU tensors take the same host timers (the timer thread's stream waits for the copy's CUDA
-    event before the send); the device wait kernels of ``LinkEmulator.enqueue_transfer`` serve
-    the one-process emulator only. Collectives are not delayed."""
+    sender, which alone sends on it) and arrives one latency after its occupancy ends. Latency
+    the receiver's own compute already covered is not paid again (CrossPipe's receiver-side
+    rule). A free link (no latency, unlimited bandwidth) sends at once. The payload is copied at
+    the send, so the sender may change or free its tensor (weights after an OPT) while the
+    message travels. Collectives are not delayed. Two paths (``path``):
 
-    def __init__(self, inner: Transport, emulator: Any) -> None:
+    - "timer": the message is handed to the inner transport at its arrival by the emulator's
+      timer thread (C++ with pipert._C, Python without); the receiver posts an ordinary receive
+      and no clock is shared between processes. GPU tensors wait for their copy's CUDA event.
+    - "stream" (``pipert.runtime.linkframes``): the sender's send queue holds the occupancy and
+      sends a frame that carries the message's timing; the receiver's receive queue waits for
+      the arrival, moved into its own clock by ``clock_offsets[peer]`` (ns, this rank's clock
+      minus the peer's; none: one clock). On a GPU both waits are one-thread kernels on the
+      send and receive streams and the host never blocks; on a CPU the same steps sleep on the
+      calling thread (the mirror the tests run).
+      Under host-staged gloo a poster thread hands each frame to gloo once its copy out is done.
+    - "auto" (default): "stream" for CUDA tensors when pipert._C has CUDA (NCCL, or gloo with
+      host staging), else "timer". Both ends decide alike, so frames match."""
+
+    PATHS = ("auto", "timer", "stream")
+
+    def __init__(self, inner: Transport, emulator: Any, path: str = "auto",
+                 clock_offsets: dict[int, int] | None = None) -> None:
         if emulator.num_ranks != inner.world_size:
             raise ValueError(f"the link emulator has {emulator.num_ranks} ranks, the transport {inner.world_size}")
-        self.inner, self.emulator = inner, emulator
+        if path not in self.PATHS:
+            raise ValueError(f"path {path!r} unknown; allowed: {', '.join(self.PATHS)}")
+        self.inner, self.emulator, self.path = inner, emulator, path
         self.rank, self.world_size = inner.rank, inner.world_size
+        self.clock_offsets = dict(clock_offsets or {})
+        self._frames: dict[torch.device, Any] = {}
+
+    def takes_stream_path(self, device: torch.device) -> bool:
+        """Whether messages of tensors on ``device`` take the stream path (class doc)."""
+        from .. import _ext
+        if self.path != "auto":
+            return self.path == "stream"
+        return device.type == "cuda" and _ext.HAVE_EXT_CUDA
+
+    def ops(self, device: torch.device) -> Any:
+        """The link steps of the stream path on ``device`` (pipert.runtime.linkframes)."""
+        from .linkframes import CudaOps, HostOps
+        return CudaOps(self.emulator, device) if device.type == "cuda" else HostOps(self.emulator)
+
+    def _stream_path(self, tensor: torch.Tensor) -> Any:
+        """The FramedLinks of ``tensor``'s device on the stream path, else None."""
+        if not self.takes_stream_path(tensor.device):
+            return None
+        links = self._frames.get(tensor.device)
+        if links is None:
+            from .linkframes import FramedLinks
+            links = FramedLinks(self.emulator, self.rank, self.ops(tensor.device), self.clock_offsets)
+            self._frames[tensor.device] = links
+        return links
 
     def isend(self, tensor: torch.Tensor, peer: int) -> Handle:
         spec = self.emulator.link(self.rank, peer)
         nbytes = tensor.numel() * tensor.element_size()
         if spec.latency == 0 and spec.occupancy(nbytes) == 0:
             return self.inner.isend(tensor, peer)
+        framed = self._stream_path(tensor)
+        if framed is not None:
+            return framed.isend(self.inner, tensor, peer)
         data = tensor.detach().clone()
         copied = _copied_event(data)
         handle = _Deferred()
@@ -397,7 +438,11 @@ class DelayedTransport:
         return handle
 
     def irecv(self, tensor: torch.Tensor, peer: int) -> Handle:
-        return self.inner.irecv(tensor, peer)
+        spec = self.emulator.link(peer, self.rank)
+        framed = self._stream_path(tensor)
+        if framed is None or (spec.latency == 0 and spec.occupancy(tensor.numel() * tensor.element_size()) == 0):
+            return self.inner.irecv(tensor, peer)
+        return framed.irecv(self.inner, tensor, peer)
 
     def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None,
                    out: torch.Tensor | None = None) -> Handle:

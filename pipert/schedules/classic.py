@@ -10,6 +10,7 @@ adds the optimizer steps and lowers the transfers.
 from __future__ import annotations
 
 from ..ir import Action, Op, Schedule
+from ..ir.action import compute_action
 from .registry import PipelineConfig, assemble, require_chunks
 
 __all__ = ["gpipe", "one_f_one_b", "interleaved_1f1b", "check_gpipe", "check_1f1b", "check_interleaved",
@@ -47,13 +48,14 @@ def one_f_one_b(config: PipelineConfig) -> Schedule:
     """
     check_1f1b(config)
     p, m = config.stages, config.microbatches
+    F, B = Op.F, Op.B
     orders = []
     for i in range(p):
         warm = min(p - 1 - i, m)
-        acts = [Action(Op.F, i, k) for k in range(warm)]
+        acts = [compute_action(F, i, (k,)) for k in range(warm)]
         for k in range(m - warm):
-            acts += [Action(Op.F, i, warm + k), Action(Op.B, i, k)]
-        acts += [Action(Op.B, i, k) for k in range(m - warm, m)]
+            acts += [compute_action(F, i, (warm + k,)), compute_action(B, i, (k,))]
+        acts += [compute_action(B, i, (k,)) for k in range(m - warm, m)]
         orders.append(acts)
     return assemble("1f1b", config, list(range(p)), orders, split_backward=False)
 

@@ -193,6 +193,19 @@ def _runs(passes: list[tuple[int, int, str, int]], side: str) -> list[tuple[int,
     return [tuple(r) for r in runs]
 
 
+def _merge_runs(spans: list, same_side: dict[str, list[int]], n: int) -> list[list]:
+    """Spans (start, end, first pass, last pass, side) of one chunk's runs, in order; those that
+    overlap, or have fewer than ``n`` passes of the later run's side between them, become one (its
+    weights are kept, not freed and gathered again)."""
+    merged: list[list] = []
+    for s, e, a, b, side in spans:
+        if merged and (s <= merged[-1][1] or sum(merged[-1][3] < j < a for j in same_side[side]) < n):
+            merged[-1][1], merged[-1][3] = max(merged[-1][1], e), max(merged[-1][3], b)
+        else:
+            merged.append([s, e, a, b, side])
+    return merged
+
+
 def overlap_collectives(acts: list[Action], parts: Sequence[Sequence[tuple[int | None, int]]],
                         groups: Sequence[tuple[int, ...]],
                         held: Sequence[int], units_per_chunk: int = 1, split: bool = False
@@ -206,7 +219,11 @@ def overlap_collectives(acts: list[Action], parts: Sequence[Sequence[tuple[int |
       after it; ZeRO-1/2 weights (stale since the last step's OPT stepped the shards) are gathered
       once, for the first run of their chunk, and kept (the optimizer's all-gather of the paper,
       overlapped with the step's first passes); a run's n gathers go one before each of the n
-      passes before the run starts (bucket b before pass start-n+b, never before the previous FREE);
+      passes of the run's side before it starts (a forward pass prefetches for the next forward
+      run, a backward pass for the next backward run, as in the paper's Algorithm 1), never
+      before the previous FREE (those that find no such pass go before the first pass after it);
+      two runs of a chunk with fewer than n passes of the later run's side between them merge
+      (the weights are kept, not freed and gathered again);
     - ZeRO-2/3 gradients are reduce-scattered after every backward run of their chunk, ZeRO-0/1
       ones (ALLREDUCE/REDUCESCATTER) after the chunk's last backward run; bucket b (of the chunk's
       units, last-finished first) goes before the (b+1)-th backward pass after the run (the tail
@@ -233,18 +250,14 @@ def overlap_collectives(acts: list[Action], parts: Sequence[Sequence[tuple[int |
     def put(index: int, prio: int, a: Action) -> None:
         items.append((index, prio, len(items), a))
 
+    same_side = {side: [j for j, p in enumerate(passes) if p[2] == side] for side in "FB"}
     # weights of ZeRO-3 units
     for c in sorted({p[3] for p in passes}):
         spans = sorted((passes[a][0], passes[b][1], a, b, side) for side in "FB"
                        for cc, a, b in _runs(passes, side) if cc == c)
-        merged: list[list] = []
-        for s, e, a, b, side in spans:
-            if merged and s <= merged[-1][1]:
-                merged[-1][1], merged[-1][3] = max(merged[-1][1], e), max(merged[-1][3], b)
-            else:
-                merged.append([s, e, a, b, side])
         z3 = chunk_parts(c, (3,))
-        tracks = [[list(sp) for sp in spans if sp[4] == side] for side in "FB"] if split else [merged]
+        tracks = [_merge_runs([sp for sp in spans if sp[4] == side], same_side, len(z3)) for side in "FB"] \
+            if split else [_merge_runs(spans, same_side, len(z3))]
         for track in tracks:
             prev_free = -1
             for n, (s, e, a, b, side) in enumerate(track):
@@ -253,8 +266,8 @@ def overlap_collectives(acts: list[Action], parts: Sequence[Sequence[tuple[int |
                 if n == 0 and (side == "F" or not split):
                     gathered += [(u, zc, None) for u, zc in chunk_parts(c, (1, 2))]
                 order = gathered if side == "F" else gathered[::-1]
-                for j, (u, zc, cp) in enumerate(order):
-                    target = max(a - len(order) + j, prev_free + 1, 0)
+                ahead = [j for j in same_side[side] if prev_free < j < a][-len(order):] if order else []
+                for (u, zc, cp), target in zip(order, [prev_free + 1] * (len(order) - len(ahead)) + ahead):
                     put(passes[target][0], 1, Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u],
                                                      zclass=zc, side=cp))
                 for u, zc in z3:

@@ -18,6 +18,8 @@ from .keys import K_COLLECTIVE, K_TRANSFER
 
 __all__ = ["CommState"]
 
+_SEND = Op.SEND   # a module constant: on Python 3.11 each ``Op.X`` goes through EnumType.__getattr__
+
 
 class CommState:
     """Node arrays, error and missing-input lists, link and group matching state. The walk that
@@ -65,7 +67,7 @@ class CommState:
         if peer == r or not 0 <= peer < P:
             self.error(r, i, a, "bad_peer", f"peer {peer} must be another rank in 0..{P - 1}")
             return -1
-        is_send = a.op is Op.SEND
+        is_send = a.op is _SEND
         lk = r * P + peer if is_send else peer * P + r
         ls = self.link_state.get(lk)
         if ls is None:

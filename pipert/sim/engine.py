@@ -29,13 +29,19 @@ class Analysis:
 @contextmanager
 def paused_gc() -> Iterator[None]:
     """The engine allocates many small objects and frees none of them cyclically: pausing
-    the cyclic garbage collector saves its repeated full scans (a fifth of the time)."""
+    the cyclic garbage collector saves its repeated full scans (a fifth of the time). On resume
+    what the pause allocated joins the oldest generation (``freeze`` + ``unfreeze`` move lists,
+    they scan nothing), so the next young collection does not scan it all either; skipped when
+    someone else keeps objects frozen."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 

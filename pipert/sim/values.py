@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from operator import attrgetter
 from typing import Any
 
 from ..ir.action import COLLECTIVE_OPS, Action, Op, Payload
@@ -21,6 +22,9 @@ __all__ = ["Builder"]
 
 _ACT, _STASH, _STASHW, _GRAD, _WEIGHT, _KEPT, _WGRAD = (int(v) for v in Value)
 _COMPUTE_OPS = frozenset({Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE})
+# members as module constants: on Python 3.11 each ``Op.X`` goes through EnumType.__getattr__
+_F, _B, _D, _W, _OPT, _RECOMPUTE, _SEND, _RECV, _WAIT, _FREE = (
+    Op.F, Op.B, Op.D, Op.W, Op.OPT, Op.RECOMPUTE, Op.SEND, Op.RECV, Op.WAIT, Op.FREE)
 _ROLE = {Role.ALL: 0, Role.ROOT: 1, Role.OTHERS: 2, Role.NONE: 3}
 
 
@@ -43,6 +47,10 @@ _TIMED = {op: s.timed for op, s in TABLE.items()}
 
 class Builder(CommState):
     """Pass 1 (see module doc). ``run`` fills the node arrays and the per-rank results."""
+
+    fast = True
+    """Plain computes through :meth:`plain_compute`; False: every action through :meth:`effects`
+    (the same graph, tested)."""
 
     def __init__(self, s: Any, cost: Any, links: Any, memory_limit: Any) -> None:
         super().__init__(s, cost, links)
@@ -102,7 +110,7 @@ class Builder(CommState):
         qname = {op: QUEUES[q] for op, q in q_of.items()}
         plan = self._plan
         kind, dur, lat, succ, indeg = self.kind, self.dur, self.lat, self.succ, self.indeg
-        classes = self.split or any(self.mixed)  # whether weight actions must name a class or copy
+        fast = self.fast
         for r in range(self.P):
             acts = s.actions[r]
             self.r = r
@@ -121,15 +129,16 @@ class Builder(CommState):
             trace: list[float] = []
             peak = busy = 0.0
             limit, over = self.limits[r], False
+            check = _out_of_range(acts, U, M)   # indices are checked per action only where one is bad
+            classes = self.split or any(self.mixed) or _names_classes(acts)  # likewise ZeRO classes
             for i, a in enumerate(acts):
                 op = a.op
                 q = q_of[op]
-                u, mb = a.unit, a.mb
-                if ((u is not None and u >= U) or (mb and max(mb) >= M)) and self._bad_index(r, i, a):
+                if check and self._bad_index(r, i, a):
                     trace.append(self.mem)
                     continue
-                if (a.zclass is not None or a.side is not None or classes and a.payload in _UNIT_PAYLOADS and
-                        (self.mixed[u] or self.split)) and self._bad_class(r, i, a):
+                if classes and (a.zclass is not None or a.side is not None or a.payload in _UNIT_PAYLOADS and
+                                (self.mixed[a.unit] or self.split)) and self._bad_class(r, i, a):
                     trace.append(self.mem)
                     continue
                 if q == 0:
@@ -159,17 +168,20 @@ class Builder(CommState):
                 nodes_r[i] = n
                 if n >= 0:
                     if q == 1 or q == 2:  # a SEND/RECV: its plan is all of its effects
-                        got = plans.get((op, a.payload, u, r == a.root, False, a.zclass, a.side))
+                        got = plans.get((op, a.payload, a.unit, r == a.root, False, a.zclass, a.side))
                         reads, writes = got if got is not None else plan(a, r, False)
                         if reads:
                             self.comm_reads(a, r, i, n, reads)
                         if writes:
                             self.apply_writes(a, r, n, writes)
+                    elif fast and a.sub is None and op in _COMPUTE_OPS:
+                        self.plain_compute(a, r, i, n)
                     else:
                         self.effects(a, r, i, n)
-                trace.append(self.mem)
-                if self.mem > peak:
-                    peak = self.mem
+                mem = self.mem
+                trace.append(mem)
+                if mem > peak:
+                    peak = mem
                     if limit is not None and peak > limit and not over:
                         over = True
                         self.error(r, i, a, "memory", f"memory {peak:g} exceeds the limit {limit:g}")
@@ -243,10 +255,10 @@ class Builder(CommState):
     # --- effects of one action ----------------------------------------------------------------
     def effects(self, a: Action, r: int, i: int, n: int) -> None:
         op = a.op
-        if op is Op.WAIT:
+        if op is _WAIT:
             self.wait(a, r, i, n)
             return
-        if op is Op.OPT:
+        if op is _OPT:
             self.opt(a, r, i, n)
             return
         compute = op in _COMPUTE_OPS
@@ -254,7 +266,7 @@ class Builder(CommState):
         if a.sub is not None and compute:
             first, last = self.sub_block(r, i, a)
         u = a.unit
-        keeps = op is Op.F and bool(self.recomputed) and any((u, m) in self.recomputed for m in a.mb)
+        keeps = op is _F and bool(self.recomputed) and any((u, m) in self.recomputed for m in a.mb)
         got = self._plan_cache.get((op, a.payload, u, r == a.root, keeps, a.zclass, a.side))
         reads, writes = got if got is not None else self._plan(a, r, keeps)
         if reads and (first or last):  # a split compute reads at its first piece, frees what it read at its last
@@ -262,7 +274,7 @@ class Builder(CommState):
                 self.compute_reads(a, r, i, n, reads, use=first, free=last)
             else:
                 self.comm_reads(a, r, i, n, reads)
-        if op is Op.W and first and not last:  # its pieces fill the gradient from the first one on
+        if op is _W and first and not last:  # its pieces fill the gradient from the first one on
             for sl in self.slots[u]:
                 self.reserve_wgrad(u, sl, n)
         if last:
@@ -270,6 +282,44 @@ class Builder(CommState):
                 self.mark_done(a, r, i)
             if writes:
                 self.apply_writes(a, r, n, writes)
+
+    def plain_compute(self, a: Action, r: int, i: int, n: int) -> None:
+        """effects() of an F, B, D, W or RECOMPUTE without sub-blocks, the most common actions:
+        the same plan, reads (taken and freed at once), once-per-(unit, micro-batch) check and
+        writes, with compute_reads and mark_done inlined (``fast`` off: effects())."""
+        op, u, mb = a.op, a.unit, a.mb
+        rec = self.recomputed
+        keeps = op is _F and bool(rec) and any((u, m) in rec for m in mb)
+        got = self._plan_cache.get((op, a.payload, u, r == a.root, keeps, a.zclass, a.side))
+        reads, writes = got if got is not None else self._plan(a, r, keeps)
+        have, kind = self.have, self.kind
+        for wg, uu, release, shard, ku, slots, _ in reads:
+            if wg:
+                for sl, _ in slots:
+                    self.take_wgrad(a, r, i, n, uu, shard, sl)
+                continue
+            for m in (mb if slots is None else [sl for sl, _ in slots]):
+                k = ku | m << SHIFT
+                p = have.get(k, MISSING)
+                if p == MISSING:
+                    self.use(r, i, k, n, True)
+                    continue
+                if p >= 0 and kind[p]:  # a value from another queue: an edge, communicated input
+                    self.succ[p].append(n << 1 | 1)
+                    self.indeg[n] += 1
+                    self.comm_in.append((n, p))
+                if release:
+                    del have[k]
+                    self.mem -= self.live.pop(k, 0.0)
+        if op is not _RECOMPUTE:
+            fk = u << 32 | mb[0]
+            table = self.fwd if op is _F else self.wdone if op is _W else self.bwd
+            if len(mb) > 1 or fk in table:  # a fold, or a second run: mark_done checks and names it
+                self.mark_done(a, r, i)
+            else:
+                table[fk] = (r << 32 | i) << 1 | (op is _D) if table is self.bwd else r << 32 | i
+        if writes:
+            self.apply_writes(a, r, n, writes)
 
     def _role_ok(self, role: int, a: Action, r: int) -> bool:
         return role == 0 or (role == 1) == (r == a.root) and role != 3
@@ -290,9 +340,8 @@ class Builder(CommState):
         payload's kind filled in; a SEND keeps a unit's weights) as (is weight grad, unit,
         release, shard, key of the unit's value (micro-batch 0), slots, size a write adds to the
         running sum (None for model state and host copies)). ``slots`` is None for a value per
-        micro-batch; for a per-unit value, the class slots it covers (the action's ZeRO class for a
-        payload, every class of the unit for a compute's weights and gradient), and ``size`` then
-        holds one size per slot."""
+        micro-batch; for a per-unit value, the (class slot, size) pairs it covers: the action's
+        ZeRO class for a payload, every class of the unit for a compute's weights and gradient."""
         u = a.unit
         out = []
         for kind, du, edge, release, role, bits in refs:
@@ -303,7 +352,7 @@ class Builder(CommState):
             payload = kind < 0
             if payload:
                 kind = _payload_kind(a)
-                if a.op is Op.SEND and kind == _WEIGHT:
+                if a.op is _SEND and kind == _WEIGHT:
                     release = False
             uu = u + du
             shard = bool(bits & SHARD)
@@ -319,14 +368,14 @@ class Builder(CommState):
                 slots = ((0 if a.zclass is None else a.zclass + 1) + (BWD if a.side == "bwd" and not shard else 0),)
             else:
                 slots = self.bslots[uu] if kind == _WEIGHT and a.op in BWD_COPY_READERS else self.slots[uu]
-            sizes = []
+            sized = []
             for sl in slots:
                 size = None
                 if kind != _WGRAD and not bits & HOST and not self.static(kind, uu, shard, sl):
                     size = self.size_of[kind][uu] * self.share[uu].get(sl, 1.0) / (len(self.holders[uu]) if shard
                                                                                     else 1)
-                sizes.append(size)
-            out.append((kind == _WGRAD, uu, release, shard, base, tuple(slots), tuple(sizes)))
+                sized.append((sl, size))
+            out.append((kind == _WGRAD, uu, release, shard, base, tuple(sized), None))
         return tuple(out)
 
     def compute_reads(self, a: Action, r: int, i: int, n: int, refs: tuple, use: bool = True,
@@ -338,10 +387,10 @@ class Builder(CommState):
         for wg, uu, release, shard, ku, slots, _ in refs:
             if wg:
                 if use:
-                    for sl in slots:
+                    for sl, _ in slots:
                         self.take_wgrad(a, r, i, n, uu, shard, sl)
                 continue
-            for m in (a.mb if slots is None else slots):
+            for m in (a.mb if slots is None else [sl for sl, _ in slots]):
                 k = ku | m << SHIFT
                 p = have.get(k, MISSING)
                 if p == MISSING:
@@ -363,10 +412,10 @@ class Builder(CommState):
         transfer = self.kind[n] == K_TRANSFER
         for wg, uu, release, shard, ku, slots, _ in refs:
             if wg:
-                for sl in slots:
+                for sl, _ in slots:
                     self.take_wgrad(a, r, i, n, uu, shard, sl)
                 continue
-            for m in (a.mb if slots is None else slots):
+            for m in (a.mb if slots is None else [sl for sl, _ in slots]):
                 k = ku | m << SHIFT
                 p = have.get(k, MISSING)
                 if p >= 0:  # an edge as in use(), without its call
@@ -386,18 +435,10 @@ class Builder(CommState):
         mb = a.mb
         for wg, uu, _, shard, ku, slots, size in refs:
             if wg:
-                for sl in slots:
+                for sl, _ in slots:
                     self.add_wgrad(a, r, n, uu, shard, sl)
                 continue
-            if slots is None:
-                for m in mb:
-                    k = ku | m << SHIFT
-                    have[k] = n
-                    if size is not None and k not in live:
-                        live[k] = size
-                        self.mem += size
-                continue
-            for m, sz in zip(slots, size):
+            for m, sz in (((m, size) for m in mb) if slots is None else slots):
                 k = ku | m << SHIFT
                 have[k] = n
                 if sz is not None and k not in live:
@@ -446,7 +487,7 @@ class Builder(CommState):
         """A contribution: a local accumulator (B, W) or one more received buffer (RECV,
         collective); each holds one weight gradient until the next reader takes them all."""
         st = self.wg_state(u, shard, slot)
-        local = a.op is Op.B or a.op is Op.W
+        local = a.op is _B or a.op is _W
         new_buffer = not local or st[2] < 0
         if local:
             st[0].extend(a.mb)
@@ -481,13 +522,13 @@ class Builder(CommState):
 
     def take_wgrad(self, a: Action, r: int, i: int, n: int, u: int, shard: bool, slot: int) -> None:
         parts = self.wg_take(u, shard, slot, n)
-        if a.op is Op.SEND:
+        if a.op is _SEND:
             if parts is None:
                 self.error(r, i, a, "missing_input", f"no weight-grad contribution of unit {u} on rank {r} "
                            f"before this SEND")
                 parts = ([], [])
             self.wg_parts[n] = [parts]
-        elif a.op is Op.FREE:
+        elif a.op is _FREE:
             return
         elif parts is not None:  # a collective: the joint node carries every member's parts
             self.wg_parts.setdefault(n, []).append(parts)
@@ -525,7 +566,7 @@ class Builder(CommState):
         if self.wait_index is None:
             self.wait_index = {}
             for j, b in enumerate(self.s.actions[r]):
-                if b.op is Op.SEND or b.op is Op.RECV:
+                if b.op is _SEND or b.op is _RECV:
                     self.wait_index.setdefault(b, []).append(j)
         target = dataclasses.replace(a, op=a.waits, waits=None)
         idx = self.wait_index.get(target, [])
@@ -535,15 +576,15 @@ class Builder(CommState):
             return
         p = self.nodes_r[idx[k]]
         if p >= 0:
-            self.edge(p, n, 1 if a.waits is Op.RECV else 0)
+            self.edge(p, n, 1 if a.waits is _RECV else 0)
             self.comm_in.append((n, p))
 
     def mark_done(self, a: Action, r: int, i: int) -> None:
         """Exactly one F, one B or D, and a W after a D per (unit, micro-batch)."""
         op, u = a.op, a.unit
-        if op is Op.RECOMPUTE:
+        if op is _RECOMPUTE:
             return
-        table = self.fwd if op is Op.F else self.wdone if op is Op.W else self.bwd
+        table = self.fwd if op is _F else self.wdone if op is _W else self.bwd
         for m in a.mb:
             fk = u << 32 | m
             prev = table.get(fk)
@@ -552,7 +593,7 @@ class Builder(CommState):
                 what = op.value if table is not self.bwd else ("B" if prev & 1 == 0 else "D")
                 self.duplicate(r, i, a, loc, what)
             elif table is self.bwd:
-                table[fk] = (r << 32 | i) << 1 | (op is Op.D)
+                table[fk] = (r << 32 | i) << 1 | (op is _D)
             else:
                 table[fk] = r << 32 | i
 
@@ -579,6 +620,21 @@ class Builder(CommState):
     def finish(self) -> None:
         from .checks import finish_checks
         finish_checks(self)
+
+
+def _out_of_range(acts: list[Action], num_units: int, num_microbatches: int) -> bool:
+    """Whether an action of ``acts`` names a unit or micro-batch beyond the schedule's (a scan
+    without a Python-level loop; unit 0 and actions without micro-batches are skipped as falsy)."""
+    return max(filter(None, map(_UNIT, acts)), default=-1) >= num_units or \
+        max(map(max, filter(None, map(_MB, acts))), default=-1) >= num_microbatches
+
+
+def _names_classes(acts: list[Action]) -> bool:
+    """Whether an action of ``acts`` names a ZeRO class or a gathered copy's side."""
+    return any(v is not None for v in map(_ZCLASS, acts)) or any(v is not None for v in map(_SIDE, acts))
+
+
+_UNIT, _MB, _ZCLASS, _SIDE = attrgetter("unit"), attrgetter("mb"), attrgetter("zclass"), attrgetter("side")
 
 
 _UNIT_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD})

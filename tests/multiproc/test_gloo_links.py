@@ -30,3 +30,13 @@ def test_link_emulation_keeps_gradients_exact_on_gloo(ext, run_gloo_cases, monke
         assert r["sent_bytes"]["act"] > 0 and r["sent_bytes"]["grad"] > 0, label
         # 2 steps x 8 micro-batches: act 1->2 and grad 2->1 cross the datacenters
         assert r["delayed"] == {"backend": ext, "messages": 2 * 2 * 8}, label
+
+
+def test_stream_path_with_estimated_clock_offsets_is_exact_on_gloo(run_gloo_cases):
+    """The CPU mirror of the GPU path: frames carry their link timing, the receiver waits for the
+    arrival in its own clock (offsets estimated by ping-pong over gloo)."""
+    case = Case("1f1b", 2, 4, "float64", steps=2, links=LINKS, link_path="stream")
+    (r,) = run_gloo_cases([case], 2)
+    assert "error" not in r, r
+    assert max(r["loss_err"], r["grad_err"], r["param_err"]) <= 1e-10, r
+    assert r["delayed"]["messages"] == 2 * 2 * 4  # act 0->1 and grad 1->0 per micro-batch, 2 steps

@@ -1,5 +1,6 @@
 """`pipert train` on gloo processes with emulated cross-DC links and --profile."""
 import json
+import os
 import subprocess
 import sys
 
@@ -16,3 +17,6 @@ def test_gloo_train_with_links_is_exact_and_reports_the_prediction():
     for s in steps:
         assert s["max_grad_rel_err"] <= 1e-10 and s["max_param_rel_err"] <= 1e-10, s
         assert s["predicted_step_s"] > 2 * 2e-3 and s["measured_step_s"] > 0, s  # >= 2 DC crossings on the path
+        # the ranks share this host's cores: the shared prediction says how many of each
+        assert s["ranks_per_host"] == [2] and s["cores_per_host"] == [len(os.sched_getaffinity(0))], s
+        assert s["predicted_shared_step_s"] > 2 * 2e-3, s

@@ -44,7 +44,8 @@ def test_delay_kernels_compile_with_nvcc(tmp_path):
     assert obj.stat().st_size > 0
     # the device code really is there: the wait kernels are in the object
     syms = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True).stdout
-    for name in ("pipert_cuda_link_send", "pipert_cuda_wait_until_ptr", "pipert_cuda_spin"):
+    for name in ("pipert_cuda_link_send", "pipert_cuda_link_recv", "pipert_cuda_wait_until_ptr",
+                 "pipert_cuda_spin"):
         assert name in syms
     # the waits read %globaltimer and sleep with nanosleep (not a busy spin) on sm_90
     ptx = tmp_path / "delay_kernels.ptx"
@@ -52,6 +53,7 @@ def test_delay_kernels_compile_with_nvcc(tmp_path):
           str(ROOT / "csrc/core/delay_kernels.cu"), "-o", str(ptx)])
     text = ptx.read_text()
     assert "%globaltimer" in text and "nanosleep.u32" in text
+    assert "k_link_send" in text and "k_link_recv" in text  # both sides of a cross-process message
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")

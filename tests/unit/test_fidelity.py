@@ -3,20 +3,22 @@ import pytest
 
 from pipert.cost import UniformCost
 from pipert.cost.topology import Links, LinkSpec, Topology
-from pipert.runtime.fidelity import predict_step, profile_from_measurements
+from pipert.runtime.fidelity import message_overhead, predict_step, predict_step_shared, profile_from_measurements
 from pipert.runtime.pipeline import program_for
 from pipert.schedules import build_schedule
 from pipert.sim import simulate
 
 
-def _parts(program, tf: float, tb: float, spread: float) -> list[dict]:
-    """Per rank: every compute of its program timed twice, ``spread`` longer and shorter than tf/tb."""
+def _parts(program, tf: float, tb: float, spread: float, cpu: float = 1.0, cores: int = 8) -> list[dict]:
+    """Per rank (one process each, all on one host of ``cores`` cores): every compute of its
+    program timed twice, ``spread`` longer and shorter than tf/tb, its CPU seconds ``cpu`` times that."""
     parts = []
     for r, actions in enumerate(program.actions):
-        times = [(a.op.value, a.unit, (tf if a.op.value == "F" else tb) + d)
-                 for a in actions if a.op.value in ("F", "B") for d in (spread, -spread)]
-        times += [("OPT", None, 0.2), ("OPT", None, 0.3)]
-        parts.append({"times": times, "act": {u: 1000 for u in range(program.num_units)}, "weight": {r: 10}})
+        times = [(a.op.value, a.unit, t, cpu * t) for a in actions if a.op.value in ("F", "B")
+                 for t in ((tf if a.op.value == "F" else tb) + d for d in (spread, -spread))]
+        times += [("OPT", None, 0.2, 0.2 * cpu), ("OPT", None, 0.3, 0.3 * cpu)]
+        parts.append({"times": times, "act": {u: 1000 for u in range(program.num_units)}, "weight": {r: 10},
+                      "ranks": [r], "host": "h", "cores": cores})
     return parts
 
 
@@ -28,3 +30,87 @@ def test_means_of_measured_times_predict_the_uniform_makespan(links):
     assert [p.sizes["act"] for p in prof.profiles] == [1000] * 4
     expected = simulate(program, UniformCost(tf=1.0, tb=2.0, t_opt=0.25, act_bytes=1000), links=links).makespan
     assert predict_step(program, prof, links) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("links", [None, Links(Topology(4, num_dcs=2), {"inter_dc": LinkSpec(0.5, 4000.0)})])
+def test_shared_prediction_with_a_core_per_rank_is_the_simulators(links):
+    program = program_for(build_schedule("1f1b", stages=4, microbatches=8))
+    prof = profile_from_measurements(_parts(program, 1.0, 2.0, spread=0.5, cpu=0.5, cores=4), program.num_units)
+    assert prof.host_of_rank == [0, 0, 0, 0] and prof.cores == [4]
+    expected = simulate(program, UniformCost(tf=0.5, tb=1.0, t_opt=0.125, act_bytes=1000), links=links).makespan
+    assert predict_step_shared(program, prof, links) == pytest.approx(expected, rel=1e-12)
+
+
+def test_shared_prediction_on_one_core_is_the_total_work_when_the_core_never_idles():
+    # GPipe P=2 M=2, tf=1, tb=2: whenever one compute ends another is ready, so one core runs
+    # the 2 ranks' 2*(2*1 + 2*2) = 12 seconds of work back to back (its own-core makespan is 9)
+    program = program_for(build_schedule("gpipe", stages=2, microbatches=2))
+    prof = profile_from_measurements(_parts(program, 1.0, 2.0, spread=0.0, cores=1), program.num_units)
+    prof.cpu_opt = prof.t_opt = 0.0
+    assert predict_step(program, prof) == pytest.approx(9.0)
+    assert predict_step_shared(program, prof) == pytest.approx(12.0)
+
+
+def test_no_shared_prediction_for_ranks_on_gpus():
+    program = program_for(build_schedule("1f1b", stages=2, microbatches=2))
+    parts = _parts(program, 1.0, 2.0, spread=0.0)
+    parts[1]["host"] = None
+    prof = profile_from_measurements(parts, program.num_units)
+    assert prof.host_of_rank == [] and predict_step_shared(program, prof) is None
+
+
+def test_a_traced_step_records_wall_and_cpu_seconds_of_every_compute():
+    from pipert.runtime.pipeline import Pipeline
+    from pipert.testing import make_batch, sgd, tiny_units
+    units = tiny_units(2, "float64")
+    pipe = Pipeline(units, build_schedule("1f1b", stages=2, microbatches=4), optimizer=sgd, trace=True)
+    pipe.step(*make_batch(4))
+    times = [t for r in pipe.last_results.values() for t in r.op_times]
+    assert sorted({(op, u) for op, u, _, _ in times}) == [("B", 0), ("B", 1), ("F", 0), ("F", 1), ("OPT", 0), ("OPT", 1)]
+    assert len(times) == 2 * 2 * 4 + 2
+    # a compute's CPU seconds are its thread's: never more than its wall time (clock granularity aside)
+    assert all(0 <= cpu <= wall + 1e-3 for _, _, wall, cpu in times)
+
+
+def test_message_overhead_counts_only_readers_that_waited():
+    msgs = [(0, "send", 1, 0, 100, 1.0), (0, "send", 1, 1, 100, 1.0),
+            (1, "recv", 0, 0, 0.5, 1.2),   # waited from 0.5: got it 0.2 s after it arrived
+            (1, "recv", 0, 1, 2.0, 2.1)]   # came after it arrived: says nothing of the transit
+    assert message_overhead(msgs) == pytest.approx(0.2)
+    # on a link of 0.5 s latency and 0.1 s per message: arrivals at 1.6 and (FIFO) 1.7
+    links = Links(Topology(2, num_dcs=2), {"inter_dc": LinkSpec(0.5, 1000.0)})
+    msgs[2:] = [(1, "recv", 0, 0, 0.5, 1.65), (1, "recv", 0, 1, 1.0, 1.75)]
+    assert message_overhead(msgs, links) == pytest.approx(0.05)
+    assert message_overhead([]) == 0.0
+
+
+def test_message_and_action_overheads_reach_both_predictions():
+    program = program_for(build_schedule("1f1b", stages=4, microbatches=8))
+    parts = _parts(program, 1.0, 2.0, spread=0.0, cpu=0.5, cores=4)
+    for p in parts:  # 0.1 CPU s per compute beyond the computes; one message 0.3 s late
+        p["process_cpu"] = sum(t[3] for t in p["times"]) + 0.1 * len(p["times"])
+        p["clock_host"] = "h"
+    parts[0]["messages"] = [(0, "send", 1, 0, 8, 0.0)]
+    parts[1]["messages"] = [(1, "recv", 0, 0, 0.0, 0.3)]
+    prof = profile_from_measurements(parts, program.num_units)
+    assert prof.action_overhead == pytest.approx(0.1) and len(prof.messages) == 2
+    links = Links(Topology(4), {c: LinkSpec(0.3) for c in ("local", "intra_node", "inter_node", "inter_dc")})
+    own = simulate(program, UniformCost(tf=1.0, tb=2.0, t_opt=0.25, act_bytes=1000), links=links).makespan
+    assert predict_step(program, prof) == pytest.approx(own, rel=1e-12)
+    cpu = simulate(program, UniformCost(tf=0.6, tb=1.1, t_opt=0.225, act_bytes=1000), links=links).makespan
+    assert predict_step_shared(program, prof) == pytest.approx(cpu, rel=1e-12)  # a core per rank
+    parts[1]["clock_host"] = "elsewhere"  # two clocks: the messages' times do not compare
+    assert profile_from_measurements(parts, program.num_units).messages == []
+
+
+def test_a_traced_step_records_each_message_at_both_ends():
+    from pipert.runtime.pipeline import Pipeline
+    from pipert.testing import make_batch, sgd, tiny_units
+    pipe = Pipeline(tiny_units(2, "float64"), build_schedule("1f1b", stages=2, microbatches=4), optimizer=sgd,
+                    trace=True)
+    pipe.step(*make_batch(4))
+    sends = {(r, m[1], m[2]): m for r, res in pipe.last_results.items() for m in res.messages if m[0] == "send"}
+    recvs = {(m[1], r, m[2]): m for r, res in pipe.last_results.items() for m in res.messages if m[0] == "recv"}
+    assert sorted(sends) == sorted(recvs) == [(0, 1, k) for k in range(4)] + [(1, 0, k) for k in range(4)]
+    assert all(sends[key][3] > 0 and sends[key][4] <= recvs[key][4] for key in sends)  # posted before read
+    assert pipe.last_process_cpu > 0

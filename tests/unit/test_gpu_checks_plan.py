@@ -18,13 +18,14 @@ def test_plan_lists_every_check_group():
     out = _run("--plan")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert [ln.split(":")[0].strip() for ln in lines] == ["1. delay", "2. overlap", "3. emulation"]
+    assert [ln.split(":")[0].strip() for ln in lines] == ["1. delay", "2. overlap", "3. emulation", "4. links"]
     assert "10 us to 100 ms" in lines[0] and "crosspipe-greedy" in lines[2]
+    assert "10 us to 100 ms" in lines[3] and "NCCL" in lines[3]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the script measures")
 def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
     out = _run("--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
-    assert "no GPU here" in out.stdout and "3. emulation" in out.stdout
+    assert "no GPU here" in out.stdout and "4. links" in out.stdout
     assert not list(tmp_path.iterdir())  # nothing measured, nothing written

@@ -57,3 +57,46 @@ def test_copies_follow_their_module_and_pickle():
 def test_unknown_op_groups_are_rejected():
     with pytest.raises(ValueError, match=r"unknown op group\(s\) to save \['projections'\]; allowed: attention"):
         selective_recompute(tiny_units(2, "float64")[0], {"projections"})
+
+
+def _attention_inputs():
+    """The fine cut's first layer: pre(0) on a token batch gives attn(0)'s input (x, q, k, v)."""
+    units = tiny_units(6, "float64", fine=True)
+    tokens, _ = make_batch(1)
+    with torch.no_grad():
+        xs = units[0](tokens)
+    return units[1], tuple(t.detach().requires_grad_(True) for t in xs)
+
+
+@pytest.mark.parametrize("save", [set(), {"attention"}])
+def test_fine_cut_attention_relays_its_residual_around_the_region(save):
+    """attn(l) relays x (input 0 -> output 0): under selective recomputation x is passed through,
+    neither kept by the region nor recomputed; the runner accepts the unit, its stash holds no
+    byte of x, and keeping nothing stores less than the plain unit (which keeps the attention
+    output and its statistics)."""
+    from pipert.models.memory import SavedBytesMeter
+    from pipert.runtime.unit import UnitRunner
+    plain, xs = _attention_inputs()
+    sac = selective_recompute(copy.deepcopy(plain), save)
+    held = {}
+    for name, unit in (("plain", plain), ("sac", sac)):
+        runner, meter = UnitRunner(unit, is_first=False, is_last=False), SavedBytesMeter()
+        with meter.track(name, xs[1:]):
+            x, o = runner.forward(0, xs)
+        assert x.data_ptr() == xs[0].data_ptr()
+        held[name] = meter.bytes(name)
+        dx = runner.backward(0, (torch.ones_like(x), torch.ones_like(o)))
+        assert torch.equal(dx[0], torch.ones_like(x))   # the relayed gradient goes straight back
+        held[name + "_grads"] = dx[1:]
+    qkv = sum(t.numel() * t.element_size() for t in xs[1:])
+    if not save:
+        assert held["sac"] == qkv < held["plain"]
+    else:
+        assert qkv < held["sac"] <= held["plain"]
+    assert all(torch.equal(a, b) for a, b in zip(held["plain_grads"], held["sac_grads"]))
+
+
+def test_fine_cut_pipeline_with_selective_recompute_equals_the_reference():
+    from pipert.testing import Case, assert_exact, run_case
+    case = Case("pipemesh", 2, 4, chunks=1, fine=True, save_ops=("projection",), options=(("units_per_chunk", 3),))
+    assert_exact([run_case(case).as_dict()])

@@ -1,5 +1,6 @@
 """`pipert train` with emulated links and --profile, on the local backend (threads)."""
 import json
+import os
 
 import pytest
 
@@ -20,6 +21,9 @@ def test_train_with_links_and_profile_reports_prediction_and_stays_exact(capsys)
         # the critical path crosses the DC boundary at least twice (first forward, last backward)
         assert s["predicted_step_s"] > 2 * 2e-3, s
         assert s["measured_step_s"] > 0
+        # the ranks share this host's cores: the shared prediction says how many of each
+        assert s["ranks_per_host"] == [2] and s["cores_per_host"] == [len(os.sched_getaffinity(0))], s
+        assert s["predicted_shared_step_s"] > 2 * 2e-3, s
         assert s["predicted_rel_err"] == pytest.approx((s["predicted_step_s"] - s["measured_step_s"]) /
                                                        s["measured_step_s"])
 

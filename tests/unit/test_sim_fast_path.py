@@ -1,0 +1,84 @@
+"""The engine's fast path for plain computes (``Builder.plain_compute``) builds the same graph,
+memory trace and errors as the general path (``Builder.effects``), on registered schedules after
+passes and on broken programs."""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipert.cost import UniformCost
+from pipert.ir import Schedule
+from pipert.ir.action import Action, Op
+from pipert.ir.passes import PASSES, fold_microbatches
+from pipert.schedules import build_schedule
+from pipert.sim.values import Builder
+
+COST = UniformCost(tf=1.0, tb=2.0)
+FAMILIES = ["1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "zb-v", "weipipe-interleave", "helixpipe-2fold",
+            "crosspipe-greedy"]
+
+
+def _walk(s: Schedule, fast: bool) -> tuple:
+    """Everything pass 1 records, from a Builder with the fast path on or off."""
+    b = Builder(s, COST, None, None)
+    b.fast = fast
+    b.run()
+    return (b.kind, b.dur, b.lat, b.succ, b.indeg, b.node_of, b.compute_nodes, b.comm_in, b.tx_prod, b.busy,
+            b.peaks, b.memory_trace, b.wg_parts, [c[:3] + c[4:] for c in b.opt_checks], b.fwd, b.bwd, b.wdone,
+            [(e.rank, e.index, e.reason, str(e)) for e in b.errors])
+
+
+def _mutate(s: Schedule, data: st.DataObject) -> Schedule:
+    """Up to three edits of one rank's list: drop an action, swap two neighbours, or repeat one."""
+    acts = [list(a) for a in s.actions]
+    for _ in range(data.draw(st.integers(0, 3))):
+        r = data.draw(st.integers(0, s.num_ranks - 1))
+        if len(acts[r]) < 2:
+            continue
+        i = data.draw(st.integers(0, len(acts[r]) - 2))
+        edit = data.draw(st.sampled_from(["drop", "swap", "repeat"]))
+        if edit == "drop":
+            del acts[r][i]
+        elif edit == "swap":
+            acts[r][i], acts[r][i + 1] = acts[r][i + 1], acts[r][i]
+        else:
+            acts[r].insert(i, acts[r][i])
+    return s.with_actions(acts)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_fast_path_builds_the_general_paths_graph(data: st.DataObject) -> None:
+    name = data.draw(st.sampled_from(FAMILIES))
+    P = data.draw(st.integers(2, 4))
+    M = data.draw(st.integers(1, 2)) * 2 * P   # what every family of FAMILIES accepts
+    s = build_schedule(name, stages=P, microbatches=M)
+    passes = data.draw(st.lists(st.sampled_from(["recompute", "offload_stashes", "send_early", "expand_folds"]),
+                                max_size=2))
+    if data.draw(st.booleans()) and s.placement.kind != "microbatch":
+        s = fold_microbatches(s, 2)
+    for p in passes:
+        s = PASSES[p](s)
+    s = _mutate(s, data)
+    assert _walk(s, True) == _walk(s, False)
+
+
+def test_fast_path_reports_a_repeated_fold_as_the_general_path_does() -> None:
+    s = build_schedule("1f1b", stages=2, microbatches=4)
+    s = fold_microbatches(s, 2)
+    acts = [list(a) for a in s.actions]
+    first_f = next(i for i, a in enumerate(acts[0]) if a.op is Op.F)
+    acts[0].insert(first_f, Action(Op.F, 0, acts[0][first_f].mb[1:] + (7,)))   # overlaps the fold's second mb
+    s = s.with_actions(acts)
+    fast, general = _walk(s, True), _walk(s, False)
+    assert fast == general
+    assert any(e[2] == "duplicate" for e in fast[-1])
+
+
+def test_an_out_of_range_unit_or_microbatch_is_named_at_its_action() -> None:
+    s = build_schedule("1f1b", stages=2, microbatches=2)
+    for bad in (Action(Op.F, 0, (2,)), Action(Op.F, 0, (0, 5)), Action(Op.F, 2, (0,))):
+        acts = [list(a) for a in s.actions]
+        acts[1].insert(1, bad)
+        errors = _walk(s.with_actions(acts), True)[-1]
+        assert (1, 1, "bad_index") in [e[:3] for e in errors]
