@@ -103,3 +103,23 @@ def test_messages_in_flight_together_each_pay_only_their_latency(name):
     r = emulate(s, UniformCost(tf=1, tb=2), links, time_unit=UNIT)
     assert r.ideal_makespan == pytest.approx(r.predicted, abs=1e-6), (r.ideal_makespan, r.predicted)
     assert r.makespan >= r.ideal_makespan - 1e-6
+
+
+def test_a_fixed_start_delay_too_short_for_dispatch_is_an_error():
+    s = build_schedule("1f1b", stages=2, microbatches=4)
+    with pytest.raises(RuntimeError, match="longer than the start delay .* pass a larger start_delay"):
+        emulate(s, UniformCost(tf=1.0, tb=2.0), start_delay=1e-9)
+
+
+def test_a_late_dispatch_runs_again_with_room_for_it(monkeypatch):
+    from pipert.emulate import emulator
+    real, delays = emulator._run, []
+
+    def late_once(an, time_unit, backend, order, preds, delay):
+        delays.append(delay)
+        return 0.5 if len(delays) == 1 else real(an, time_unit, backend, order, preds, delay)
+    monkeypatch.setattr(emulator, "_run", late_once)
+    s = build_schedule("1f1b", stages=2, microbatches=4)
+    res = emulate(s, UniformCost(tf=1.0, tb=2.0), time_unit=1e-4)
+    assert delays[1] == pytest.approx(2 * 0.5 + 0.2) and len(delays) == 2
+    assert res.ideal_makespan == pytest.approx(simulate(s, UniformCost(tf=1.0, tb=2.0)).makespan, rel=1e-6)
