@@ -173,7 +173,7 @@ class Builder(CommState):
             self.compute_nodes.append(cq)
             self.busy.append(busy)
             self.peaks.append(peak)
-            self.queues.append([qname[a.op] for a in acts])
+            self.queues.append(list(map(qname.__getitem__, map(_OP, acts))))
             self.memory_trace.append(trace)
         self.finish()
 
@@ -558,7 +558,7 @@ def _out_of_range(acts: list[Action], num_units: int, num_microbatches: int) -> 
         max(map(max, filter(None, map(_MB, acts))), default=-1) >= num_microbatches
 
 
-_UNIT, _MB = attrgetter("unit"), attrgetter("mb")
+_OP, _UNIT, _MB = attrgetter("op"), attrgetter("unit"), attrgetter("mb")
 
 
 def _payload_kind(a: Action) -> int:
