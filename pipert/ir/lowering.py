@@ -17,10 +17,12 @@ posted as soon as the queue reaches it, independent of the compute queue.
 from __future__ import annotations
 
 import functools
+import itertools
+from operator import attrgetter
 
 from .action import Action, Op, Payload, message_action
 from .schedule import Placement, Schedule
-from .semantics import TABLE, Value, reads, writes
+from .semantics import TABLE, Queue, Value, op_queue, reads, writes
 
 __all__ = ["lower", "add_optimizer_steps", "order_recvs_by_send"]
 
@@ -70,7 +72,35 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
     (the default) every link's RECVs are then put in its SEND order
     (:func:`order_recvs_by_send`), as FIFO matching requires, and activation/gradient receives
     are posted ``post_ahead`` computes early (:func:`pipert.ir.passes.post_receives_early`).
+
+    The common case is lowered in one pass: without weight transfers, with every listed action on
+    the compute queue and ``post_ahead == 1``, each compute's receives are placed before the
+    previous compute as they are made. That is the two passes' result whenever every link is
+    then in SEND order (which posting early never changes: it keeps each link's receives in
+    order) and no compute receives twice from one rank (whose tie the pass breaks by position);
+    otherwise the passes run.
     """
+    build = functools.partial(_programs, num_ranks, num_units, placement, compute, weights)
+    if order_recvs and post_ahead == 1 and not weights and _on_compute_queue(compute, meta or {}):
+        out = build(True)
+        if out is not None and all(_in_send_order(acts, links) for acts, links in zip(out, _sent_index(out))):
+            return Schedule(name, num_ranks, num_units, num_microbatches, placement, out, dict(meta or {}))
+    sched = Schedule(name, num_ranks, num_units, num_microbatches, placement, build(False), dict(meta or {}))
+    if not order_recvs:
+        return sched
+    from .passes import post_receives_early
+    return post_receives_early(order_recvs_by_send(sched), post_ahead)
+
+
+def _on_compute_queue(compute: list[list[Action]], meta: dict) -> bool:
+    cq = meta.get("collective_queue", "group")
+    return all(op_queue(op, cq) is Queue.COMPUTE for op in set(map(_OP, itertools.chain.from_iterable(compute))))
+
+
+def _programs(num_ranks: int, num_units: int, placement: Placement, compute: list[list[Action]], weights: bool,
+              ahead: bool) -> list[list[Action]] | None:
+    """Per-rank programs (see :func:`lower`); ``ahead``: each compute's receives before the previous
+    compute (None when a compute receives twice from one rank)."""
     out: list[list[Action]] = [[] for _ in range(num_ranks)]
     cross: dict[tuple, tuple] = {}
     unit_rank = placement.ranks if placement.kind == "unit" else None   # the rank depends on the unit only
@@ -81,6 +111,7 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
             out[placement.weight_owner[u]].append(Action(Op.SEND, unit=u, payload=Payload.WEIGHT, peer=r))
     for r, acts in enumerate(compute):
         prog = out[r]
+        at = 0   # with ahead: where the next receive goes (just before the previous compute)
         for i, a in enumerate(acts):
             u, mbs = a.unit, a.mb
             if weights and a.op is OPT:
@@ -90,16 +121,27 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
             if weights and (r, u) in first_use and first_use[(r, u)] == i:
                 prog.append(Action(Op.RECV, unit=u, payload=Payload.WEIGHT, peer=placement.weight_owner[u]))
             if u is None:
+                at = len(prog)
                 prog.append(a)
                 continue
             first_piece = a.sub is None or a.sub[0] == 0
             last_piece = a.sub is None or a.sub[0] == a.sub[1] - 1
             incoming, outgoing = _crossing_of(a, num_units, cross)
             if first_piece:
+                start = at
                 for payload, v, cu in incoming:
                     src = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
-                    if src != r:
-                        prog.append(message_action(RECV, v, mbs, payload, src))
+                    if src == r:
+                        continue
+                    msg = message_action(RECV, v, mbs, payload, src)
+                    if not ahead:
+                        prog.append(msg)
+                        continue
+                    if any(m.peer == src for m in prog[start:at]):
+                        return None
+                    prog.insert(at, msg)
+                    at += 1
+            at = len(prog)
             prog.append(a)
             if last_piece:
                 for payload, v, cu in outgoing:
@@ -108,14 +150,11 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
                         prog.append(message_action(SEND, v, mbs, payload, dst))
             if weights and last_bwd.get((r, u)) == i:
                 prog.append(Action(Op.SEND, unit=u, payload=Payload.WGRAD, peer=placement.weight_owner[u]))
-    sched = Schedule(name, num_ranks, num_units, num_microbatches, placement, out, dict(meta or {}))
-    if not order_recvs:
-        return sched
-    from .passes import post_receives_early
-    return post_receives_early(order_recvs_by_send(sched), post_ahead)
+    return out
 
 
 _PAYLOAD = {Value.ACT: Payload.ACT, Value.GRAD: Payload.GRAD}
+_OP = attrgetter("op")
 
 
 def _crossing_of(a: Action, num_units: int, cache: dict) -> tuple[tuple, tuple]:
@@ -166,19 +205,11 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
     move earlier and non-RECV actions keep their relative order, so every consumer still
     follows its RECV. A schedule whose links are already in order is returned unchanged.
     """
-    sent: dict[int, dict[int, dict[tuple, int]]] = {}   # dst -> src -> message key -> its SEND place
-    SEND, RECV = Op.SEND, Op.RECV
-    for src, acts in enumerate(schedule.actions):
-        to: dict[int, dict[tuple, int]] = {}   # dst -> sent[dst][src]
-        for a in acts:
-            if a.op is SEND:
-                link = to.get(a.peer)
-                if link is None:
-                    link = to[a.peer] = sent.setdefault(a.peer, {}).setdefault(src, {})
-                link[(a.payload, a.unit, a.mb, a.tag)] = len(link)   # a.key without the property call
+    sent = _sent_index(schedule.actions)
+    RECV = Op.RECV
     out: list[list[Action]] = []
     for dst, acts in enumerate(schedule.actions):
-        if _in_send_order(acts, sent.get(dst, {})):
+        if _in_send_order(acts, sent[dst]):
             out.append(acts)
             continue
         slot: dict[int, tuple[int, int]] = {}   # action index -> (new position, send index)
@@ -187,7 +218,7 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
             if a.op is RECV:
                 recvs_from.setdefault(a.peer, []).append(i)
         for src, idx in recvs_from.items():
-            order = sent.get(dst, {}).get(src, {})
+            order = sent[dst].get(src, {})
             recvs = sorted((order.get(acts[i].key, -1), i) for i in idx)
             earliest = len(acts)
             for k, i in reversed(recvs):         # position = min over this and later-sent RECVs
@@ -201,6 +232,22 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
     if out == schedule.actions:
         return schedule
     return schedule.with_actions(out)
+
+
+def _sent_index(actions: list[list[Action]]) -> list[dict[int, dict[tuple, int]]]:
+    """Per destination rank: source rank -> message key (:attr:`Action.key`) -> its SEND's place
+    in the link's order."""
+    sent: list[dict[int, dict[tuple, int]]] = [{} for _ in actions]
+    SEND = Op.SEND
+    for src, acts in enumerate(actions):
+        to: dict[int, dict[tuple, int]] = {}   # dst -> sent[dst][src]
+        for a in acts:
+            if a.op is SEND:
+                link = to.get(a.peer)
+                if link is None:
+                    link = to[a.peer] = sent[a.peer].setdefault(src, {}) if 0 <= a.peer < len(sent) else {}
+                link[(a.payload, a.unit, a.mb, a.tag)] = len(link)   # a.key without the property call
+    return sent
 
 
 def _in_send_order(acts: list[Action], links: dict[int, dict[tuple, int]]) -> bool:

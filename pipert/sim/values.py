@@ -192,7 +192,7 @@ class Builder(CommState):
             self.compute_nodes.append(cq)
             self.busy.append(busy)
             self.peaks.append(peak)
-            self.queues.append([qname[a.op] for a in acts])
+            self.queues.append(list(map(qname.__getitem__, map(_OP, acts))))
             self.memory_trace.append(trace)
         self.finish()
 
@@ -634,11 +634,9 @@ def _names_classes(acts: list[Action]) -> bool:
     return any(v is not None for v in map(_ZCLASS, acts)) or any(v is not None for v in map(_SIDE, acts))
 
 
-_UNIT, _MB, _ZCLASS, _SIDE = attrgetter("unit"), attrgetter("mb"), attrgetter("zclass"), attrgetter("side")
-
-
+_OP, _UNIT, _MB = attrgetter("op"), attrgetter("unit"), attrgetter("mb")
+_ZCLASS, _SIDE = attrgetter("zclass"), attrgetter("side")
 _UNIT_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD})
-
 
 
 def _payload_kind(a: Action) -> int:
