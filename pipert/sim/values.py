@@ -295,10 +295,10 @@ class Builder(CommState):
         have, kind = self.have, self.kind
         for wg, uu, release, shard, ku, slots, _ in reads:
             if wg:
-                for sl, _ in slots:
+                for sl in slots:
                     self.take_wgrad(a, r, i, n, uu, shard, sl)
                 continue
-            for m in (mb if slots is None else [sl for sl, _ in slots]):
+            for m in (mb if slots is None else slots):
                 k = ku | m << SHIFT
                 p = have.get(k, MISSING)
                 if p == MISSING:
@@ -340,8 +340,9 @@ class Builder(CommState):
         payload's kind filled in; a SEND keeps a unit's weights) as (is weight grad, unit,
         release, shard, key of the unit's value (micro-batch 0), slots, size a write adds to the
         running sum (None for model state and host copies)). ``slots`` is None for a value per
-        micro-batch; for a per-unit value, the (class slot, size) pairs it covers: the action's
-        ZeRO class for a payload, every class of the unit for a compute's weights and gradient."""
+        micro-batch; for a per-unit value, the class slots it covers (the action's ZeRO class for a
+        payload, every class of the unit for a compute's weights and gradient), and its size is
+        then one per slot."""
         u = a.unit
         out = []
         for kind, du, edge, release, role, bits in refs:
@@ -368,14 +369,14 @@ class Builder(CommState):
                 slots = ((0 if a.zclass is None else a.zclass + 1) + (BWD if a.side == "bwd" and not shard else 0),)
             else:
                 slots = self.bslots[uu] if kind == _WEIGHT and a.op in BWD_COPY_READERS else self.slots[uu]
-            sized = []
+            sizes = []
             for sl in slots:
                 size = None
                 if kind != _WGRAD and not bits & HOST and not self.static(kind, uu, shard, sl):
                     size = self.size_of[kind][uu] * self.share[uu].get(sl, 1.0) / (len(self.holders[uu]) if shard
                                                                                     else 1)
-                sized.append((sl, size))
-            out.append((kind == _WGRAD, uu, release, shard, base, tuple(sized), None))
+                sizes.append(size)
+            out.append((kind == _WGRAD, uu, release, shard, base, tuple(slots), tuple(sizes)))
         return tuple(out)
 
     def compute_reads(self, a: Action, r: int, i: int, n: int, refs: tuple, use: bool = True,
@@ -387,10 +388,10 @@ class Builder(CommState):
         for wg, uu, release, shard, ku, slots, _ in refs:
             if wg:
                 if use:
-                    for sl, _ in slots:
+                    for sl in slots:
                         self.take_wgrad(a, r, i, n, uu, shard, sl)
                 continue
-            for m in (a.mb if slots is None else [sl for sl, _ in slots]):
+            for m in (a.mb if slots is None else slots):
                 k = ku | m << SHIFT
                 p = have.get(k, MISSING)
                 if p == MISSING:
@@ -412,10 +413,10 @@ class Builder(CommState):
         transfer = self.kind[n] == K_TRANSFER
         for wg, uu, release, shard, ku, slots, _ in refs:
             if wg:
-                for sl, _ in slots:
+                for sl in slots:
                     self.take_wgrad(a, r, i, n, uu, shard, sl)
                 continue
-            for m in (a.mb if slots is None else [sl for sl, _ in slots]):
+            for m in (a.mb if slots is None else slots):
                 k = ku | m << SHIFT
                 p = have.get(k, MISSING)
                 if p >= 0:  # an edge as in use(), without its call
@@ -435,10 +436,18 @@ class Builder(CommState):
         mb = a.mb
         for wg, uu, _, shard, ku, slots, size in refs:
             if wg:
-                for sl, _ in slots:
+                for sl in slots:
                     self.add_wgrad(a, r, n, uu, shard, sl)
                 continue
-            for m, sz in (((m, size) for m in mb) if slots is None else slots):
+            if slots is None:
+                for m in mb:
+                    k = ku | m << SHIFT
+                    have[k] = n
+                    if size is not None and k not in live:
+                        live[k] = size
+                        self.mem += size
+                continue
+            for m, sz in zip(slots, size):
                 k = ku | m << SHIFT
                 have[k] = n
                 if sz is not None and k not in live:
