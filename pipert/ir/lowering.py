@@ -128,7 +128,7 @@ def _programs(num_ranks: int, num_units: int, placement: Placement, compute: lis
             last_piece = a.sub is None or a.sub[0] == a.sub[1] - 1
             incoming, outgoing = _crossing_of(a, num_units, cross)
             if first_piece:
-                start = at
+                sources: list[int] = []
                 for payload, v, cu in incoming:
                     src = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
                     if src == r:
@@ -137,8 +137,9 @@ def _programs(num_ranks: int, num_units: int, placement: Placement, compute: lis
                     if not ahead:
                         prog.append(msg)
                         continue
-                    if any(m.peer == src for m in prog[start:at]):
+                    if src in sources:
                         return None
+                    sources.append(src)
                     prog.insert(at, msg)
                     at += 1
             at = len(prog)
