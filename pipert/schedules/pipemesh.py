@@ -133,7 +133,7 @@ def pipemesh(config: PipelineConfig, enqueue: Sequence[int] | str | None = None,
         orders.append(acts)
     unit_ranks = [(u // k) % P for u in range(P * V * k)]
     sched = assemble("pipemesh", config, unit_ranks, orders, split_backward=False, enqueue=list(e),
-                     dequeue=list(d), units_per_chunk=k)
+                     dequeue=list(d), units_per_chunk=k, post_ahead=k)  # receives posted one pass early
     from ..sim import validate
     errors = validate(sched, all_errors=True)
     if errors:

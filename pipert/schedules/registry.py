@@ -157,15 +157,17 @@ def require_microbatches_at_least_stages(name: str, config: PipelineConfig) -> N
 
 
 def assemble(family_name: str, config: PipelineConfig, unit_ranks: Sequence[int], orders: list[list[Action]],
-             *, split_backward: bool, **meta: Any) -> Schedule:
+             *, split_backward: bool, post_ahead: int = 1, **meta: Any) -> Schedule:
     """Per-rank compute orders + unit placement -> full schedule.
 
     Appends ``OPT u`` on each unit's owner after its last compute, lowers the
     activation/gradient transfers that the placement implies (``lower`` also puts every
-    link's RECVs in its SEND order).
+    link's RECVs in its SEND order and posts activation/gradient receives ``post_ahead``
+    computes early).
     """
     placement = Placement.by_unit(list(unit_ranks))
     compute = add_optimizer_steps(orders, placement)
     info = {"family": family_name, "stages": config.stages, "chunks": config.chunks,
             "split_backward": split_backward, **meta}
-    return lower(family_name, config.stages, len(unit_ranks), config.microbatches, placement, compute, info)
+    return lower(family_name, config.stages, len(unit_ranks), config.microbatches, placement, compute, info,
+                 post_ahead=post_ahead)
