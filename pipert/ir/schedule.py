@@ -147,11 +147,18 @@ class Placement:
 
     def class_share(self, unit: int, zclass: int | None) -> float:
         """The fraction of the unit's parameter elements in ZeRO class ``zclass`` (None: all)."""
+        num, den = self.class_fraction(unit, zclass)
+        return num / den
+
+    def class_fraction(self, unit: int, zclass: int | None) -> tuple[int, int]:
+        """``class_share`` as (elements of the class, elements of the unit): sizes scaled by
+        ``size * num / den`` stay exact integers where the class's bytes are, so the parts of a
+        unit add up to it exactly."""
         if zclass is None or not self.mixed(unit):
-            return 1.0
+            return 1, 1
         z, sizes = self.zero[unit], self.zero_numel[unit]
         total = sum(sizes)
-        return sum(n for s, n in zip(z, sizes) if s == zclass) / total if total else 0.0
+        return (sum(n for s, n in zip(z, sizes) if s == zclass), total) if total else (0, 1)
 
     def to_dict(self) -> dict:
         d = {"kind": self.kind, "ranks": [list(r) if isinstance(r, tuple) else r for r in self.ranks],

@@ -73,6 +73,12 @@ def replicate(base: Schedule, dp: int, zero: int | list = 0, zero_numel: list | 
         raise ValueError(f"schedule {base.name!r} moves the weights or gradients of unit(s) {moved} between ranks; "
                          f"ZeRO stages per parameter and separate ZeRO-3 buffers need a schedule that passes "
                          f"activations only (one stage per unit is allowed)")
+    offloaded = sorted({a.unit for _, _, a in base if a.op in (Op.OFFLOAD, Op.PREFETCH)
+                        and a.payload is Payload.WEIGHT and (placement.mixed(a.unit) or split)})
+    if offloaded:
+        raise ValueError(f"schedule {base.name!r} already offloads the weights of unit(s) {offloaded}, which "
+                         f"ZeRO stages per parameter (or separate ZeRO-3 buffers) split into classes: replicate "
+                         f"first, then apply offload_weights (it moves a mixed unit class by class)")
     if base.meta.get("update_every"):
         raise ValueError(f"schedule {base.name!r} steps the optimizer several times per batch; data "
                          f"parallelism over it is not supported")

@@ -95,7 +95,10 @@ class CommState:
     def message_bytes(self, a: Action) -> float:
         """Bytes ``a`` moves: the cost model's message, times its ZeRO class's share of the unit."""
         nbytes = self.cost.message_bytes(a.payload, a.unit, len(a.mb) or 1)
-        return nbytes if a.zclass is None else nbytes * self.s.placement.class_share(a.unit, a.zclass)
+        if a.zclass is None:
+            return nbytes
+        num, den = self.s.placement.class_fraction(a.unit, a.zclass)
+        return nbytes * num / den
 
     def new_transfer(self, a: Action, r: int, i: int, ls: list, lk: int) -> int:
         """Node of a transfer whose first side (SEND or RECV) is ``a``; see ``link_state``."""

@@ -62,7 +62,7 @@ class Builder(CommState):
         self.slots = [(0,) if not pl.mixed(u) else tuple(k + 1 for k in pl.zero_classes(u)) for u in range(self.U)]
         self.stage = [{sl: (pl.zero_classes(u)[0] if sl == 0 else sl - 1) for sl in self.slots[u]}
                       for u in range(self.U)]
-        self.share = [{sl: pl.class_share(u, None if sl == 0 else sl - 1) for sl in self.slots[u]}
+        self.share = [{sl: pl.class_fraction(u, None if sl == 0 else sl - 1) for sl in self.slots[u]}
                       for u in range(self.U)]
         self.mixed = [pl.mixed(u) for u in range(self.U)]
         # separate ZeRO-3 buffers: B, D and RECOMPUTE read the backward copy (slot + BWD)
@@ -373,8 +373,8 @@ class Builder(CommState):
             for sl in slots:
                 size = None
                 if kind != _WGRAD and not bits & HOST and not self.static(kind, uu, shard, sl):
-                    size = self.size_of[kind][uu] * self.share[uu].get(sl, 1.0) / (len(self.holders[uu]) if shard
-                                                                                    else 1)
+                    num, den = self.share[uu].get(sl, _WHOLE)
+                    size = self.size_of[kind][uu] * num / den / (len(self.holders[uu]) if shard else 1)
                 sizes.append(size)
             out.append((kind == _WGRAD, uu, release, shard, base, tuple(slots), tuple(sizes)))
         return tuple(out)
@@ -490,7 +490,8 @@ class Builder(CommState):
         return st
 
     def wgrad_size(self, u: int, slot: int) -> float:
-        return self.sz["wgrad"][u] * self.share[u].get(slot, 1.0)
+        num, den = self.share[u].get(slot, _WHOLE)
+        return self.sz["wgrad"][u] * num / den
 
     def add_wgrad(self, a: Action, r: int, n: int, u: int, shard: bool, slot: int) -> None:
         """A contribution: a local accumulator (B, W) or one more received buffer (RECV,
@@ -646,6 +647,7 @@ def _names_classes(acts: list[Action]) -> bool:
 _OP, _UNIT, _MB = attrgetter("op"), attrgetter("unit"), attrgetter("mb")
 _ZCLASS, _SIDE = attrgetter("zclass"), attrgetter("side")
 _UNIT_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD})
+_WHOLE = (1, 1)  # the class fraction of a unit's only slot
 
 
 def _payload_kind(a: Action) -> int:

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipert.cost.profiled import ProfiledCost
-from pipert.ir import Action, Op, Placement, Schedule, add_optimizer_steps, lower
+from pipert.ir import Action, Op, Payload, Placement, Schedule, add_optimizer_steps, lower
 from pipert.ir import passes as P
 from pipert.runtime.pipeline import Pipeline, split_microbatches
 from pipert.runtime.profile import profile_units
@@ -132,13 +132,14 @@ def test_registered_schedule_conforms(name):
 # --- generated programs -----------------------------------------------------------------------
 
 @st.composite
-def programs(draw) -> Schedule:
+def programs(draw, data_parallel: bool = False) -> Schedule:
     """A valid program: a random placement, per-rank orders cut from one random topological order
-    of F, B (or D then W) per (unit, micro-batch), lowered; then random passes."""
+    of F, B (or D then W) per (unit, micro-batch), lowered; then random passes (``data_parallel``:
+    always replicated over 2 replicas, with per-unit or per-parameter ZeRO stages)."""
     P_ = draw(st.integers(2, 3))
     U = draw(st.integers(P_, P_ + 2))
     M = draw(st.integers(1, 3))
-    kind = draw(st.sampled_from(["unit", "microbatch", "table"]))
+    kind = "unit" if data_parallel else draw(st.sampled_from(["unit", "microbatch", "table"]))
     if kind == "unit":
         ranks = [draw(st.integers(0, P_ - 1)) for _ in range(U)]
         ranks[:P_] = list(range(P_))  # every rank holds a unit
@@ -178,9 +179,20 @@ def programs(draw) -> Schedule:
         s = P.fold_microbatches(s, 2)
         if draw(st.booleans()):
             s = P.expand_folds(s)
-    if kind == "unit" and draw(st.booleans()):
-        s = replicate(s, 2, draw(st.integers(0, 3)))
+    if kind == "unit" and (data_parallel or draw(st.booleans())):
+        s = _replicated(draw, s)
     return s
+
+
+def _replicated(draw, s: Schedule) -> Schedule:
+    """``s`` over 2 replicas with ZeRO stages drawn per unit: one stage, or (per-parameter ZeRO)
+    one per parameter of the unit; one or two gathered copies of ZeRO-3 weights."""
+    numel = [tuple(p.numel() for p in u.parameters()) for u in tiny_units(s.num_units, "float64")]
+    offloaded = {a.unit for _, _, a in s if a.op is Op.OFFLOAD and a.payload is Payload.WEIGHT}
+    zeros = [draw(st.integers(0, 3)) if not n or u in offloaded or draw(st.booleans()) else
+             tuple(draw(st.integers(0, 3)) for _ in n) for u, n in enumerate(numel)]
+    split = not offloaded and draw(st.booleans())  # offloaded weights are one value: no separate copies
+    return replicate(s, 2, zeros, numel, zero3_buffers=2 if split else 1)
 
 
 def _ready(t: tuple, done: set, U: int) -> bool:
@@ -197,6 +209,14 @@ def _ready(t: tuple, done: set, U: int) -> bool:
 @given(programs())
 def test_generated_programs_conform(s):
     validate(s)  # every generated program is valid by construction
+    check_conforms(s)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs(data_parallel=True))
+def test_generated_data_parallel_programs_conform(s):
+    """ZeRO stages per unit or per parameter (classes), one or two gathered ZeRO-3 copies."""
+    validate(s)
     check_conforms(s)
 
 

@@ -175,6 +175,25 @@ def test_weight_passing_schedules_take_one_stage_per_unit_only():
         replicate(s, 2, zeros, numel)
 
 
+def test_weights_offloaded_before_replication_are_refused_for_mixed_units():
+    from pipert.ir.passes import offload_weights
+    s = offload_weights(build_schedule("interleaved-1f1b", stages=1, microbatches=2, chunks=2))
+    zeros, numel = resolve_zero(SPEC, _names(tiny_units(s.num_units, "float64")))
+    with pytest.raises(ValueError, match=r"already offloads the weights of unit\(s\) \[0, 1\].*replicate first, "
+                                         r"then apply offload_weights"):
+        replicate(s, 2, zeros, numel)
+    assert replicate(s, 2, 1).placement.zero == (1, 1)  # one stage per unit: the offloads stay as they are
+
+
+def test_class_bytes_add_up_to_the_unit_exactly():
+    s, units = _mixed()
+    pl = s.placement
+    for u in range(s.num_units):
+        fracs = [pl.class_fraction(u, z) for z in pl.zero_classes(u)] if pl.mixed(u) else [(1, 1)]
+        size = float(sum(p.numel() for p in units[u].parameters()) * 8)
+        assert sum(size * n / d for n, d in fracs) == size   # exact: every class is whole elements
+
+
 def test_offloaded_weights_of_a_mixed_unit_move_class_by_class():
     from pipert.ir.passes import offload_weights
     base = build_schedule("interleaved-1f1b", stages=1, microbatches=2, chunks=2)   # no sends between computes
