@@ -32,11 +32,19 @@ def _source(script: str, name: str, ctx: dict) -> str:
     return f"(`python benchmarks/{script}`; `benchmarks/results/{name}.md`, commit {_commit(ctx)}, {ctx['date'][:10]})"
 
 
-def sim_speed(rows: list[dict], ctx: dict) -> str:
+def sim_speed(rows: list[dict], ctx: dict, cli: list[dict] = ()) -> str:
     top = max(rows, key=lambda r: r["P"] * r["M"])
+    by = {r["what"]: r for r in cli}
+    command = ""
+    if "end_to_end" in by:
+        e2e, cached = by["end_to_end"], by.get("end_to_end_bytecode")
+        best = min(r["cpu_s"] for r in (e2e, cached) if r)
+        command = (f"; the command `pipert {e2e['command'].split(' ', 2)[2]}` end to end {e2e['cpu_s']:.2f} s CPU"
+                   + (f" ({cached['cpu_s']:.2f} s with bytecode cached)" if cached else "")
+                   + f", target < 1 s {'met' if best < 1.0 else 'missed'}")
     return (f"- Simulator speed: 1F1B with P={top['P']}, M={top['M']} ({top['actions']:,} actions) simulated in "
-            f"{top['wall_s']:.2f} s wall, {top['cpu_s']:.2f} s CPU " + _source("bench_sim_speed.py", "sim_speed", ctx)
-            + ".")
+            f"{top['wall_s']:.2f} s wall, {top['cpu_s']:.2f} s CPU{command} "
+            + _source("bench_sim_speed.py", "sim_speed", ctx) + ".")
 
 
 def vs_torch(rows: list[dict], ctx: dict) -> str:
@@ -152,6 +160,9 @@ BLOCKS: dict[str, tuple[str, Callable[[list[dict], dict], str]]] = {
 }
 """Block name (= report name) -> (the benchmark script, the block's text from CSV rows and context)."""
 
+EXTRA_CSV: dict[str, dict[str, str]] = {"sim_speed": {"cli": "sim_speed_cli"}}
+"""Block name -> keyword -> another CSV of the same report that its text also reads."""
+
 
 def block(name: str, folder: Path = RESULTS) -> str:
     """The text of block ``name``: its figures, or why they are not cited."""
@@ -161,7 +172,8 @@ def block(name: str, folder: Path = RESULTS) -> str:
         return (f"- `benchmarks/results/{name}.md` is not cited here: it was measured on a tree with uncommitted "
                 f"changes (commit {_commit(ctx)}, {ctx.get('date', '?')[:10]}); re-run "
                 f"`python benchmarks/{script}` at a clean commit.")
-    return make(read_csv(folder / f"{name}.csv"), ctx)
+    extra = {k: read_csv(folder / f"{v}.csv") for k, v in EXTRA_CSV.get(name, {}).items()}
+    return make(read_csv(folder / f"{name}.csv"), ctx, **extra)
 
 
 _MARK = re.compile(r"(<!-- figures:(\w+) -->\n)(.*?)(<!-- /figures:\2 -->)", re.S)

@@ -52,6 +52,18 @@ def test_the_sim_speed_block_reads_the_largest_row(results):
         readme_figures.block("sim_speed", results)
 
 
+@pytest.mark.parametrize("e2e,cached,verdict", [(1.47, 1.33, "missed"), (1.2, 0.95, "met"), (0.9, None, "met")])
+def test_the_sim_speed_block_gives_the_commands_time_and_its_verdict(results, e2e, cached, verdict):
+    _set_commit(results, "sim_speed", "feedface00")
+    cmd = "-m pipert.cli simulate 1f1b -P 64 -M 512 --json"
+    rows = [f"end_to_end,{cmd},{e2e},{e2e}"] + ([f"end_to_end_bytecode,{cmd},{cached},{cached}"] if cached else [])
+    (results / "sim_speed_cli.csv").write_text("what,command,wall_s,cpu_s\n" + "\n".join(rows) + "\n")
+    text = readme_figures.block("sim_speed", results)
+    assert f"`pipert simulate 1f1b -P 64 -M 512 --json` end to end {e2e:.2f} s CPU" in text
+    assert (f"({cached:.2f} s with bytecode cached)" in text) == (cached is not None)
+    assert f"target < 1 s {verdict}" in text
+
+
 def test_unknown_blocks_are_refused():
     with pytest.raises(ValueError, match=r"\['nope'\] have no generator"):
         readme_figures.render("<!-- figures:nope -->\nx\n<!-- /figures:nope -->\n")
