@@ -60,7 +60,8 @@ def test_the_sim_speed_block_gives_the_commands_time_and_its_verdict(results, e2
     (results / "sim_speed_cli.csv").write_text("what,command,wall_s,cpu_s\n" + "\n".join(rows) + "\n")
     text = readme_figures.block("sim_speed", results)
     assert f"`pipert simulate 1f1b -P 64 -M 512 --json` end to end {e2e:.2f} s CPU" in text
-    assert (f"({cached:.2f} s with bytecode cached)" in text) == (cached is not None)
+    assert ("with bytecode cached" in text) == (cached is not None)
+    assert cached is None or f"({cached:.2f} s with bytecode cached)" in text
     assert f"target < 1 s {verdict}" in text
 
 
