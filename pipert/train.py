@@ -429,6 +429,8 @@ def _predicted(pipe, backend: str, rank: int, links, measured: float) -> dict:
                    ranks_per_host=[prof.host_of_rank.count(h) for h in range(len(prof.cores))],
                    cores_per_host=prof.cores, action_overhead_s=prof.action_overhead)
     return out
+
+
 def _resume(cfg: TrainConfig, pipe, ref_units, ref_opt) -> int:
     """The first step to run: 0, or the checkpoint's step after loading it (and, with --check,
     the reference's weights and optimizer)."""

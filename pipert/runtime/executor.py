@@ -237,7 +237,7 @@ class RankExecutor:
     # ------------------------------------------------------------------ waits
     def _complete(self, handle: Handle, i: int, a: Action) -> None:
         k = self._recv_index.pop(i, None) if self.trace and a.op is Op.RECV else None
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if k is not None else 0.0
         try:
             handle.wait(self.timeout)
             if k is not None:
@@ -300,13 +300,22 @@ class RankExecutor:
         return out
 
     # ------------------------------------------------------------------ compute
+    def _clocks(self) -> tuple[float, float] | None:
+        """(wall, this thread's CPU) seconds now when tracing, else None (no clock is read)."""
+        return (time.perf_counter(), time.thread_time()) if self.trace else None
+
+    def _timed(self, op: Op, u: int | None, t: tuple[float, float], pieces: int = 1) -> None:
+        """One ``op_times`` entry since clocks ``t``; a piece of a split compute counts for all of them."""
+        self.result.op_times.append((op.value, u, (time.perf_counter() - t[0]) * pieces,
+                                     (time.thread_time() - t[1]) * pieces))
+
     def _compute(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
         op, u = a.op, a.unit
         if op is Op.OPT:
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t = self._clocks()
             self.state.optimize(a)
-            if self.trace:
-                self.result.op_times.append((op.value, a.unit, time.perf_counter() - t0, time.thread_time() - c0))
+            if t is not None:
+                self._timed(op, a.unit, t)
             return
         if op is Op.F or graph or op is Op.W and self.state.split:  # W: its saved parameters, the bwd copy
             self.state.ready(u, "bwd" if op in BWD_COPY_READERS or op is Op.W else "fwd")
@@ -317,11 +326,10 @@ class RankExecutor:
         for m in a.mb:
             key = reads_by_mb.get(m)
             x = self._take(key, i, a) if key is not None else None
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t = self._clocks()
             out = self._run(runner, a, m, x, graph)
-            if self.trace:
-                k = a.sub[1] if a.sub else 1
-                self.result.op_times.append((op.value, u, (time.perf_counter() - t0) * k, (time.thread_time() - c0) * k))
+            if t is not None:
+                self._timed(op, u, t, a.sub[1] if a.sub else 1)
             if self.record:
                 self.result.order.append((i, op.value, u, m, digest(x), digest(out)))
             key = writes_by_mb.get(m)

@@ -127,7 +127,8 @@ def profile_from_measurements(parts: Iterable[dict], num_units: int) -> StepProf
     beyond = sum(max(0.0, p.get("process_cpu", 0.0) - sum(t[3] for t in p["times"])) for p in parts)
     computes = sum(len(p["times"]) for p in parts)
     overhead = beyond / computes if host_of and computes else 0.0
-    one_clock = len({p.get("clock_host") for p in parts}) == 1 and None not in {p.get("clock_host") for p in parts}
+    clocks = {p.get("clock_host") for p in parts}
+    one_clock = len(clocks) == 1 and None not in clocks
     messages = [tuple(m) for p in parts for m in p.get("messages", ())] if one_clock else []
     return StepProfile(units(wall), opt(wall), busy, units(cpu), opt(cpu), host_of, cores, overhead, messages)
 

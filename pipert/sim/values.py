@@ -111,6 +111,7 @@ class Builder(CommState):
         plan = self._plan
         kind, dur, lat, succ, indeg = self.kind, self.dur, self.lat, self.succ, self.indeg
         fast = self.fast
+        placed = self.split or any(self.mixed)  # the placement gives some unit ZeRO classes or copies
         for r in range(self.P):
             acts = s.actions[r]
             self.r = r
@@ -130,7 +131,7 @@ class Builder(CommState):
             peak = busy = 0.0
             limit, over = self.limits[r], False
             check = _out_of_range(acts, U, M)   # indices are checked per action only where one is bad
-            classes = self.split or any(self.mixed) or _names_classes(acts)  # likewise ZeRO classes
+            classes = placed or _names_classes(acts)  # likewise ZeRO classes
             for i, a in enumerate(acts):
                 op = a.op
                 q = q_of[op]
