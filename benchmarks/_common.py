@@ -40,8 +40,12 @@ def load_average() -> str:
 
 def current_commit() -> str:
     """HEAD of the repository, with ``DIRTY`` appended when tracked or untracked files outside
-    ``benchmarks/results/`` differ from it ("unknown" outside a git checkout)."""
+    ``benchmarks/results/`` differ from it. Outside a git checkout: ``PIPERT_SOURCE_COMMIT``, the commit
+    a copied tree was taken from at a clean state (a GPU machine receives the files without ``.git``),
+    else "unknown"."""
     here = Path(__file__).resolve().parent
+    if not (here.parent / ".git").exists():
+        return os.environ.get("PIPERT_SOURCE_COMMIT", "unknown")
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here,
                                 check=True).stdout.strip()

@@ -13,7 +13,11 @@
    forward's latency, measured step time against the simulator fed with the units' profiled times;
 4. links: the stream path of DelayedTransport between two ranks (two GPUs: two processes over
    NCCL; one GPU: one process, send stream to receive stream, as NCCL refuses two ranks on one
-   device), latencies of 10 us to 100 ms: error of the injected delay (pipert.runtime.linkcheck).
+   device), latencies of 10 us to 100 ms: error of the injected delay (pipert.runtime.linkcheck);
+5. train: ``pipert train --check`` on the GPU (local transport, CUDA streams) for every family of
+   schedule and the passes that move memory (offload, recompute), float64: largest relative error of
+   loss, gradients and updated parameters against the single-process reference step; and the
+   chunked MLP's Triton kernels in float32 training.
 
 Writes DIR/gpu_checks.csv and DIR/gpu_checks.md (hardware, date, commit). Without a GPU it says so,
 prints the plan and exits 0; ``--plan`` prints the plan anywhere without measuring.
@@ -36,6 +40,19 @@ sys.path.insert(0, str(ROOT))
 EMULATED = ["1f1b", "zb-h1", "crosspipe-greedy"]
 OVERLAP = [dict(gemm=4096, computes=16, message_bytes=64 << 20, messages=16, latency=0.0),
            dict(gemm=4096, computes=16, message_bytes=64 << 20, messages=16, latency=1e-3)]
+# (arguments of `pipert train`, dtype, target): float64 runs are exact up to summation order; the
+# float32 run differs from the reference by the kernels' float32 arithmetic.
+TRAIN = [("--schedule 1f1b -P 4", "float64", 1e-10), ("--schedule gpipe -P 4", "float64", 1e-10),
+         ("--schedule interleaved-1f1b -P 2 --chunks 2", "float64", 1e-10), ("--schedule zb-h1 -P 4", "float64", 1e-10),
+         ("--schedule zb-v -P 2", "float64", 1e-10), ("--schedule weipipe-zb2 -P 4", "float64", 1e-10),
+         ("--schedule tawpipe -P 4 --ranks-per-node 2", "float64", 1e-10),
+         ("--schedule crosspipe-greedy -P 4 --dcs 2 --dc-latency 0.002", "float64", 1e-10),
+         ("--schedule helixpipe-2fold -P 4 --recompute no_attention", "float64", 1e-10),
+         ("--schedule pipemesh -P 2 --dp 2 --zero 3", "float64", 1e-10),
+         ("--schedule 1f1b -P 4 --passes offload_stashes", "float64", 1e-10),
+         ("--schedule zb-h1 -P 4 --passes offload_weights", "float64", 1e-10),
+         ("--schedule 1f1b -P 4 --passes recompute", "float64", 1e-10),
+         ("--schedule 1f1b -P 4 --mlp-chunk 32 --mlp-recompute", "float32", 1e-4)]
 FIELDS = ["check", "case", "expected_s", "measured_s", "error", "target", "pass", "note"]
 
 
@@ -50,7 +67,9 @@ def plan(quick: bool) -> list[str]:
             f"emulation: 4 ranks on cuda:0, model small, {', '.join(EMULATED)}, M=8, without and with a 2-DC link "
             f"of latency T_F",
             f"links: {len(DELAYS)} latencies from {DELAYS[0] * 1e6:g} us to {DELAYS[-1] * 1e3:g} ms between two ranks "
-            f"on the stream path (NCCL with 2 GPUs, one process with 1)"]
+            f"on the stream path (NCCL with 2 GPUs, one process with 1)",
+            f"train: {3 if quick else len(TRAIN)} runs of pipert train --check on cuda:0 (local transport), "
+            f"largest relative error of loss, gradients and parameters against the reference step"]
 
 
 def check_delay(quick: bool) -> list[dict]:
@@ -118,14 +137,41 @@ def check_links(quick: bool) -> list[dict]:
              "note": f"{r['where']}; p95 |err| {r['p95_abs_err_s'] * 1e6:.1f} us of {r['n']}"} for r in found]
 
 
+def check_train(quick: bool) -> list[dict]:
+    import json
+    import os
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    rows = []
+    for args, dtype, tol in TRAIN[:3] if quick else TRAIN:
+        cmd = [sys.executable, "-m", "pipert.cli", "train", *args.split(), "-M", "8", "--steps", "2",
+               "--backend", "local", "--check", "--json", "--dtype", dtype]
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        steps = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        case = f"{args} ({dtype})"
+        if done.returncode or not steps:
+            why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            rows.append({"check": "train", "case": case, "expected_s": 0.0, "measured_s": 0.0,
+                         "error": float("nan"), "target": tol, "pass": False,
+                         "note": f"exit {done.returncode}: {why}"})
+            continue
+        err = max(max(s.get("max_grad_rel_err", 0.0), s.get("max_param_rel_err", 0.0),
+                      abs(s["loss"] - s["ref_loss"]) / abs(s["ref_loss"])) for s in steps)
+        rows.append({"check": "train", "case": case, "expected_s": 0.0, "measured_s": time.perf_counter() - t0,
+                     "error": err, "target": tol, "pass": err <= tol,
+                     "note": f"{len(steps)} steps; largest relative error of loss, grads, params"})
+    return rows
+
+
 def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
     lines = report_header("GPU checks", ctx, rebuilt) + ["",
              "| check | case | expected (ms) | measured (ms) | error | target | result | note |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        unit = "s" if r["check"] in ("delay", "bandwidth", "links") else "rel"
-        err = f"{r['error'] * 1e6:.1f} us" if unit == "s" else f"{r['error']:+.1%}"
-        tgt = f"{r['target'] * 1e6:.0f} us" if unit == "s" else f"{r['target']:.0%}"
+        unit = {"delay": "s", "bandwidth": "s", "links": "s", "train": "abs"}.get(r["check"], "rel")
+        err = {"s": f"{r['error'] * 1e6:.1f} us", "abs": f"{r['error']:.1e}"}.get(unit, f"{r['error']:+.1%}")
+        tgt = {"s": f"{r['target'] * 1e6:.0f} us", "abs": f"{r['target']:.0e}"}.get(unit, f"{r['target']:.0%}")
         lines.append(f"| {r['check']} | {r['case']} | {r['expected_s'] * 1e3:.3f} | {r['measured_s'] * 1e3:.3f} | "
                      f"{err} | {tgt} | {'PASS' if r['pass'] else 'MISS'} | {r['note']} |")
     by = {}
@@ -156,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = context({"pipert._C": f"{_ext.HAVE_EXT} (CUDA {_ext.HAVE_EXT_CUDA})"})
     t0 = time.time()
     rows = []
-    for check in (check_delay, check_overlap, check_emulation, check_links):
+    for check in (check_delay, check_overlap, check_emulation, check_links, check_train):
         part = check(args.quick)
         for r in part:
             print(f"{r['check']:9s} {r['case']:55s} {'PASS' if r['pass'] else 'MISS'}  {r['note']}", flush=True)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Every GPU test and measurement of pipert on a fresh GPU machine, in one command:
+#
+#   bash benchmarks/gpu_all.sh [OUT_DIR]        (default benchmarks/results)
+#
+# 1. builds pipert._C with its CUDA part (falls back to the CPU part, then to none, and says so);
+# 2. benchmarks/gpu_checks.py: delays, overlap, emulation, links, training exactness on the GPU;
+# 3. the GPU tests (Triton kernels, streams, links, pinned buffers);
+# 4. benchmarks/bench_chunked_mlp.py: the Triton chunked MLP against PyTorch.
+# Each step has its own time limit; OUT_DIR/gpu_all.log holds the whole output, and the CSVs and
+# reports of steps 2 and 4 land in OUT_DIR as each finishes. Outside a git checkout, set
+# PIPERT_SOURCE_COMMIT to the commit the tree was copied from.
+set -u
+out=${1:-benchmarks/results}
+mkdir -p "$out"
+log="$out/gpu_all.log"
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
+step() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
+
+step "machine"
+{ nvidia-smi -L; nvcc --version | tail -1; "$py" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } >>"$log" 2>&1
+
+step "build pipert._C (CUDA)"
+if ! PIPERT_CUDA=1 timeout 300 "$py" -m pip install -q --no-build-isolation --no-deps -e . >>"$log" 2>&1; then
+  step "CUDA build failed; building the CPU part only"
+  PIPERT_CUDA=0 timeout 200 "$py" -m pip install -q --no-build-isolation --no-deps -e . >>"$log" 2>&1 ||
+    PIPERT_NO_EXT=1 "$py" -m pip install -q --no-build-isolation --no-deps -e . >>"$log" 2>&1
+fi
+"$py" -c "from pipert import _ext; print('pipert._C', _ext.HAVE_EXT, 'CUDA', _ext.HAVE_EXT_CUDA)" 2>&1 | tee -a "$log"
+
+step "gpu_checks"
+timeout 300 "$py" benchmarks/gpu_checks.py --out "$out" 2>&1 | tee -a "$log"
+
+step "GPU tests"
+timeout 120 "$py" -m pytest -q -p no:cacheprovider tests/kernels tests/unit/test_streams.py \
+  tests/unit/test_links.py tests/unit/test_pinned.py tests/unit/test_linkframes.py \
+  tests/unit/test_bench_overlap.py tests/unit/test_gpu_checks_plan.py 2>&1 | tail -25 | tee -a "$log"
+
+step "chunked MLP benchmark"
+timeout 240 "$py" benchmarks/bench_chunked_mlp.py --out-dir "$out" 2>&1 | tail -40 | tee -a "$log"
+step "done"
