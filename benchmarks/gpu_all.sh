@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_all.sh [OUT_DIR]        (default benchmarks/results)
 #
-# 1. builds pipert._C with its CUDA part (falls back to the CPU part, then to none, and says so);
+# 1. builds pipert._C with its CUDA part in place (falls back to the CPU part, then to none, and says so);
 # 2. benchmarks/gpu_checks.py: delays, overlap, emulation, links, training exactness on the GPU;
 # 3. the GPU tests (Triton kernels, streams, links, pinned buffers);
 # 4. benchmarks/bench_chunked_mlp.py: the Triton chunked MLP against PyTorch.
@@ -21,12 +21,14 @@ step() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
 step "machine"
 { nvidia-smi -L; nvcc --version | tail -1; "$py" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } >>"$log" 2>&1
 
-step "build pipert._C (CUDA)"
-if ! PIPERT_CUDA=1 timeout 300 "$py" -m pip install -q --no-build-isolation --no-deps -e . >>"$log" 2>&1; then
+step "build pipert._C (CUDA) in place"
+# In place, not through pip: a GPU machine may have no package index for pip's build requirements.
+if ! PIPERT_CUDA=1 timeout 300 "$py" setup.py -q build_ext --inplace >>"$log" 2>&1; then
   step "CUDA build failed; building the CPU part only"
-  PIPERT_CUDA=0 timeout 200 "$py" -m pip install -q --no-build-isolation --no-deps -e . >>"$log" 2>&1 ||
-    PIPERT_NO_EXT=1 "$py" -m pip install -q --no-build-isolation --no-deps -e . >>"$log" 2>&1
+  PIPERT_CUDA=0 timeout 200 "$py" setup.py -q build_ext --inplace >>"$log" 2>&1 || step "no pipert._C"
 fi
+[ -e pipert/kernels ] || ln -s ../kernels pipert/kernels  # the package_dir mapping of setup.py, in place
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$py" -c "from pipert import _ext; print('pipert._C', _ext.HAVE_EXT, 'CUDA', _ext.HAVE_EXT_CUDA)" 2>&1 | tee -a "$log"
 
 step "gpu_checks"
