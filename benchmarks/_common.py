@@ -40,12 +40,12 @@ def load_average() -> str:
 
 def current_commit() -> str:
     """HEAD of the repository, with ``DIRTY`` appended when tracked or untracked files outside
-    ``benchmarks/results/`` differ from it. Outside a git checkout: ``PIPERT_SOURCE_COMMIT``, the commit
-    a copied tree was taken from at a clean state (a GPU machine receives the files without ``.git``),
-    else "unknown"."""
+    ``benchmarks/results/`` differ from it ("unknown" outside a git checkout). ``PIPERT_SOURCE_COMMIT``,
+    when set, names the clean commit a copied tree was taken from instead (a GPU machine receives the
+    working tree, with a ``.git`` that need not match it)."""
     here = Path(__file__).resolve().parent
-    if not (here.parent / ".git").exists():
-        return os.environ.get("PIPERT_SOURCE_COMMIT", "unknown")
+    if os.environ.get("PIPERT_SOURCE_COMMIT"):
+        return os.environ["PIPERT_SOURCE_COMMIT"]
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here,
                                 check=True).stdout.strip()

@@ -9,14 +9,17 @@
 # 4. benchmarks/bench_chunked_mlp.py: the Triton chunked MLP against PyTorch.
 # Each step has its own time limit; OUT_DIR/gpu_all.log holds the whole output, and the CSVs and
 # reports of steps 2 and 4 land in OUT_DIR as each finishes. Outside a git checkout, set
-# PIPERT_SOURCE_COMMIT to the commit the tree was copied from.
+# PIPERT_SOURCE_COMMIT to the commit the tree was copied from. GPU_STEPS picks steps 2-4
+# (default "checks tests mlp"; the build always runs).
 set -u
 out=${1:-benchmarks/results}
 mkdir -p "$out"
 log="$out/gpu_all.log"
 py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
+steps=" ${GPU_STEPS:-checks tests mlp} "
 step() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
+want() { [[ "$steps" == *" $1 "* ]]; }
 
 step "machine"
 { nvidia-smi -L; nvcc --version | tail -1; "$py" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } >>"$log" 2>&1
@@ -31,14 +34,14 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$py" -c "from pipert import _ext; print('pipert._C', _ext.HAVE_EXT, 'CUDA', _ext.HAVE_EXT_CUDA)" 2>&1 | tee -a "$log"
 
-step "gpu_checks"
+want checks && step "gpu_checks" &&
 timeout 300 "$py" benchmarks/gpu_checks.py --out "$out" 2>&1 | tee -a "$log"
 
-step "GPU tests"
+want tests && step "GPU tests" &&
 timeout 120 "$py" -m pytest -q -p no:cacheprovider tests/kernels tests/unit/test_streams.py \
   tests/unit/test_links.py tests/unit/test_pinned.py tests/unit/test_linkframes.py \
-  tests/unit/test_bench_overlap.py tests/unit/test_gpu_checks_plan.py 2>&1 | tail -25 | tee -a "$log"
+  tests/unit/test_bench_overlap.py tests/unit/test_gpu_checks_plan.py -rfE --tb=short 2>&1 | tee -a "$log" | tail -25
 
-step "chunked MLP benchmark"
-timeout 240 "$py" benchmarks/bench_chunked_mlp.py --out-dir "$out" 2>&1 | tail -40 | tee -a "$log"
+want mlp && step "chunked MLP benchmark" &&
+timeout 240 "$py" benchmarks/bench_chunked_mlp.py --out-dir "$out" 2>&1 | tee -a "$log" | tail -40
 step "done"

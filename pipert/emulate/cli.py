@@ -73,7 +73,9 @@ def _real(args: argparse.Namespace, sc, sched) -> int:
     tokens = torch.randint(0, cfg.vocab, (sched.num_microbatches * mbs, seq + 1), generator=g)
     r = emulate_real(sched, units, tokens[:, :-1], tokens[:, 1:], sc.links, steps=args.steps)
     out = {"schedule": sched.name, "measured_step_s": r.step_seconds, "predicted_step_s": r.predicted,
-           "relative_error": r.error, "compute": "real units, profiled on this host"}
+           "relative_error": r.error, "predicted_shared_step_s": r.predicted_shared,
+           "relative_error_shared": r.error_shared, "device_capacity": r.capacity,
+           "compute": "real units, profiled on this host; shared: the ranks share this device"}
     print(json.dumps(out) if args.json else "\n".join(f"{k:<18}{v}" for k, v in out.items()))
     return 0
 

@@ -1,8 +1,13 @@
 """Emulation with the model's real units: the Pipeline on the local transport, every
 message delayed by a LinkEmulator; the prediction comes from the simulator fed with the
-units' profiled times (this process, this device)."""
+units' profiled times (this process, this device).
+
+The ranks are threads of this process on one device, so two predictions are given: the
+simulator's (a device per rank) and the same DAG timed with the ranks sharing the device
+(:func:`pipert.sim.shared.shared_makespan`; capacity 1 on a GPU, the logical CPUs on a CPU)."""
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -106,10 +111,31 @@ class RealEmulation:
     step_seconds: float
     predicted: float
     steps: int
+    predicted_shared: float  # the ranks sharing this process's device
+    capacity: float  # computes the device runs at full speed at once
 
     @property
     def error(self) -> float:
         return (self.step_seconds - self.predicted) / self.predicted
+
+    @property
+    def error_shared(self) -> float:
+        return (self.step_seconds - self.predicted_shared) / self.predicted_shared
+
+
+def device_capacity(device: torch.device) -> float:
+    """Computes of concurrent ranks that ``device`` runs at full speed: 1 on a GPU (the ranks'
+    kernels share it), the logical CPUs (one intra-op thread per rank) on a CPU."""
+    return 1.0 if device.type == "cuda" else float(os.cpu_count() or 1)
+
+
+def _shared_prediction(schedule: Schedule, cost: "ProfiledCost", links: Any, capacity: float) -> float:
+    from ..sim.engine import analyze
+    from ..sim.shared import shared_makespan
+    an = analyze(schedule, cost, links)
+    if an.errors:
+        raise an.errors[0]
+    return shared_makespan(an.graph, [0] * schedule.num_ranks, [capacity])
 
 
 def emulate_real(schedule: Schedule, units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
@@ -133,6 +159,8 @@ def _emulate_real(schedule: Schedule, units: Sequence[nn.Module], x: torch.Tenso
     import copy
     cost = profile_units([copy.deepcopy(u) for u in units], xs[0], ys[0])
     predicted = simulate(schedule, cost, links=links).makespan
+    capacity = device_capacity(x.device)
+    shared = _shared_prediction(schedule, cost, links, capacity)
     em = scaled_link_emulator(links, schedule.num_ranks, 1.0)
     pipe = Pipeline(units, schedule, optimizer=lambda ps: torch.optim.SGD(ps, lr=1e-3), links=em)
     pipe.step(x, y)  # warm-up
@@ -141,4 +169,4 @@ def _emulate_real(schedule: Schedule, units: Sequence[nn.Module], x: torch.Tenso
         t0 = time.perf_counter()
         pipe.step(x, y)
         times.append(time.perf_counter() - t0)
-    return RealEmulation(schedule, statistics.median(times), predicted, steps)
+    return RealEmulation(schedule, statistics.median(times), predicted, steps, shared, capacity)

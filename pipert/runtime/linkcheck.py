@@ -9,7 +9,8 @@ link's FIFO adds nothing. Where it runs (:func:`measure_link_delays`):
   two GPUs of one host, one clock);
 - one GPU: NCCL refuses two ranks on one device, so both ranks run in one process, rank 0 on a
   send stream and rank 1 on a receive stream, the inner transport a stream-ordered device copy
-  (:class:`DeviceCopyTransport`): the same frames and kernels without the NCCL hop;
+  (:class:`DeviceCopyTransport`): the same frames and kernels without the NCCL hop; the send
+  stream is held for ``GATE_NS`` before each stamp, so the host has issued the send by then;
 - no GPU: two processes over gloo, the host mirror of the same steps.
 """
 from __future__ import annotations
@@ -22,9 +23,12 @@ from typing import Any, Sequence
 
 import torch
 
+from .. import _ext
+
 __all__ = ["DeviceCopyTransport", "measure_link_delays", "summarise"]
 
 PAYLOAD = 1024  # float32 elements per message (4 KiB)
+GATE_NS = 5_000_000  # one GPU: the send stream's hold before each message
 
 
 def summarise(delay: float, errors: Sequence[float], where: str) -> dict:
@@ -106,6 +110,9 @@ def _one_device(device: torch.device, delays: Sequence[float], repeats: int) -> 
         for k in range(repeats):
             out = torch.empty_like(x)
             with torch.cuda.stream(send):
+                # held first, so the stamp and the link kernels run back to back on the device: the
+                # error is the injected delay's, not the host's time to issue the send
+                _ext.C.cuda_sleep_for(send.cuda_stream, GATE_NS)
                 ops.stamp(stamps[k, 0:1])
                 ta.isend(x, 1)
             with torch.cuda.stream(recv):

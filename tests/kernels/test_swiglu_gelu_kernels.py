@@ -61,7 +61,8 @@ def test_gelu_kernels_match_reference(device, dtype, approximate):
     _close(act, ract, dtype)
     _close(dz, rdz, dtype)
     none, dz2 = gelu_backward(z, d, approximate, need_act=False)
-    assert none is None and torch.equal(dz2, dz)
+    assert none is None
+    _close(dz2, dz, dtype)  # two compiled variants: the GPU compiler may contract erf's arithmetic differently
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
