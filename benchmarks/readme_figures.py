@@ -147,6 +147,76 @@ def overlap_cpu(rows: list[dict], ctx: dict) -> str:
             + _source("bench_overlap.py", "overlap_cpu", ctx) + ".")
 
 
+def gpu_checks(rows: list[dict], ctx: dict) -> str:
+    def part(check: str) -> list[dict]:
+        return [r for r in rows if r["check"] == check]
+
+    def passed(rs: list[dict]) -> str:
+        return f"{sum(bool(r['pass']) for r in rs)} of {len(rs)} within target"
+
+    def us(rs: list[dict]) -> str:
+        errs = [abs(r["error"]) * 1e6 for r in rs]
+        return f"median errors {min(errs):.1f}-{max(errs):.1f} us"
+    out = []
+    if part("delay"):
+        out.append(f"injected delays {us(part('delay'))} ({passed(part('delay'))})")
+    if part("links"):
+        out.append(f"the link path between two ranks (send stream -> receive stream) {us(part('links'))} "
+                   f"({passed(part('links'))})")
+    bw = part("bandwidth")
+    if bw:
+        per = [r["error"] / int(r["case"].split(" x ")[0]) * 1e6 for r in bw]
+        out.append(f"k back-to-back messages {passed(bw)}, {min(per):.1f}-{max(per):.1f} us of error per message")
+    if part("overlap"):
+        ratios = ", ".join(f"{1 + r['error']:.3f}" for r in part("overlap"))
+        out.append(f"GEMMs overlapped with messages on the dedicated streams at {ratios}x max(compute, comm) "
+                   f"({passed(part('overlap'))})")
+    tr = part("train")
+    if tr:
+        out.append(f"`pipert train --check` on the GPU (every schedule family, offload and recompute passes, "
+                   f"chunked MLP) {passed(tr)}, largest relative error {max(r['error'] for r in tr):.1e}")
+    em = part("emulation")
+    if em:
+        errs = sorted(r["error"] for r in em)
+        out.append(f"4 ranks emulated on the one GPU against the prediction with the ranks sharing it: errors "
+                   f"{100 * errs[0]:+.1f} % to {100 * errs[-1]:+.1f} % ({sum(bool(r['pass']) for r in em)} of "
+                   f"{len(em)} within 10 %)")
+    return (f"- GPU checks on one {ctx.get('gpu', 'GPU')}: " + "; ".join(out) + " "
+            + _source("gpu_checks.py", "gpu_checks", ctx).replace("benchmarks/gpu_checks.py", "benchmarks/gpu_all.sh")
+            .replace("`python benchmarks/gpu_all.sh`", "`bash benchmarks/gpu_all.sh`") + ".")
+
+
+def _chunked_misses(misses: list[dict]) -> str:
+    """Which bound each missed row exceeded, read from its target text ("time <= Rx, peak <= G GiB ...")."""
+    if not misses:
+        return ""
+    slow = sum(r["time_ratio"] > float(re.search(r"time <= ([\d.]+)x", r["target"]).group(1)) for r in misses)
+    big = sum(r["peak_gib"] > float(re.search(r"peak <= ([\d.]+) GiB", r["target"]).group(1)) for r in misses)
+    chunks = sorted({r["chunk"] for r in misses})
+    return (f" (misses at chunks of {', '.join(map(str, chunks))}: peak above its bound in {big}, "
+            f"time above its bound in {slow})")
+
+
+def chunked_mlp(rows: list[dict], ctx: dict) -> str:
+    parts = []
+    for mode in ("a", "b"):
+        mine = [r for r in rows if r["variant"].startswith(f"ours ({mode})")]
+        if not mine:
+            continue
+        ratios = [r["time_ratio"] for r in mine]
+        base = {r["n"]: r["peak_gib"] for r in rows if r["variant"] == "torch unchunked"}
+        mem = [r["peak_gib"] / base[r["n"]] for r in mine]
+        misses = [r for r in mine if r["verdict"] != "PASS"]
+        why = _chunked_misses(misses)
+        parts.append(f"mode ({mode}) {min(ratios):.2f}-{max(ratios):.2f}x the unchunked time at "
+                     f"{100 * min(mem):.0f}-{100 * max(mem):.0f} % of its peak memory, "
+                     f"{len(mine) - len(misses)} of {len(mine)} rows within target" + why)
+    seqs = sorted({r["n"] for r in rows})
+    return (f"- Chunked MLP (Triton; {ctx.get('shape', '').split(';')[0]}, sequences {seqs[0]:,}-{seqs[-1]:,}) "
+            f"on one {ctx.get('gpu', 'GPU')}: " + "; ".join(parts) + " "
+            + _source("bench_chunked_mlp.py", "chunked_mlp", ctx) + ".")
+
+
 BLOCKS: dict[str, tuple[str, Callable[[list[dict], dict], str]]] = {
     "zbv": ("bench_zbv.py", zbv),
     "sim_speed": ("bench_sim_speed.py", sim_speed),
@@ -157,6 +227,8 @@ BLOCKS: dict[str, tuple[str, Callable[[list[dict], dict], str]]] = {
     "weight_passing": ("bench_weight_passing.py", weight_passing),
     "train_fidelity": ("bench_train_fidelity.py", train_fidelity),
     "overlap_cpu": ("bench_overlap.py", overlap_cpu),
+    "gpu_checks": ("gpu_checks.py", gpu_checks),
+    "chunked_mlp": ("bench_chunked_mlp.py", chunked_mlp),
 }
 """Block name (= report name) -> (the benchmark script, the block's text from CSV rows and context)."""
 
