@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -108,16 +109,18 @@ class Builder(CommState):
         s, U, M = self.s, self.U, self.M
         q_of, ctime = self.q_of, self.cost.compute_time
         qname = {op: QUEUES[q] for op, q in q_of.items()}
-        plan = self._plan
         kind, dur, lat, succ, indeg = self.kind, self.dur, self.lat, self.succ, self.indeg
-        fast = self.fast
+        fast, tx_prod = self.fast, self.tx_prod
         placed = self.split or any(self.mixed)  # the placement gives some unit ZeRO classes or copies
         for r in range(self.P):
             acts = s.actions[r]
             self.r = r
             self.have = self._initial(r)
-            plans = self._plan_cache = {}
-            self.live: dict[int, float] = {}
+            self._plan_cache = {}
+            self._compute_plans: dict[tuple, tuple] = {}
+            messages = self.message_plans = {}
+            live = self.live = {}
+            have = self.have
             self.wg: dict[tuple[int, int], list] = {}
             self.open_sub: dict[tuple, tuple] = {}
             self.wait_index = None
@@ -160,25 +163,48 @@ class Builder(CommState):
                             indeg.append(0)
                         self.host = n
                         busy += d
+                    nodes_r[i] = n
                     if n >= 0:
                         cq.append(n)
+                        if fast and a.sub is None and op in _COMPUTE_OPS:
+                            self.plain_compute(a, r, i, n)
+                        else:
+                            self.effects(a, r, i, n)
                 elif q == 3:
-                    n = self.collective(a, r, i, chained=False)
-                else:
-                    n = self.p2p(a, r, i)
-                nodes_r[i] = n
-                if n >= 0:
-                    if q == 1 or q == 2:  # a SEND/RECV: its plan is all of its effects
-                        got = plans.get((op, a.payload, a.unit, r == a.root, False, a.zclass, a.side))
-                        reads, writes = got if got is not None else plan(a, r, False)
-                        if reads:
-                            self.comm_reads(a, r, i, n, reads)
-                        if writes:
-                            self.apply_writes(a, r, n, writes)
-                    elif fast and a.sub is None and op in _COMPUTE_OPS:
-                        self.plain_compute(a, r, i, n)
-                    else:
+                    n = nodes_r[i] = self.collective(a, r, i, chained=False)
+                    if n >= 0:
                         self.effects(a, r, i, n)
+                else:
+                    n = nodes_r[i] = self.p2p(a, r, i)
+                    one = messages.get(a.unit << 2 | q - 1 << 1 | (a.payload is _P_GRAD)) \
+                        if fast and (a.payload is _P_ACT or a.payload is _P_GRAD) else None
+                    if n < 0:
+                        pass
+                    elif one is None:
+                        self.message_effects(a, r, i, n)
+                    elif one[0]:  # comm_reads of one per-micro-batch value, inlined
+                        _, ku, release, _ = one
+                        for m in a.mb:
+                            k = ku | m << SHIFT
+                            p = have.get(k, MISSING)
+                            if p >= 0:
+                                succ[p].append(n << 1 | 1)
+                                indeg[n] += 1
+                                tx_prod[n] = p
+                            elif p == MISSING:
+                                self.use(r, i, k, n, False)
+                                continue
+                            if release:
+                                del have[k]
+                                self.mem -= live.pop(k, 0.0)
+                    else:  # apply_writes of one per-micro-batch value, inlined
+                        _, ku, _, size = one
+                        for m in a.mb:
+                            k = ku | m << SHIFT
+                            have[k] = n
+                            if size is not None and k not in live:
+                                live[k] = size
+                                self.mem += size
                 mem = self.mem
                 trace.append(mem)
                 if mem > peak:
@@ -284,6 +310,23 @@ class Builder(CommState):
             if writes:
                 self.apply_writes(a, r, n, writes)
 
+    def message_effects(self, a: Action, r: int, i: int, n: int) -> None:
+        """The effects of SEND/RECV ``a`` (transfer node n): its plan's, which are all of its effects.
+        A message of an activation or gradient whose plan is one per-micro-batch value read or
+        written has it recorded as (is read, key of micro-batch 0, release, size) in
+        ``message_plans``, which the walk applies inline (``fast``) the next time."""
+        got = self._plan_cache.get((a.op, a.payload, a.unit, r == a.root, False, a.zclass, a.side))
+        reads, writes = got if got is not None else self._plan(a, r, False)
+        if reads:
+            self.comm_reads(a, r, i, n, reads)
+        if writes:
+            self.apply_writes(a, r, n, writes)
+        if (a.payload is _P_ACT or a.payload is _P_GRAD) and len(reads) + len(writes) == 1:
+            wg, _, release, _, ku, slots, size = (reads or writes)[0]
+            if not wg and slots is None:
+                key = a.unit << 2 | (a.op is not _SEND) << 1 | (a.payload is _P_GRAD)
+                self.message_plans[key] = (bool(reads), ku, release, size)
+
     def plain_compute(self, a: Action, r: int, i: int, n: int) -> None:
         """effects() of an F, B, D, W or RECOMPUTE without sub-blocks, the most common actions:
         the same plan, reads (taken and freed at once), once-per-(unit, micro-batch) check and
@@ -291,8 +334,11 @@ class Builder(CommState):
         op, u, mb = a.op, a.unit, a.mb
         rec = self.recomputed
         keeps = op is _F and bool(rec) and any((u, m) in rec for m in mb)
-        got = self._plan_cache.get((op, a.payload, u, r == a.root, keeps, a.zclass, a.side))
-        reads, writes = got if got is not None else self._plan(a, r, keeps)
+        # a compute's plan depends on its op, unit and keeps only (its refs name no payload or role)
+        got = self._compute_plans.get((op, u, keeps))
+        if got is None:
+            got = self._compute_plans[(op, u, keeps)] = self._plan(a, r, keeps)
+        reads, writes = got
         have, kind = self.have, self.kind
         for wg, uu, release, shard, ku, slots, _ in reads:
             if wg:
@@ -637,17 +683,20 @@ def _out_of_range(acts: list[Action], num_units: int, num_microbatches: int) -> 
     """Whether an action of ``acts`` names a unit or micro-batch beyond the schedule's (a scan
     without a Python-level loop; unit 0 and actions without micro-batches are skipped as falsy)."""
     return max(filter(None, map(_UNIT, acts)), default=-1) >= num_units or \
-        max(map(max, filter(None, map(_MB, acts))), default=-1) >= num_microbatches
+        max(chain.from_iterable(map(_MB, acts)), default=-1) >= num_microbatches
 
 
 def _names_classes(acts: list[Action]) -> bool:
-    """Whether an action of ``acts`` names a ZeRO class or a gathered copy's side."""
-    return any(v is not None for v in map(_ZCLASS, acts)) or any(v is not None for v in map(_SIDE, acts))
+    """Whether an action of ``acts`` names a ZeRO class or a gathered copy's side (sets of the
+    fields' values, built without a Python-level loop)."""
+    return not set(map(_ZCLASS, acts)) <= _NONE or not set(map(_SIDE, acts)) <= _NONE
 
 
 _OP, _UNIT, _MB = attrgetter("op"), attrgetter("unit"), attrgetter("mb")
+_NONE = frozenset({None})
 _ZCLASS, _SIDE = attrgetter("zclass"), attrgetter("side")
 _UNIT_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD})
+_P_ACT, _P_GRAD = Payload.ACT, Payload.GRAD
 _WHOLE = (1, 1)  # the class fraction of a unit's only slot
 
 
