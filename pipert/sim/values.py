@@ -328,45 +328,70 @@ class Builder(CommState):
                 self.message_plans[key] = (bool(reads), ku, release, size)
 
     def plain_compute(self, a: Action, r: int, i: int, n: int) -> None:
-        """effects() of an F, B, D, W or RECOMPUTE without sub-blocks, the most common actions:
-        the same plan, reads (taken and freed at once), once-per-(unit, micro-batch) check and
-        writes, with compute_reads and mark_done inlined (``fast`` off: effects())."""
+        """effects() of an F, B, D, W or RECOMPUTE of one micro-batch without sub-blocks, the most
+        common actions, from its compiled plan (:meth:`_compute_plan`): the same reads (taken and
+        freed at once), once-per-(unit, micro-batch) check and writes, in the same order (``fast``
+        off, a fold, or a plan that does not compile: effects())."""
         op, u, mb = a.op, a.unit, a.mb
         rec = self.recomputed
         keeps = op is _F and bool(rec) and any((u, m) in rec for m in mb)
-        # a compute's plan depends on its op, unit and keeps only (its refs name no payload or role)
-        got = self._compute_plans.get((op, u, keeps))
-        if got is None:
-            got = self._compute_plans[(op, u, keeps)] = self._plan(a, r, keeps)
-        reads, writes = got
-        have, kind = self.have, self.kind
-        for wg, uu, release, shard, ku, slots, _ in reads:
-            if wg:
-                for sl in slots:
-                    self.take_wgrad(a, r, i, n, uu, shard, sl)
+        got = self._compute_plans.get((op, u, keeps), False)
+        if got is False:
+            got = self._compute_plans[(op, u, keeps)] = self._compute_plan(a, r, keeps)
+        if got is None or len(mb) != 1:
+            self.effects(a, r, i, n)
+            return
+        reads, writes, wgrads, table, d_bit = got
+        have, kind, live = self.have, self.kind, self.live
+        mk = mb[0] << SHIFT
+        mem = self.mem   # the running sum, changed in the order effects() changes it
+        for kb, per_mb, release in reads:
+            k = kb | mk if per_mb else kb
+            p = have.get(k, MISSING)
+            if p == MISSING:
+                self.use(r, i, k, n, True)
                 continue
-            for m in (mb if slots is None else slots):
-                k = ku | m << SHIFT
-                p = have.get(k, MISSING)
-                if p == MISSING:
-                    self.use(r, i, k, n, True)
-                    continue
-                if p >= 0 and kind[p]:  # a value from another queue: an edge, communicated input
-                    self.succ[p].append(n << 1 | 1)
-                    self.indeg[n] += 1
-                    self.comm_in.append((n, p))
-                if release:
-                    del have[k]
-                    self.mem -= self.live.pop(k, 0.0)
-        if op is not _RECOMPUTE:
+            if p >= 0 and kind[p]:  # a value from another queue: an edge, communicated input
+                self.succ[p].append(n << 1 | 1)
+                self.indeg[n] += 1
+                self.comm_in.append((n, p))
+            if release:
+                del have[k]
+                mem -= live.pop(k, 0.0)
+        if table is not None:
             fk = u << 32 | mb[0]
-            table = self.fwd if op is _F else self.wdone if op is _W else self.bwd
-            if len(mb) > 1 or fk in table:  # a fold, or a second run: mark_done checks and names it
+            if fk in table:  # a second run: mark_done names the first
                 self.mark_done(a, r, i)
             else:
-                table[fk] = (r << 32 | i) << 1 | (op is _D) if table is self.bwd else r << 32 | i
-        if writes:
-            self.apply_writes(a, r, n, writes)
+                table[fk] = r << 32 | i if d_bit is None else (r << 32 | i) << 1 | d_bit
+        for kb, per_mb, size in writes:
+            k = kb | mk if per_mb else kb
+            have[k] = n
+            if size is not None and k not in live:
+                live[k] = size
+                mem += size
+        self.mem = mem
+        for uu, shard, sl in wgrads:
+            self.add_wgrad(a, r, n, uu, shard, sl)
+
+    def _compute_plan(self, a: Action, r: int, keeps: bool) -> tuple | None:
+        """The plan of compute ``a`` (:meth:`_plan`) with each ref's key of micro-batch 0 per slot:
+        (reads as (key, per micro-batch, release), writes as (key, per micro-batch, size), weight-grad
+        contributions as (unit, shard, slot), the table of :meth:`mark_done` (None for RECOMPUTE), its
+        D bit (None outside ``bwd``)). None where a weight gradient is read or written before another
+        value, which plain_compute does not order."""
+        reads, writes = self._plan(a, r, keeps)
+        if any(ref[0] for ref in reads) or any(ref[0] for ref in writes[:-1]):
+            return None
+        flat_reads = tuple((ku | m << SHIFT, False, release) if slots else (ku, True, release)
+                           for _, _, release, _, ku, slots, _ in reads for m in (slots or (0,)))
+        flat_writes = tuple(((ku | m << SHIFT, False, sz) for m, sz in zip(slots, size)) if slots else
+                            ((ku, True, size),) for wg, _, _, _, ku, slots, size in writes if not wg)
+        wgrads = tuple((uu, shard, sl) for wg, uu, _, shard, _, slots, _ in writes if wg for sl in slots)
+        op = a.op
+        table = None if op is _RECOMPUTE else self.fwd if op is _F else self.wdone if op is _W else self.bwd
+        return (flat_reads, tuple(w for ws in flat_writes for w in ws), wgrads, table,
+                int(op is _D) if table is self.bwd else None)
 
     def _role_ok(self, role: int, a: Action, r: int) -> bool:
         return role == 0 or (role == 1) == (r == a.root) and role != 3
