@@ -117,6 +117,7 @@ class Builder(CommState):
             self.r = r
             self.have = self._initial(r)
             self._plan_cache = {}
+            self.ends = {}
             self._compute_plans: dict[tuple, tuple] = {}
             messages = self.message_plans = {}
             live = self.live = {}
