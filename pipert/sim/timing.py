@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 from collections import Counter
+from itertools import compress
+from operator import add, not_
 from dataclasses import dataclass
 
 from ..ir.action import Action
@@ -38,19 +40,15 @@ def run_timing(g: Graph) -> tuple[Times, list[int], list[ScheduleError]]:
     n_nodes = len(g.kind)
     indeg = list(g.indeg)
     ready = [0.0] * n_nodes
-    end0 = [0.0] * n_nodes
-    end1 = [0.0] * n_nodes
     dur, lat, succ = g.dur, g.lat, g.succ
-    stack = [n for n in range(n_nodes) if not indeg[n]]
+    stack = list(compress(range(n_nodes), map(not_, indeg)))   # the sources, in node order
     order: list[int] = []
     pop, push, visit = stack.pop, stack.append, order.append
     while stack:
         n = pop()
         visit(n)
-        e0 = ready[n] + dur[n]
+        e0 = ready[n] + dur[n]   # end0[n] and end1[n], stored for every node below
         e1 = e0 + lat[n]
-        end0[n] = e0
-        end1[n] = e1
         for x in succ[n]:
             m = x >> 1
             t = e1 if x & 1 else e0
@@ -60,10 +58,15 @@ def run_timing(g: Graph) -> tuple[Times, list[int], list[ScheduleError]]:
             indeg[m] = c
             if not c:
                 push(m)
-    times = Times(ready, end0, end1)
-    if len(order) < n_nodes:
-        return times, order, [_deadlock(g, indeg)]
-    return times, order, _wgrad_sets(g, order)
+    if len(order) < n_nodes:   # a node never visited ends at 0
+        end0, end1 = [0.0] * n_nodes, [0.0] * n_nodes
+        for n in order:
+            end0[n] = ready[n] + dur[n]
+            end1[n] = end0[n] + lat[n]
+        return Times(ready, end0, end1), order, [_deadlock(g, indeg)]
+    end0 = list(map(add, ready, dur))   # every start is final: the sums the loop made, without it
+    end1 = list(map(add, end0, lat))
+    return Times(ready, end0, end1), order, _wgrad_sets(g, order)
 
 
 def locate(g: Graph, nodes: set[int]) -> dict[int, list[tuple[int, int, Action]]]:
@@ -115,9 +118,9 @@ def _wgrad_sets(g: Graph, order: list[int]) -> list[ScheduleError]:
     """Union weight-grad contributions in topological order; check OPTs get their update."""
     if not g.wg_parts and not g.opt_checks:
         return []
-    pos = [0] * len(g.kind)
-    for k, n in enumerate(order):
-        pos[n] = k
+    need = set(g.wg_parts).union(c[0] for c in g.opt_checks)
+    # the topological rank among these nodes (a C-level filter of the order): sorts them as the order does
+    pos = {n: k for k, n in enumerate(filter(need.__contains__, order))}
     errors: list[ScheduleError] = []
     sets: dict[int, set[int]] = {}
     items = [(pos[n], 0, n, None) for n in g.wg_parts] + [(pos[c[0]], 1, c[0], c) for c in g.opt_checks]

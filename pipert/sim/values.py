@@ -177,8 +177,7 @@ class Builder(CommState):
                         self.effects(a, r, i, n)
                 else:
                     n = nodes_r[i] = self.p2p(a, r, i)
-                    one = messages.get(a.unit << 2 | q - 1 << 1 | (a.payload is _P_GRAD)) \
-                        if fast and (a.payload is _P_ACT or a.payload is _P_GRAD) else None
+                    one = messages.get((a.payload, a.unit, q)) if fast else None
                     if n < 0:
                         pass
                     elif one is None:
@@ -325,8 +324,7 @@ class Builder(CommState):
         if (a.payload is _P_ACT or a.payload is _P_GRAD) and len(reads) + len(writes) == 1:
             wg, _, release, _, ku, slots, size = (reads or writes)[0]
             if not wg and slots is None:
-                key = a.unit << 2 | (a.op is not _SEND) << 1 | (a.payload is _P_GRAD)
-                self.message_plans[key] = (bool(reads), ku, release, size)
+                self.message_plans[(a.payload, a.unit, self.q_of[a.op])] = (bool(reads), ku, release, size)
 
     def plain_compute(self, a: Action, r: int, i: int, n: int) -> None:
         """effects() of an F, B, D, W or RECOMPUTE of one micro-batch without sub-blocks, the most
