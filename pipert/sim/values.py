@@ -188,8 +188,9 @@ class Builder(CommState):
                             k = ku | m << SHIFT
                             p = have.get(k, MISSING)
                             if p >= 0:
-                                succ[p].append(n << 1 | 1)
-                                indeg[n] += 1
+                                if p != self.host:   # as comm_reads: the posting edge is from p
+                                    succ[p].append(n << 1 | 1)
+                                    indeg[n] += 1
                                 tx_prod[n] = p
                             elif p == MISSING:
                                 self.use(r, i, k, n, False)
@@ -370,17 +371,25 @@ class Builder(CommState):
                 live[k] = size
                 mem += size
         self.mem = mem
-        for uu, shard, sl in wgrads:
-            self.add_wgrad(a, r, n, uu, shard, sl)
+        wg = self.wg
+        for key in wgrads:
+            st = wg.get(key)
+            if st is not None and st[2] >= 0:  # add_wgrad to a local accumulator that exists
+                st[0].extend(mb)
+                st[2] = n
+            else:
+                self.add_wgrad(a, r, n, *key)
 
     def _compute_plan(self, a: Action, r: int, keeps: bool) -> tuple | None:
         """The plan of compute ``a`` (:meth:`_plan`) with each ref's key of micro-batch 0 per slot:
         (reads as (key, per micro-batch, release), writes as (key, per micro-batch, size), weight-grad
         contributions as (unit, shard, slot), the table of :meth:`mark_done` (None for RECOMPUTE), its
-        D bit (None outside ``bwd``)). None where a weight gradient is read or written before another
-        value, which plain_compute does not order."""
+        D bit (None outside ``bwd``)). None where a weight gradient is read, written before another
+        value (plain_compute does not order them) or written by an op that does not accumulate it
+        locally (add_wgrad)."""
         reads, writes = self._plan(a, r, keeps)
-        if any(ref[0] for ref in reads) or any(ref[0] for ref in writes[:-1]):
+        if any(ref[0] for ref in reads) or any(ref[0] for ref in writes[:-1]) or \
+                writes and writes[-1][0] and a.op is not _B and a.op is not _W:
             return None
         flat_reads = tuple((ku | m << SHIFT, False, release) if slots else (ku, True, release)
                            for _, _, release, _, ku, slots, _ in reads for m in (slots or (0,)))
@@ -482,6 +491,9 @@ class Builder(CommState):
         an edge from its producer, which a transfer then carries (``tx_prod``)."""
         have = self.have
         transfer = self.kind[n] == K_TRANSFER
+        # a value of the node that posted n needs no edge of its own: its posting edge (post()) is
+        # one from the same node, whose end1 is its end0 (compute-queue nodes have no latency)
+        host = self.host if self.q_of[a.op] != 0 else -1
         for wg, uu, release, shard, ku, slots, _ in refs:
             if wg:
                 for sl in slots:
@@ -491,8 +503,9 @@ class Builder(CommState):
                 k = ku | m << SHIFT
                 p = have.get(k, MISSING)
                 if p >= 0:  # an edge as in use(), without its call
-                    self.succ[p].append(n << 1 | 1)
-                    self.indeg[n] += 1
+                    if p != host:
+                        self.succ[p].append(n << 1 | 1)
+                        self.indeg[n] += 1
                     if transfer:
                         self.tx_prod[n] = p
                 elif p == MISSING:
