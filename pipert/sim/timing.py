@@ -7,9 +7,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from itertools import compress
-from operator import add, not_
 from dataclasses import dataclass
+from itertools import compress
+from operator import not_
 
 from ..ir.action import Action
 from .errors import ScheduleError
@@ -40,6 +40,8 @@ def run_timing(g: Graph) -> tuple[Times, list[int], list[ScheduleError]]:
     n_nodes = len(g.kind)
     indeg = list(g.indeg)
     ready = [0.0] * n_nodes
+    end0 = [0.0] * n_nodes
+    end1 = [0.0] * n_nodes
     dur, lat, succ = g.dur, g.lat, g.succ
     stack = list(compress(range(n_nodes), map(not_, indeg)))   # the sources, in node order
     order: list[int] = []
@@ -47,8 +49,10 @@ def run_timing(g: Graph) -> tuple[Times, list[int], list[ScheduleError]]:
     while stack:
         n = pop()
         visit(n)
-        e0 = ready[n] + dur[n]   # end0[n] and end1[n], stored for every node below
+        e0 = ready[n] + dur[n]
         e1 = e0 + lat[n]
+        end0[n] = e0
+        end1[n] = e1
         for x in succ[n]:
             m = x >> 1
             t = e1 if x & 1 else e0
@@ -58,15 +62,10 @@ def run_timing(g: Graph) -> tuple[Times, list[int], list[ScheduleError]]:
             indeg[m] = c
             if not c:
                 push(m)
-    if len(order) < n_nodes:   # a node never visited ends at 0
-        end0, end1 = [0.0] * n_nodes, [0.0] * n_nodes
-        for n in order:
-            end0[n] = ready[n] + dur[n]
-            end1[n] = end0[n] + lat[n]
-        return Times(ready, end0, end1), order, [_deadlock(g, indeg)]
-    end0 = list(map(add, ready, dur))   # every start is final: the sums the loop made, without it
-    end1 = list(map(add, end0, lat))
-    return Times(ready, end0, end1), order, _wgrad_sets(g, order)
+    times = Times(ready, end0, end1)
+    if len(order) < n_nodes:
+        return times, order, [_deadlock(g, indeg)]
+    return times, order, _wgrad_sets(g, order)
 
 
 def locate(g: Graph, nodes: set[int]) -> dict[int, list[tuple[int, int, Action]]]:
