@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterator
 from operator import attrgetter
 
 from .action import Action, Op, Payload, message_action
@@ -240,13 +239,15 @@ def _sent_index(actions: list[list[Action]]) -> list[dict[int, dict[tuple, int]]
     """Per destination rank: source rank -> message key (:attr:`Action.key`) -> its SEND's place
     in the link's order."""
     sent: list[dict[int, dict[tuple, int]]] = [{} for _ in actions]
+    SEND = Op.SEND
     for src, acts in enumerate(actions):
         to: dict[int, dict[tuple, int]] = {}   # dst -> sent[dst][src]
-        for a in _of_op(acts, Op.SEND):
-            link = to.get(a.peer)
-            if link is None:
-                link = to[a.peer] = sent[a.peer].setdefault(src, {}) if 0 <= a.peer < len(sent) else {}
-            link[_KEY(a)] = len(link)
+        for a in acts:
+            if a.op is SEND:
+                link = to.get(a.peer)
+                if link is None:
+                    link = to[a.peer] = sent[a.peer].setdefault(src, {}) if 0 <= a.peer < len(sent) else {}
+                link[(a.payload, a.unit, a.mb, a.tag)] = len(link)   # a.key without the property call
     return sent
 
 
@@ -255,19 +256,13 @@ def _in_send_order(acts: list[Action], links: dict[int, dict[tuple, int]]) -> bo
     (``links``: its sources' message key -> SEND place; then :func:`order_recvs_by_send` keeps the
     list; a RECV nothing sent breaks the order)."""
     last: dict[int, int] = {}
-    for a in _of_op(acts, Op.RECV):
-        peer = a.peer
-        link = links.get(peer)
-        k = -1 if link is None else link.get(_KEY(a), -1)
-        if k <= last.get(peer, -1):
-            return False
-        last[peer] = k
+    RECV = Op.RECV
+    for a in acts:
+        if a.op is RECV:
+            peer = a.peer
+            link = links.get(peer)
+            k = -1 if link is None else link.get((a.payload, a.unit, a.mb, a.tag), -1)
+            if k <= last.get(peer, -1):
+                return False
+            last[peer] = k
     return True
-
-
-def _of_op(acts: list[Action], op: Op) -> Iterator[Action]:
-    """The actions of ``acts`` whose op is ``op``, in order (selected without a Python-level loop)."""
-    return itertools.compress(acts, map(op.__eq__, map(_OP, acts)))
-
-
-_KEY = attrgetter("payload", "unit", "mb", "tag")   # Action.key without the property call

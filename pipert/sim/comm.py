@@ -11,7 +11,6 @@ of the group; it takes the link model's collective time.
 """
 from __future__ import annotations
 
-from operator import attrgetter
 from typing import Any
 
 from ..ir.action import Action, Op
@@ -20,8 +19,6 @@ from .keys import K_COLLECTIVE, K_TRANSFER
 __all__ = ["CommState"]
 
 _SEND = Op.SEND   # a module constant: on Python 3.11 each ``Op.X`` goes through EnumType.__getattr__
-_MATCHED = attrgetter("payload", "unit", "mb", "tag", "zclass")
-"""The fields on which a SEND and its RECV must agree."""
 
 
 class CommState:
@@ -85,7 +82,9 @@ class CommState:
             n = tx[k]
             first = ls[3][k]
             ls[3][k] = None
-            if _MATCHED(first[0]) != _MATCHED(a):
+            fa = first[0]
+            if fa.payload is not a.payload or fa.unit != a.unit or fa.mb != a.mb or fa.tag != a.tag \
+                    or fa.zclass != a.zclass:
                 self.mismatch(a, r, i, first, k, is_send)
             p = self.host
             if p >= 0:  # post(n) without its call: one per message

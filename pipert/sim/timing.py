@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from itertools import compress
-from operator import not_
 
 from ..ir.action import Action
 from .errors import ScheduleError
@@ -43,7 +41,7 @@ def run_timing(g: Graph) -> tuple[Times, list[int], list[ScheduleError]]:
     end0 = [0.0] * n_nodes
     end1 = [0.0] * n_nodes
     dur, lat, succ = g.dur, g.lat, g.succ
-    stack = list(compress(range(n_nodes), map(not_, indeg)))   # the sources, in node order
+    stack = [n for n in range(n_nodes) if not indeg[n]]
     order: list[int] = []
     pop, push, visit = stack.pop, stack.append, order.append
     while stack:

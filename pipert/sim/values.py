@@ -717,10 +717,11 @@ class Builder(CommState):
 
 
 def _out_of_range(acts: list[Action], num_units: int, num_microbatches: int) -> bool:
-    """Whether an action of ``acts`` names a unit or micro-batch beyond the schedule's (a scan
-    without a Python-level loop; unit 0 and actions without micro-batches are skipped as falsy)."""
-    return max(filter(None, map(_UNIT, acts)), default=-1) >= num_units or \
-        max(chain.from_iterable(map(_MB, acts)), default=-1) >= num_microbatches
+    """Whether an action of ``acts`` names a unit or micro-batch beyond the schedule's (scans of the
+    distinct units and micro-batch tuples, without a Python-level loop; unit 0 and actions without
+    micro-batches are skipped as falsy)."""
+    return max(filter(None, set(map(_UNIT, acts))), default=-1) >= num_units or \
+        max(chain.from_iterable(set(map(_MB, acts))), default=-1) >= num_microbatches
 
 
 def _names_classes(acts: list[Action]) -> bool:
