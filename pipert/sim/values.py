@@ -126,7 +126,8 @@ class Builder(CommState):
             self.open_sub: dict[tuple, tuple] = {}
             self.wait_index = None
             self.opt_count: dict[int, int] = {}
-            self.recomputed = recomputed(acts)
+            ops = list(map(_OP, acts))
+            self.recomputed = recomputed(acts) if _RECOMPUTE in ops else set()
             self.host = -1
             self.mem = 0.0
             nodes_r = self.nodes_r = [-1] * len(acts)
@@ -220,7 +221,7 @@ class Builder(CommState):
             self.compute_nodes.append(cq)
             self.busy.append(busy)
             self.peaks.append(peak)
-            self.queues.append(list(map(qname.__getitem__, map(_OP, acts))))
+            self.queues.append(list(map(qname.__getitem__, ops)))
             self.memory_trace.append(trace)
         self.finish()
 
