@@ -43,8 +43,9 @@ class CommState:
         # bytes sent, (payload, unit, #mbs) of the last message costed, its (bytes, occ, lat), the
         # link's key]
         self.link_state: dict[int, list] = {}
+        # the walked rank's link ends (the walk resets them per rank): peer << 1 | is SEND -> (its
+        # link's state, side 0 for SENDs or 1 for RECVs)
         self.ends: dict[int, tuple[list, int]] = {}
-        """The posting rank's link ends: peer << 1 | is SEND -> (link state, side); reset per rank."""
         self.coll_count: dict[tuple, int] = {}
         self.coll_nodes: dict[tuple, list[int]] = {}
         self.coll_members: dict[int, list[tuple[Action, int, int]]] = {}

@@ -178,11 +178,11 @@ class Builder(CommState):
                         self.effects(a, r, i, n)
                 else:
                     n = nodes_r[i] = self.p2p(a, r, i)
-                    one = messages.get((a.payload, a.unit, q)) if fast else None
-                    if n < 0:
-                        pass
-                    elif one is None:
-                        self.message_effects(a, r, i, n)
+                    # the message's recorded one-value plan (see message_effects), applied inline
+                    one = messages.get((a.payload, a.unit, q)) if fast and n >= 0 else None
+                    if one is None:
+                        if n >= 0:
+                            self.message_effects(a, r, i, n)
                     elif one[0]:  # comm_reads of one per-micro-batch value, inlined
                         _, ku, release, _ = one
                         for m in a.mb:
