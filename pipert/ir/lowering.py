@@ -132,7 +132,8 @@ def _programs(num_ranks: int, num_units: int, placement: Placement, compute: lis
                 continue
             first_piece = a.sub is None or a.sub[0] == 0
             last_piece = a.sub is None or a.sub[0] == a.sub[1] - 1
-            incoming, outgoing = _crossing_of(a, num_units, cross)
+            got = cross.get((a.op, a.payload, u, not mbs))   # _crossing_of's cache, read without its call
+            incoming, outgoing = got if got is not None else _crossing_of(a, num_units, cross)
             if first_piece:
                 sources: list[int] = []
                 for payload, v, cu in incoming:
