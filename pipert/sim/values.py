@@ -727,13 +727,16 @@ def _out_of_range(acts: list[Action], num_units: int, num_microbatches: int) -> 
 
 def _names_classes(acts: list[Action]) -> bool:
     """Whether an action of ``acts`` names a ZeRO class or a gathered copy's side (sets of the
-    fields' values, built without a Python-level loop)."""
+    fields' values, built without a Python-level loop). Only an action of a unit's weights or weight
+    gradient names either (Action's invariants), so a list without one needs one scan."""
+    if _UNIT_PAYLOADS.isdisjoint(map(_PAYLOAD, acts)):
+        return False
     return not set(map(_ZCLASS, acts)) <= _NONE or not set(map(_SIDE, acts)) <= _NONE
 
 
 _OP, _UNIT, _MB = attrgetter("op"), attrgetter("unit"), attrgetter("mb")
 _NONE = frozenset({None})
-_ZCLASS, _SIDE = attrgetter("zclass"), attrgetter("side")
+_ZCLASS, _SIDE, _PAYLOAD = attrgetter("zclass"), attrgetter("side"), attrgetter("payload")
 _UNIT_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD})
 _P_ACT, _P_GRAD = Payload.ACT, Payload.GRAD
 _WHOLE = (1, 1)  # the class fraction of a unit's only slot
