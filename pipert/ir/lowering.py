@@ -82,8 +82,10 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
     """
     build = functools.partial(_programs, num_ranks, num_units, placement, compute, weights)
     if order_recvs and post_ahead == 1 and not weights and _on_compute_queue(compute, meta or {}):
-        out = build(True)
-        if out is not None and all(_in_send_order(acts, links) for acts, links in zip(out, _sent_index(out))):
+        links: dict[tuple[int, int], tuple[list, list]] = {}
+        out = build(True, links)
+        if out is not None and (_same_order(links) or
+                                all(_in_send_order(acts, sent) for acts, sent in zip(out, _sent_index(out)))):
             return Schedule(name, num_ranks, num_units, num_microbatches, placement, out, dict(meta or {}))
     sched = Schedule(name, num_ranks, num_units, num_microbatches, placement, build(False), dict(meta or {}))
     if not order_recvs:
@@ -98,10 +100,14 @@ def _on_compute_queue(compute: list[list[Action]], meta: dict) -> bool:
 
 
 def _programs(num_ranks: int, num_units: int, placement: Placement, compute: list[list[Action]], weights: bool,
-              ahead: bool) -> list[list[Action]] | None:
+              ahead: bool, links: dict | None = None) -> list[list[Action]] | None:
     """Per-rank programs (see :func:`lower`); ``ahead``: each compute's receives before the previous
-    compute (None when a compute receives twice from one rank)."""
+    compute (None when a compute receives twice from one rank). ``links`` (with ``ahead``) gets,
+    per directed link (src, dst), the messages it made as (payload, unit, micro-batches) in two
+    lists: the SENDs in src's program order, the RECVs in dst's (each compute's receives go
+    before the previous compute, after every earlier receive: the order they are made in)."""
     out: list[list[Action]] = [[] for _ in range(num_ranks)]
+    made = links if links is not None else {}
     cross: dict[tuple, tuple] = {}
     unit_rank = placement.ranks if placement.kind == "unit" else None   # the rank depends on the unit only
     OPT, SEND, RECV = Op.OPT, Op.SEND, Op.RECV   # locals: Op.X is an attribute lookup per use
@@ -126,7 +132,8 @@ def _programs(num_ranks: int, num_units: int, placement: Placement, compute: lis
                 continue
             first_piece = a.sub is None or a.sub[0] == 0
             last_piece = a.sub is None or a.sub[0] == a.sub[1] - 1
-            incoming, outgoing = _crossing_of(a, num_units, cross)
+            got = cross.get((a.op, a.payload, u, not mbs))   # _crossing_of's cache, read without its call
+            incoming, outgoing = got if got is not None else _crossing_of(a, num_units, cross)
             if first_piece:
                 sources: list[int] = []
                 for payload, v, cu in incoming:
@@ -142,6 +149,10 @@ def _programs(num_ranks: int, num_units: int, placement: Placement, compute: lis
                     sources.append(src)
                     prog.insert(at, msg)
                     at += 1
+                    got = made.get((src, r))
+                    if got is None:
+                        got = made[(src, r)] = ([], [])
+                    got[1].append((payload, v, mbs))
             at = len(prog)
             prog.append(a)
             if last_piece:
@@ -149,6 +160,10 @@ def _programs(num_ranks: int, num_units: int, placement: Placement, compute: lis
                     dst = unit_rank[cu] if unit_rank is not None else _rank_of(placement, cu, mbs)
                     if dst != r:
                         prog.append(message_action(SEND, v, mbs, payload, dst))
+                        got = made.get((r, dst))
+                        if got is None:
+                            got = made[(r, dst)] = ([], [])
+                        got[0].append((payload, v, mbs))
             if weights and last_bwd.get((r, u)) == i:
                 prog.append(Action(Op.SEND, unit=u, payload=Payload.WGRAD, peer=placement.weight_owner[u]))
     return out
@@ -233,6 +248,12 @@ def order_recvs_by_send(schedule: Schedule) -> Schedule:
     if out == schedule.actions:
         return schedule
     return schedule.with_actions(out)
+
+
+def _same_order(links: dict[tuple[int, int], tuple[list, list]]) -> bool:
+    """Whether every link receives exactly what it sends, in the same order, no message twice
+    (then every RECV's SEND place grows by one: :func:`_in_send_order` holds on every rank)."""
+    return all(sends == recvs and len(set(sends)) == len(sends) for sends, recvs in links.values())
 
 
 def _sent_index(actions: list[list[Action]]) -> list[dict[int, dict[tuple, int]]]:

@@ -40,8 +40,12 @@ class CommState:
         self.tx_prod: dict[int, int] = {}
         # per directed link src * P + dst: [SENDs posted, RECVs posted, transfer nodes in FIFO
         # order, first-posted side (action, rank, index) per transfer (None once matched),
-        # bytes sent, (payload, unit, #mbs) of the last message costed, its (bytes, occ, lat)]
+        # bytes sent, (payload, unit, #mbs) of the last message costed, its (bytes, occ, lat), the
+        # link's key]
         self.link_state: dict[int, list] = {}
+        # the walked rank's link ends (the walk resets them per rank): peer << 1 | is SEND -> (its
+        # link's state, side 0 for SENDs or 1 for RECVs)
+        self.ends: dict[int, tuple[list, int]] = {}
         self.coll_count: dict[tuple, int] = {}
         self.coll_nodes: dict[tuple, list[int]] = {}
         self.coll_members: dict[int, list[tuple[Action, int, int]]] = {}
@@ -62,20 +66,19 @@ class CommState:
 
     # --- point to point ---------------------------------------------------------------------
     def p2p(self, a: Action, r: int, i: int) -> int:
-        """The transfer node of SEND/RECV ``a`` (posting edge added); -1 if broken."""
-        peer, P = a.peer, self.P
-        if peer == r or not 0 <= peer < P:
-            self.error(r, i, a, "bad_peer", f"peer {peer} must be another rank in 0..{P - 1}")
-            return -1
+        """The transfer node of SEND/RECV ``a`` (posting edge added); -1 if broken. The first side
+        the walk meets creates the node (see ``link_state``), the second is checked against it."""
         is_send = a.op is _SEND
-        lk = r * P + peer if is_send else peer * P + r
-        ls = self.link_state.get(lk)
-        if ls is None:
-            ls = self.link_state[lk] = [0, 0, [], [], 0.0, None, None]
-        side = 0 if is_send else 1
+        end = self.ends.get(a.peer << 1 | is_send)
+        if end is None:
+            end = self.link_end(a, r, i, is_send)
+            if end is None:
+                return -1
+        ls, side = end
         k = ls[side]
         ls[side] = k + 1
         tx = ls[2]
+        succ = self.succ
         if k < len(tx):
             n = tx[k]
             first = ls[3][k]
@@ -84,13 +87,50 @@ class CommState:
             if fa.payload is not a.payload or fa.unit != a.unit or fa.mb != a.mb or fa.tag != a.tag \
                     or fa.zclass != a.zclass:
                 self.mismatch(a, r, i, first, k, is_send)
+            p = self.host
+            if p >= 0:  # post(n) without its call: one per message
+                succ[p].append(n << 1)
+                self.indeg[n] += 1
+            return n
+        ck = (a.payload, a.unit, len(a.mb) or 1, a.zclass)
+        if ck == ls[5]:
+            nbytes, occ, lat = ls[6]
         else:
-            n = self.new_transfer(a, r, i, ls, lk)
+            nbytes = self.message_bytes(a)
+            lk = ls[7]
+            occ, lat = self.links.transfer(lk // self.P, lk % self.P, nbytes) if self.links is not None \
+                else (0.0, 0.0)
+            ls[5], ls[6] = ck, (nbytes, occ, lat)
+        n = len(self.kind)  # node(K_TRANSFER, occ, lat) without its call: one per transfer
+        self.kind.append(K_TRANSFER)
+        self.dur.append(occ)
+        self.lat.append(lat)
+        succ.append([])
+        ls[4] += nbytes
+        if tx:  # link FIFO: this transfer starts after the previous one frees the link
+            succ[tx[-1]].append(n << 1)
+        tx.append(n)
+        ls[3].append((a, r, i))
         p = self.host
         if p >= 0:  # post(n) without its call: one per message
-            self.succ[p].append(n << 1)
-            self.indeg[n] += 1
+            succ[p].append(n << 1)
+        self.indeg.append((len(tx) > 1) + (p >= 0))
         return n
+
+    def link_end(self, a: Action, r: int, i: int, is_send: bool) -> tuple[list, int] | None:
+        """(link state, 0 for the sending side or 1 for the receiving one) of message ``a`` on rank r,
+        kept in ``ends`` for the rank's later messages to the same peer and side; None (an error)
+        if the peer is no other rank."""
+        peer, P = a.peer, self.P
+        if peer == r or not 0 <= peer < P:
+            self.error(r, i, a, "bad_peer", f"peer {peer} must be another rank in 0..{P - 1}")
+            return None
+        lk = r * P + peer if is_send else peer * P + r
+        ls = self.link_state.get(lk)
+        if ls is None:
+            ls = self.link_state[lk] = [0, 0, [], [], 0.0, None, None, lk]
+        end = self.ends[peer << 1 | is_send] = (ls, 0 if is_send else 1)
+        return end
 
     def message_bytes(self, a: Action) -> float:
         """Bytes ``a`` moves: the cost model's message, times its ZeRO class's share of the unit."""
@@ -99,32 +139,6 @@ class CommState:
             return nbytes
         num, den = self.s.placement.class_fraction(a.unit, a.zclass)
         return nbytes * num / den
-
-    def new_transfer(self, a: Action, r: int, i: int, ls: list, lk: int) -> int:
-        """Node of a transfer whose first side (SEND or RECV) is ``a``; see ``link_state``."""
-        ck = (a.payload, a.unit, len(a.mb) or 1, a.zclass)
-        if ck == ls[5]:
-            nbytes, occ, lat = ls[6]
-        else:
-            nbytes = self.message_bytes(a)
-            occ, lat = self.links.transfer(lk // self.P, lk % self.P, nbytes) if self.links is not None \
-                else (0.0, 0.0)
-            ls[5], ls[6] = ck, (nbytes, occ, lat)
-        n = len(self.kind)  # node(K_TRANSFER, occ, lat) without its call: one per transfer
-        self.kind.append(K_TRANSFER)
-        self.dur.append(occ)
-        self.lat.append(lat)
-        self.succ.append([])
-        ls[4] += nbytes
-        tx = ls[2]
-        if tx:  # link FIFO: this transfer starts after the previous one frees the link
-            self.succ[tx[-1]].append(n << 1)
-            self.indeg.append(1)
-        else:
-            self.indeg.append(0)
-        tx.append(n)
-        ls[3].append((a, r, i))
-        return n
 
     def mismatch(self, a: Action, r: int, i: int, first: tuple[Action, int, int], k: int, is_send: bool) -> None:
         s_a, s_r, s_i = (a, r, i) if is_send else first

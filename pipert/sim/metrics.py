@@ -1,6 +1,8 @@
 """Metrics derived from a timed graph: exposed communication, bytes per link class, events."""
 from __future__ import annotations
 
+from itertools import compress
+from operator import gt, itemgetter
 from typing import Any
 
 from ..cost.base import LINK_CLASSES
@@ -12,6 +14,7 @@ from .timing import Times
 __all__ = ["exposed_comm", "comm_bytes", "events", "Event"]
 
 Event = tuple[int, str, Action, float, float]  # (rank, queue, action, start, end)
+_FIRST = itemgetter(0)
 
 
 def exposed_comm(g: Graph, t: Times) -> list[float]:
@@ -19,30 +22,38 @@ def exposed_comm(g: Graph, t: Times) -> list[float]:
     that data's producer had finished. At zero link cost this is 0 unless a rendezvous or a
     queue stalled a transfer; waiting for upstream compute counts as bubble, not here.
     A transfer's data is due when its producer ends; a collective's when it starts."""
-    comm_of: dict[int, list[int]] = {}
-    for n, c in g.comm_in:
-        comm_of.setdefault(n, []).append(c)
     start, end0, end1 = t.start, t.end0, t.end1
+    late = [_late(nodes, start, end0) for nodes in g.compute_nodes]
+    waiting = {n for rank in late for n, _, _ in rank}
+    # the communicated inputs of the nodes that started after their queue was free (C-level selection)
+    comm_of: dict[int, list[int]] = {}
+    for n, c in compress(g.comm_in, map(waiting.__contains__, map(_FIRST, g.comm_in))):
+        comm_of.setdefault(n, []).append(c)
     out = []
-    for nodes in g.compute_nodes:
-        prev = total = 0.0
-        for n in nodes:
-            s = start[n]
-            if s > prev:
-                due = prev
-                for c in comm_of.get(n, ()):
-                    if g.kind[c] == K_TRANSFER:
-                        p = g.tx_prod.get(c)
-                        f = end1[p] if p is not None else 0.0
-                    else:
-                        f = start[c]
-                    if f > due:
-                        due = f
-                if s > due:
-                    total += s - due
-            prev = end0[n]
+    for rank in late:
+        total = 0.0
+        for n, s, due in rank:
+            for c in comm_of.get(n, ()):
+                if g.kind[c] == K_TRANSFER:
+                    p = g.tx_prod.get(c)
+                    f = end1[p] if p is not None else 0.0
+                else:
+                    f = start[c]
+                if f > due:
+                    due = f
+            if s > due:
+                total += s - due
         out.append(total)
     return out
+
+
+def _late(nodes: list[int], start: list[float], end0: list[float]) -> list[tuple[int, float, float]]:
+    """(node, start, when the queue was free) of each of a rank's compute-queue ``nodes`` (in queue
+    order) that started after the queue was free, in order; selected without a Python-level loop."""
+    starts = list(map(start.__getitem__, nodes))
+    frees = [0.0]
+    frees += map(end0.__getitem__, nodes[:-1])
+    return list(compress(zip(nodes, starts, frees), map(gt, starts, frees)))
 
 
 def comm_bytes(g: Graph, topology: Any) -> dict[str, float]:

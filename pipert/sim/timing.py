@@ -115,9 +115,9 @@ def _wgrad_sets(g: Graph, order: list[int]) -> list[ScheduleError]:
     """Union weight-grad contributions in topological order; check OPTs get their update."""
     if not g.wg_parts and not g.opt_checks:
         return []
-    pos = [0] * len(g.kind)
-    for k, n in enumerate(order):
-        pos[n] = k
+    need = set(g.wg_parts).union(c[0] for c in g.opt_checks)
+    # the topological rank among these nodes (a C-level filter of the order): sorts them as the order does
+    pos = {n: k for k, n in enumerate(filter(need.__contains__, order))}
     errors: list[ScheduleError] = []
     sets: dict[int, set[int]] = {}
     items = [(pos[n], 0, n, None) for n in g.wg_parts] + [(pos[c[0]], 1, c[0], c) for c in g.opt_checks]

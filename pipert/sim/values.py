@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -108,21 +109,25 @@ class Builder(CommState):
         s, U, M = self.s, self.U, self.M
         q_of, ctime = self.q_of, self.cost.compute_time
         qname = {op: QUEUES[q] for op, q in q_of.items()}
-        plan = self._plan
         kind, dur, lat, succ, indeg = self.kind, self.dur, self.lat, self.succ, self.indeg
-        fast = self.fast
+        fast, tx_prod = self.fast, self.tx_prod
         placed = self.split or any(self.mixed)  # the placement gives some unit ZeRO classes or copies
         for r in range(self.P):
             acts = s.actions[r]
             self.r = r
             self.have = self._initial(r)
-            plans = self._plan_cache = {}
-            self.live: dict[int, float] = {}
+            self._plan_cache = {}
+            self.ends = {}
+            self._compute_plans: dict[tuple, tuple] = {}
+            messages = self.message_plans = {}
+            live = self.live = {}
+            have = self.have
             self.wg: dict[tuple[int, int], list] = {}
             self.open_sub: dict[tuple, tuple] = {}
             self.wait_index = None
             self.opt_count: dict[int, int] = {}
-            self.recomputed = recomputed(acts)
+            ops = list(map(_OP, acts))
+            self.recomputed = recomputed(acts) if _RECOMPUTE in ops else set()
             self.host = -1
             self.mem = 0.0
             nodes_r = self.nodes_r = [-1] * len(acts)
@@ -160,25 +165,48 @@ class Builder(CommState):
                             indeg.append(0)
                         self.host = n
                         busy += d
+                    nodes_r[i] = n
                     if n >= 0:
                         cq.append(n)
+                        if fast and a.sub is None and op in _COMPUTE_OPS:
+                            self.plain_compute(a, r, i, n)
+                        else:
+                            self.effects(a, r, i, n)
                 elif q == 3:
-                    n = self.collective(a, r, i, chained=False)
-                else:
-                    n = self.p2p(a, r, i)
-                nodes_r[i] = n
-                if n >= 0:
-                    if q == 1 or q == 2:  # a SEND/RECV: its plan is all of its effects
-                        got = plans.get((op, a.payload, a.unit, r == a.root, False, a.zclass, a.side))
-                        reads, writes = got if got is not None else plan(a, r, False)
-                        if reads:
-                            self.comm_reads(a, r, i, n, reads)
-                        if writes:
-                            self.apply_writes(a, r, n, writes)
-                    elif fast and a.sub is None and op in _COMPUTE_OPS:
-                        self.plain_compute(a, r, i, n)
-                    else:
+                    n = nodes_r[i] = self.collective(a, r, i, chained=False)
+                    if n >= 0:
                         self.effects(a, r, i, n)
+                else:
+                    n = nodes_r[i] = self.p2p(a, r, i)
+                    # the message's recorded one-value plan (see message_effects), applied inline
+                    one = messages.get((a.payload, a.unit, q)) if fast and n >= 0 else None
+                    if one is None:
+                        if n >= 0:
+                            self.message_effects(a, r, i, n)
+                    elif one[0]:  # comm_reads of one per-micro-batch value, inlined
+                        _, ku, release, _ = one
+                        for m in a.mb:
+                            k = ku | m << SHIFT
+                            p = have.get(k, MISSING)
+                            if p >= 0:
+                                if p != self.host:   # as comm_reads: the posting edge is from p
+                                    succ[p].append(n << 1 | 1)
+                                    indeg[n] += 1
+                                tx_prod[n] = p
+                            elif p == MISSING:
+                                self.use(r, i, k, n, False)
+                                continue
+                            if release:
+                                del have[k]
+                                self.mem -= live.pop(k, 0.0)
+                    else:  # apply_writes of one per-micro-batch value, inlined
+                        _, ku, _, size = one
+                        for m in a.mb:
+                            k = ku | m << SHIFT
+                            have[k] = n
+                            if size is not None and k not in live:
+                                live[k] = size
+                                self.mem += size
                 mem = self.mem
                 trace.append(mem)
                 if mem > peak:
@@ -193,7 +221,7 @@ class Builder(CommState):
             self.compute_nodes.append(cq)
             self.busy.append(busy)
             self.peaks.append(peak)
-            self.queues.append(list(map(qname.__getitem__, map(_OP, acts))))
+            self.queues.append(list(map(qname.__getitem__, ops)))
             self.memory_trace.append(trace)
         self.finish()
 
@@ -284,43 +312,95 @@ class Builder(CommState):
             if writes:
                 self.apply_writes(a, r, n, writes)
 
+    def message_effects(self, a: Action, r: int, i: int, n: int) -> None:
+        """The effects of SEND/RECV ``a`` (transfer node n): its plan's, which are all of its effects.
+        A message of an activation or gradient whose plan is one per-micro-batch value read or
+        written has it recorded as (is read, key of micro-batch 0, release, size) in
+        ``message_plans``, which the walk applies inline (``fast``) the next time."""
+        got = self._plan_cache.get((a.op, a.payload, a.unit, r == a.root, False, a.zclass, a.side))
+        reads, writes = got if got is not None else self._plan(a, r, False)
+        if reads:
+            self.comm_reads(a, r, i, n, reads)
+        if writes:
+            self.apply_writes(a, r, n, writes)
+        if (a.payload is _P_ACT or a.payload is _P_GRAD) and len(reads) + len(writes) == 1:
+            wg, _, release, _, ku, slots, size = (reads or writes)[0]
+            if not wg and slots is None:
+                self.message_plans[(a.payload, a.unit, self.q_of[a.op])] = (bool(reads), ku, release, size)
+
     def plain_compute(self, a: Action, r: int, i: int, n: int) -> None:
-        """effects() of an F, B, D, W or RECOMPUTE without sub-blocks, the most common actions:
-        the same plan, reads (taken and freed at once), once-per-(unit, micro-batch) check and
-        writes, with compute_reads and mark_done inlined (``fast`` off: effects())."""
+        """effects() of an F, B, D, W or RECOMPUTE of one micro-batch without sub-blocks, the most
+        common actions, from its compiled plan (:meth:`_compute_plan`): the same reads (taken and
+        freed at once), once-per-(unit, micro-batch) check and writes, in the same order (``fast``
+        off, a fold, or a plan that does not compile: effects())."""
         op, u, mb = a.op, a.unit, a.mb
         rec = self.recomputed
         keeps = op is _F and bool(rec) and any((u, m) in rec for m in mb)
-        got = self._plan_cache.get((op, a.payload, u, r == a.root, keeps, a.zclass, a.side))
-        reads, writes = got if got is not None else self._plan(a, r, keeps)
-        have, kind = self.have, self.kind
-        for wg, uu, release, shard, ku, slots, _ in reads:
-            if wg:
-                for sl in slots:
-                    self.take_wgrad(a, r, i, n, uu, shard, sl)
+        got = self._compute_plans.get((op, u, keeps), False)
+        if got is False:
+            got = self._compute_plans[(op, u, keeps)] = self._compute_plan(a, r, keeps)
+        if got is None or len(mb) != 1:
+            self.effects(a, r, i, n)
+            return
+        reads, writes, wgrads, table, d_bit = got
+        have, kind, live = self.have, self.kind, self.live
+        mk = mb[0] << SHIFT
+        mem = self.mem   # the running sum, changed in the order effects() changes it
+        for kb, per_mb, release in reads:
+            k = kb | mk if per_mb else kb
+            p = have.get(k, MISSING)
+            if p == MISSING:
+                self.use(r, i, k, n, True)
                 continue
-            for m in (mb if slots is None else slots):
-                k = ku | m << SHIFT
-                p = have.get(k, MISSING)
-                if p == MISSING:
-                    self.use(r, i, k, n, True)
-                    continue
-                if p >= 0 and kind[p]:  # a value from another queue: an edge, communicated input
-                    self.succ[p].append(n << 1 | 1)
-                    self.indeg[n] += 1
-                    self.comm_in.append((n, p))
-                if release:
-                    del have[k]
-                    self.mem -= self.live.pop(k, 0.0)
-        if op is not _RECOMPUTE:
+            if p >= 0 and kind[p]:  # a value from another queue: an edge, communicated input
+                self.succ[p].append(n << 1 | 1)
+                self.indeg[n] += 1
+                self.comm_in.append((n, p))
+            if release:
+                del have[k]
+                mem -= live.pop(k, 0.0)
+        if table is not None:
             fk = u << 32 | mb[0]
-            table = self.fwd if op is _F else self.wdone if op is _W else self.bwd
-            if len(mb) > 1 or fk in table:  # a fold, or a second run: mark_done checks and names it
+            if fk in table:  # a second run: mark_done names the first
                 self.mark_done(a, r, i)
             else:
-                table[fk] = (r << 32 | i) << 1 | (op is _D) if table is self.bwd else r << 32 | i
-        if writes:
-            self.apply_writes(a, r, n, writes)
+                table[fk] = r << 32 | i if d_bit is None else (r << 32 | i) << 1 | d_bit
+        for kb, per_mb, size in writes:
+            k = kb | mk if per_mb else kb
+            have[k] = n
+            if size is not None and k not in live:
+                live[k] = size
+                mem += size
+        self.mem = mem
+        wg = self.wg
+        for key in wgrads:
+            st = wg.get(key)
+            if st is not None and st[2] >= 0:  # add_wgrad to a local accumulator that exists
+                st[0].extend(mb)
+                st[2] = n
+            else:
+                self.add_wgrad(a, r, n, *key)
+
+    def _compute_plan(self, a: Action, r: int, keeps: bool) -> tuple | None:
+        """The plan of compute ``a`` (:meth:`_plan`) with each ref's key of micro-batch 0 per slot:
+        (reads as (key, per micro-batch, release), writes as (key, per micro-batch, size), weight-grad
+        contributions as (unit, shard, slot), the table of :meth:`mark_done` (None for RECOMPUTE), its
+        D bit (None outside ``bwd``)). None where a weight gradient is read, written before another
+        value (plain_compute does not order them) or written by an op that does not accumulate it
+        locally (add_wgrad)."""
+        reads, writes = self._plan(a, r, keeps)
+        if any(ref[0] for ref in reads) or any(ref[0] for ref in writes[:-1]) or \
+                writes and writes[-1][0] and a.op is not _B and a.op is not _W:
+            return None
+        flat_reads = tuple((ku | m << SHIFT, False, release) if slots else (ku, True, release)
+                           for _, _, release, _, ku, slots, _ in reads for m in (slots or (0,)))
+        flat_writes = tuple(((ku | m << SHIFT, False, sz) for m, sz in zip(slots, size)) if slots else
+                            ((ku, True, size),) for wg, _, _, _, ku, slots, size in writes if not wg)
+        wgrads = tuple((uu, shard, sl) for wg, uu, _, shard, _, slots, _ in writes if wg for sl in slots)
+        op = a.op
+        table = None if op is _RECOMPUTE else self.fwd if op is _F else self.wdone if op is _W else self.bwd
+        return (flat_reads, tuple(w for ws in flat_writes for w in ws), wgrads, table,
+                int(op is _D) if table is self.bwd else None)
 
     def _role_ok(self, role: int, a: Action, r: int) -> bool:
         return role == 0 or (role == 1) == (r == a.root) and role != 3
@@ -412,6 +492,9 @@ class Builder(CommState):
         an edge from its producer, which a transfer then carries (``tx_prod``)."""
         have = self.have
         transfer = self.kind[n] == K_TRANSFER
+        # a value of the node that posted n needs no edge of its own: its posting edge (post()) is
+        # one from the same node, whose end1 is its end0 (compute-queue nodes have no latency)
+        host = self.host if self.q_of[a.op] != 0 else -1
         for wg, uu, release, shard, ku, slots, _ in refs:
             if wg:
                 for sl in slots:
@@ -421,8 +504,9 @@ class Builder(CommState):
                 k = ku | m << SHIFT
                 p = have.get(k, MISSING)
                 if p >= 0:  # an edge as in use(), without its call
-                    self.succ[p].append(n << 1 | 1)
-                    self.indeg[n] += 1
+                    if p != host:
+                        self.succ[p].append(n << 1 | 1)
+                        self.indeg[n] += 1
                     if transfer:
                         self.tx_prod[n] = p
                 elif p == MISSING:
@@ -634,20 +718,27 @@ class Builder(CommState):
 
 
 def _out_of_range(acts: list[Action], num_units: int, num_microbatches: int) -> bool:
-    """Whether an action of ``acts`` names a unit or micro-batch beyond the schedule's (a scan
-    without a Python-level loop; unit 0 and actions without micro-batches are skipped as falsy)."""
-    return max(filter(None, map(_UNIT, acts)), default=-1) >= num_units or \
-        max(map(max, filter(None, map(_MB, acts))), default=-1) >= num_microbatches
+    """Whether an action of ``acts`` names a unit or micro-batch beyond the schedule's (scans of the
+    distinct units and micro-batch tuples, without a Python-level loop; unit 0 and actions without
+    micro-batches are skipped as falsy)."""
+    return max(filter(None, set(map(_UNIT, acts))), default=-1) >= num_units or \
+        max(chain.from_iterable(set(map(_MB, acts))), default=-1) >= num_microbatches
 
 
 def _names_classes(acts: list[Action]) -> bool:
-    """Whether an action of ``acts`` names a ZeRO class or a gathered copy's side."""
-    return any(v is not None for v in map(_ZCLASS, acts)) or any(v is not None for v in map(_SIDE, acts))
+    """Whether an action of ``acts`` names a ZeRO class or a gathered copy's side (sets of the
+    fields' values, built without a Python-level loop). Only an action of a unit's weights or weight
+    gradient names either (Action's invariants), so a list without one needs one scan."""
+    if _UNIT_PAYLOADS.isdisjoint(map(_PAYLOAD, acts)):
+        return False
+    return not set(map(_ZCLASS, acts)) <= _NONE or not set(map(_SIDE, acts)) <= _NONE
 
 
 _OP, _UNIT, _MB = attrgetter("op"), attrgetter("unit"), attrgetter("mb")
-_ZCLASS, _SIDE = attrgetter("zclass"), attrgetter("side")
+_NONE = frozenset({None})
+_ZCLASS, _SIDE, _PAYLOAD = attrgetter("zclass"), attrgetter("side"), attrgetter("payload")
 _UNIT_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD})
+_P_ACT, _P_GRAD = Payload.ACT, Payload.GRAD
 _WHOLE = (1, 1)  # the class fraction of a unit's only slot
 
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipert.ir import Action, Op, Placement, add_optimizer_steps, lower
-from pipert.ir.lowering import order_recvs_by_send
+from pipert.ir.lowering import _in_send_order, _programs, _same_order, _sent_index, order_recvs_by_send
 from pipert.ir.passes import post_receives_early
 from pipert.schedules import build_schedule
 
@@ -46,3 +46,24 @@ def test_registered_schedules_lower_as_with_the_two_passes() -> None:
         s = build_schedule(name, stages=P, microbatches=M)
         compute = [[a for a in acts if a.op not in (Op.SEND, Op.RECV)] for acts in s.actions]
         assert s.actions == _two_passes(P, s.num_units, M, s.placement, compute), name
+
+
+@settings(max_examples=150, deadline=None)
+@given(programs())
+def test_made_messages_are_listed_in_program_order(program: tuple) -> None:
+    """The quick check of ``lower`` (:func:`_same_order`) reads the messages ``_programs`` made, as it
+    made them: each link's list is that link's SENDs in the sender's program, RECVs in the receiver's."""
+    P, U, M, placement, compute = program
+    links: dict = {}
+    out = _programs(P, U, placement, compute, False, True, links)
+    if out is None:
+        return
+    listed: dict = {}
+    for r, acts in enumerate(out):
+        for a in acts:
+            if a.op in (Op.SEND, Op.RECV):
+                link = (r, a.peer) if a.op is Op.SEND else (a.peer, r)
+                listed.setdefault(link, ([], []))[a.op is Op.RECV].append((a.payload, a.unit, a.mb))
+    assert listed == links
+    if _same_order(links):
+        assert all(_in_send_order(acts, sent) for acts, sent in zip(out, _sent_index(out)))

@@ -1,5 +1,9 @@
 """message_action and compute_action (the unchecked constructors of lowering and generators) build
 the checked Action."""
+import dataclasses
+import pickle
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,7 +24,12 @@ def test_compute_action_is_the_checked_action(op: Op, unit: int, mb: tuple) -> N
 
 
 def _assert_same(fast: Action, checked: Action) -> None:
+    assert type(fast) is Action
+    assert dataclasses.astuple(fast) == dataclasses.astuple(checked)
     assert fast == checked
     assert hash(fast) == hash(checked)
     assert str(fast) == str(checked)
     assert {fast: 1}[checked] == 1
+    assert pickle.loads(pickle.dumps(fast)) == checked
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.unit = 0   # built through a draft, the action is as frozen as a checked one

@@ -1,26 +1,32 @@
-"""The engine's fast path for plain computes (``Builder.plain_compute``) builds the same graph,
-memory trace and errors as the general path (``Builder.effects``), on registered schedules after
-passes and on broken programs."""
+"""The engine's fast paths build the same graph, memory trace and errors as the general path
+(``Builder.effects`` for every compute, ``Builder.message_effects`` for every SEND/RECV), on registered
+schedules after passes, with and without link costs, and on broken programs: computes of one
+micro-batch from their compiled plans (``Builder.plain_compute``), activation and gradient messages
+from their recorded one-value plans (inline in ``Builder.run``)."""
 from __future__ import annotations
+
+import dataclasses
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipert.cost import UniformCost
+from pipert.cost.topology import Links, Topology
 from pipert.ir import Schedule
-from pipert.ir.action import Action, Op
+from pipert.ir.action import Action, Op, Payload
 from pipert.ir.passes import PASSES, fold_microbatches
 from pipert.schedules import build_schedule
 from pipert.sim.values import Builder
 
 COST = UniformCost(tf=1.0, tb=2.0)
+_SWAP = {Payload.ACT: Payload.GRAD, Payload.GRAD: Payload.ACT}   # the payloads of one-value message plans
 FAMILIES = ["1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "zb-v", "weipipe-interleave", "helixpipe-2fold",
             "crosspipe-greedy"]
 
 
-def _walk(s: Schedule, fast: bool) -> tuple:
+def _walk(s: Schedule, fast: bool, links: Links | None = None) -> tuple:
     """Everything pass 1 records, from a Builder with the fast path on or off."""
-    b = Builder(s, COST, None, None)
+    b = Builder(s, COST, links, None)
     b.fast = fast
     b.run()
     return (b.kind, b.dur, b.lat, b.succ, b.indeg, b.node_of, b.compute_nodes, b.comm_in, b.tx_prod, b.busy,
@@ -29,20 +35,26 @@ def _walk(s: Schedule, fast: bool) -> tuple:
 
 
 def _mutate(s: Schedule, data: st.DataObject) -> Schedule:
-    """Up to three edits of one rank's list: drop an action, swap two neighbours, or repeat one."""
+    """Up to three edits of one rank's list: drop an action, swap two neighbours, repeat one, or send
+    or receive a message from another peer (any rank, itself, or none) or as the other payload."""
     acts = [list(a) for a in s.actions]
     for _ in range(data.draw(st.integers(0, 3))):
         r = data.draw(st.integers(0, s.num_ranks - 1))
         if len(acts[r]) < 2:
             continue
         i = data.draw(st.integers(0, len(acts[r]) - 2))
-        edit = data.draw(st.sampled_from(["drop", "swap", "repeat"]))
+        edit = data.draw(st.sampled_from(["drop", "swap", "repeat", "peer", "payload"]))
+        a = acts[r][i]
         if edit == "drop":
             del acts[r][i]
         elif edit == "swap":
             acts[r][i], acts[r][i + 1] = acts[r][i + 1], acts[r][i]
-        else:
-            acts[r].insert(i, acts[r][i])
+        elif edit == "repeat":
+            acts[r].insert(i, a)
+        elif a.payload in _SWAP:
+            change = {"peer": data.draw(st.integers(-1, s.num_ranks))} if edit == "peer" else \
+                {"payload": _SWAP[a.payload]}
+            acts[r][i] = dataclasses.replace(a, **change)
     return s.with_actions(acts)
 
 
@@ -60,7 +72,8 @@ def test_fast_path_builds_the_general_paths_graph(data: st.DataObject) -> None:
     for p in passes:
         s = PASSES[p](s)
     s = _mutate(s, data)
-    assert _walk(s, True) == _walk(s, False)
+    links = Links.preset(Topology(P, ranks_per_node=1)) if data.draw(st.booleans()) else None
+    assert _walk(s, True, links) == _walk(s, False, links)
 
 
 def test_fast_path_reports_a_repeated_fold_as_the_general_path_does() -> None:

@@ -45,7 +45,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from fractions import Fraction
 
 from ...ir import Action, Op, Schedule
 from .greedy import GreedyConfig, GreedyResult, greedy_best
@@ -294,6 +293,7 @@ class _Model:
 def _memory_scale(pr: CrossPipeProblem) -> float:
     """Integers per memory unit: exact when every size is a simple fraction of the largest
     stash (uniform mode, bytes of one model), else a millionth of it."""
+    from fractions import Fraction   # imported on use, not with pipert.schedules (with decimal, ~5 ms)
     ref = max(pr.stash)
     sizes = {x / ref for x in pr.stash + pr.stash_w + pr.act_buf + pr.grad_buf if x > 0}
     sizes |= {(a - b) / ref for a, b in zip(pr.stash, pr.stash_w) if a > b}
