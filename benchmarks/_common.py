@@ -38,6 +38,11 @@ def load_average() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
 
 
+def bandwidth_messages(case: str) -> int:
+    """k of a bandwidth case of bench_delay, named "k x N kB @ B GB/s + L us"."""
+    return int(case.split(" x ")[0])
+
+
 def current_commit() -> str:
     """HEAD of the repository, with ``DIRTY`` appended when tracked or untracked files outside
     ``benchmarks/results/`` differ from it ("unknown" outside a git checkout). ``PIPERT_SOURCE_COMMIT``,

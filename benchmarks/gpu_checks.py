@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from _common import RESULTS, context, rebuild, report_header, write_results
+from _common import RESULTS, bandwidth_messages, context, rebuild, report_header, write_results
 from bench_delay import DELAYS, target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def _per_message(row: dict) -> str:
     """Bandwidth rows (k back-to-back messages): the median error per message."""
     if row["section"] != "bandwidth":
         return ""
-    k = int(row["case"].split(" x ")[0])
+    k = bandwidth_messages(row["case"])
     return f"; {row['median_err_s'] / k * 1e6:.1f} us per message of {k}"
 
 
@@ -149,6 +149,12 @@ def check_links(quick: bool) -> list[dict]:
              "note": f"{r['where']}; p95 |err| {r['p95_abs_err_s'] * 1e6:.1f} us of {r['n']}"} for r in found]
 
 
+def _not_measured(check: str, case: str, target: float, note: str) -> dict:
+    """The row of a case that gave no measurement (``note`` says why)."""
+    return {"check": check, "case": case, "expected_s": 0.0, "measured_s": 0.0, "error": float("nan"),
+            "target": target, "pass": False, "note": note}
+
+
 def check_train(quick: bool) -> list[dict]:
     import json
     import os
@@ -164,9 +170,7 @@ def check_train(quick: bool) -> list[dict]:
         case = f"{args} ({dtype})"
         if done.returncode or not steps:
             why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            rows.append({"check": "train", "case": case, "expected_s": 0.0, "measured_s": 0.0,
-                         "error": float("nan"), "target": tol, "pass": False,
-                         "note": f"exit {done.returncode}: {why}"})
+            rows.append(_not_measured("train", case, tol, f"exit {done.returncode}: {why}"))
             continue
         err = max(max(s.get("max_grad_rel_err", 0.0), s.get("max_param_rel_err", 0.0),
                       abs(s["loss"] - s["ref_loss"]) / abs(s["ref_loss"])) for s in steps)
@@ -222,9 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             part = check(args.quick)
         except Exception as e:  # one broken check must not hide the others' results
-            name = check.__name__.removeprefix("check_")
-            part = [{"check": name, "case": "did not run", "expected_s": 0.0, "measured_s": 0.0,
-                     "error": float("nan"), "target": 0.0, "pass": False, "note": f"{type(e).__name__}: {e}"}]
+            part = [_not_measured(check.__name__.removeprefix("check_"), "did not run", 0.0,
+                                  f"{type(e).__name__}: {e}")]
         for r in part:
             print(f"{r['check']:9s} {r['case']:55s} {'PASS' if r['pass'] else 'MISS'}  error {r['error']:.3g}  "
                   f"{r['note']}", flush=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, is_clean, load_context, read_csv  # noqa: E402
+from _common import RESULTS, bandwidth_messages, is_clean, load_context, read_csv  # noqa: E402
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -28,8 +28,9 @@ def _commit(ctx: dict) -> str:
     return ctx.get("commit", "unknown").split()[0][:10]
 
 
-def _source(script: str, name: str, ctx: dict) -> str:
-    return f"(`python benchmarks/{script}`; `benchmarks/results/{name}.md`, commit {_commit(ctx)}, {ctx['date'][:10]})"
+def _source(script: str, name: str, ctx: dict, command: str | None = None) -> str:
+    run = command or f"python benchmarks/{script}"
+    return f"(`{run}`; `benchmarks/results/{name}.md`, commit {_commit(ctx)}, {ctx['date'][:10]})"
 
 
 def sim_speed(rows: list[dict], ctx: dict, cli: list[dict] = ()) -> str:
@@ -165,7 +166,7 @@ def gpu_checks(rows: list[dict], ctx: dict) -> str:
                    f"({passed(part('links'))})")
     bw = part("bandwidth")
     if bw:
-        per = [r["error"] / int(r["case"].split(" x ")[0]) * 1e6 for r in bw]
+        per = [r["error"] / bandwidth_messages(r["case"]) * 1e6 for r in bw]
         out.append(f"k back-to-back messages {passed(bw)}, {min(per):.1f}-{max(per):.1f} us of error per message")
     if part("overlap"):
         ratios = ", ".join(f"{1 + r['error']:.3f}" for r in part("overlap"))
@@ -182,8 +183,7 @@ def gpu_checks(rows: list[dict], ctx: dict) -> str:
                    f"{100 * errs[0]:+.1f} % to {100 * errs[-1]:+.1f} % ({sum(bool(r['pass']) for r in em)} of "
                    f"{len(em)} within 10 %)")
     return (f"- GPU checks on one {ctx.get('gpu', 'GPU')}: " + "; ".join(out) + " "
-            + _source("gpu_checks.py", "gpu_checks", ctx).replace("benchmarks/gpu_checks.py", "benchmarks/gpu_all.sh")
-            .replace("`python benchmarks/gpu_all.sh`", "`bash benchmarks/gpu_all.sh`") + ".")
+            + _source("gpu_checks.py", "gpu_checks", ctx, "bash benchmarks/gpu_all.sh") + ".")
 
 
 def _chunked_misses(misses: list[dict]) -> str:

@@ -4,7 +4,7 @@ units' profiled times (this process, this device).
 
 The ranks are threads of this process on one device, so two predictions are given: the
 simulator's (a device per rank) and the same DAG timed with the ranks sharing the device
-(:func:`pipert.sim.shared.shared_makespan`; capacity 1 on a GPU, the logical CPUs on a CPU)."""
+(:func:`pipert.sim.shared.shared_step`; capacity 1 on a GPU, the logical CPUs on a CPU)."""
 from __future__ import annotations
 
 import os
@@ -18,6 +18,7 @@ from torch import nn
 
 from ..ir import Action, Op, Payload, Schedule
 from ..sim import simulate
+from ..sim.shared import shared_step
 
 __all__ = ["ProfiledCost", "profile_units", "RealEmulation", "emulate_real"]
 
@@ -129,14 +130,6 @@ def device_capacity(device: torch.device) -> float:
     return 1.0 if device.type == "cuda" else float(os.cpu_count() or 1)
 
 
-def _shared_prediction(schedule: Schedule, cost: "ProfiledCost", links: Any, capacity: float) -> float:
-    from ..sim.engine import analyze
-    from ..sim.shared import shared_makespan
-    an = analyze(schedule, cost, links)
-    if an.errors:
-        raise an.errors[0]
-    return shared_makespan(an.graph, [0] * schedule.num_ranks, [capacity])
-
 
 def emulate_real(schedule: Schedule, units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                  links: Any = None, steps: int = 5) -> RealEmulation:
@@ -160,7 +153,7 @@ def _emulate_real(schedule: Schedule, units: Sequence[nn.Module], x: torch.Tenso
     cost = profile_units([copy.deepcopy(u) for u in units], xs[0], ys[0])
     predicted = simulate(schedule, cost, links=links).makespan
     capacity = device_capacity(x.device)
-    shared = _shared_prediction(schedule, cost, links, capacity)
+    shared = shared_step(schedule, cost, links, [0] * schedule.num_ranks, [capacity])
     em = scaled_link_emulator(links, schedule.num_ranks, 1.0)
     pipe = Pipeline(units, schedule, optimizer=lambda ps: torch.optim.SGD(ps, lr=1e-3), links=em)
     pipe.step(x, y)  # warm-up

@@ -201,12 +201,9 @@ def predict_step_shared(program: Any, profile: StepProfile, links: Any = None) -
     if not profile.host_of_rank:
         return None
     from ..cost.profiled import ProfiledCost
-    from ..sim.engine import analyze
-    from ..sim.shared import shared_makespan
+    from ..sim.shared import shared_step
     extra = profile.action_overhead
     cpu = [UnitProfile({op: t + extra for op, t in p.times.items()}, p.sizes) for p in profile.cpu_profiles]
     links = _slower(links, message_overhead(profile.messages, links), program.num_ranks)
-    an = analyze(program, ProfiledCost(cpu, profile.cpu_opt + extra if profile.cpu_opt else 0.0), links)
-    if an.errors:
-        raise an.errors[0]
-    return shared_makespan(an.graph, profile.host_of_rank, profile.cores)
+    cost = ProfiledCost(cpu, profile.cpu_opt + extra if profile.cpu_opt else 0.0)
+    return shared_step(program, cost, links, profile.host_of_rank, profile.cores)

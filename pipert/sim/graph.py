@@ -13,8 +13,9 @@ before it in the list (an edge from that compute-queue node); a transfer also wa
 value it sends and for the previous transfer of its directed link; a collective for its
 members' values and the previous collective of its group; a compute for the values other
 queues produce. A value that the posting node produced needs no edge of its own: the posting
-edge carries the same time (compute-queue nodes have no latency). What each op reads and writes comes from ``pipert.ir.semantics.TABLE``
-(:mod:`.values` interprets it); memory is the running sum in list order.
+edge carries the same time (compute-queue nodes have no latency). What each op reads and writes
+comes from ``pipert.ir.semantics.TABLE`` (:mod:`.values` interprets it); memory is the running
+sum in list order.
 """
 from __future__ import annotations
 

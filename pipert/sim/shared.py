@@ -12,11 +12,11 @@ With every device's capacity at least its number of ranks the result equals the 
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from typing import Any, Sequence
 
 from .graph import Graph
 
-__all__ = ["shared_makespan"]
+__all__ = ["shared_makespan", "shared_step"]
 
 _EPS = 1e-12
 
@@ -87,3 +87,14 @@ def shared_makespan(g: Graph, device_of_rank: Sequence[int], capacity: Sequence[
     if done < len(g.kind):
         raise ValueError("the graph has a cycle (the engine reports it as a deadlock)")
     return makespan
+
+
+def shared_step(program: Any, cost: Any, links: Any, device_of_rank: Sequence[int],
+                capacity: Sequence[float]) -> float:
+    """:func:`shared_makespan` of the simulator's DAG of ``program`` with ``cost`` and ``links``;
+    raises the first error of a program the simulator rejects."""
+    from .engine import analyze
+    an = analyze(program, cost, links)
+    if an.errors:
+        raise an.errors[0]
+    return shared_makespan(an.graph, device_of_rank, capacity)

@@ -5,10 +5,11 @@ import sys
 
 import pytest
 
-from pipert.emulate.real import ProfiledCost, _shared_prediction, device_capacity
+from pipert.emulate.real import ProfiledCost, device_capacity
 from pipert.ir import Op
 from pipert.schedules import build_schedule
 from pipert.sim import simulate
+from pipert.sim.shared import shared_step
 
 P, M = 3, 5
 
@@ -23,8 +24,8 @@ def test_one_shared_device_does_all_the_work_in_turn(name):
     sched, cost = build_schedule(name, stages=P, microbatches=M), _cost()
     work = sum(cost.compute_time(a, r) for r, prog in enumerate(sched.actions) for a in prog)
     # free messages: some compute is always ready, so the one device is never idle
-    assert _shared_prediction(sched, cost, None, 1.0) == pytest.approx(work)
-    assert _shared_prediction(sched, cost, None, float(P)) == pytest.approx(simulate(sched, cost).makespan)
+    assert shared_step(sched, cost, None, [0] * P, [1.0]) == pytest.approx(work)
+    assert shared_step(sched, cost, None, [0] * P, [float(P)]) == pytest.approx(simulate(sched, cost).makespan)
     assert simulate(sched, cost).makespan < work
 
 
