@@ -27,7 +27,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from .ir.passes import apply_passes
         sched = apply_passes(sched, [n for n in args.passes.split(",") if n])
     # simulate() runs the validator's engine and raises its first error: one pass does both
-    res = simulate(sched, sc.cost_for(sched), links=sc.links, topology=sc.topology, memory_limit=sc.memory_limit)
+    res = simulate(sched, sc.cost_for(sched), links=sc.links, topology=sc.topology, memory_limit=sc.memory_limit,
+                   transport=args.transport)
     if args.trace:
         from .sim.export import write_chrome_trace
         write_chrome_trace(res, args.trace)
@@ -151,6 +152,10 @@ def _add_simulate(sub: Any) -> None:
                    "pipert train --passes applies them (recompute, offload_stashes, offload_weights, "
                    "expand_folds, merge_sub_blocks, post_receives_early, send_early)")
     s.add_argument("--save", help="write the schedule as JSON (after --passes)")
+    s.add_argument("--transport", default="gloo", choices=("gloo", "nccl"),
+                   help="communication rules the program is checked and timed under: gloo, or nccl (a "
+                   "communicator per direction of a rank pair and per group, warmed up before the step, each "
+                   "running its operations in posting order; docs/semantics.md)")
     s.set_defaults(fn=cmd_simulate)
 
 
@@ -229,7 +234,7 @@ _TRAIN_HELP = {
     "mlp_recompute": "chunked MLP: save only its input, recompute pre-activations in backward",
     "recompute": "recompute inside units: none, no_attention (keep attention output + softmax stats), full",
     "dtype": "float32, float64 or bfloat16",
-    "lr": "AdamW learning rate", "backend": "auto, gloo, nccl or local", "seed": "initialisation and data seed",
+    "lr": "AdamW learning rate", "backend": "auto, gloo, nccl, nccl-sim (gloo processes that follow NCCL's rules) or local", "seed": "initialisation and data seed",
     "check": "also run the single-process reference step; report relative errors",
     "json": "one JSON object per step instead of a progress bar",
     "timeout": "seconds any communication may wait before the run fails",

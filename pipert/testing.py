@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = ["Case", "CaseResult", "tiny_units", "make_batch", "run_case", "run_cases_dist", "rel_err", "sgd", "build_case_schedule",
-           "assert_exact"]
+           "assert_exact", "family_cases"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ class Case:
     mlp_chunk: int = 0
     """Rows per chunk of the chunked MLP (0: the plain MLP); ``mlp_recompute`` selects its mode."""
     mlp_recompute: bool = False
+    rules: str = "native"
+    """Communication rules (``Pipeline(rules=...)``): the backend's own, or "nccl" (``pipert.comm.ncclsim``)."""
     save_ops: tuple = ()
     """Selective recomputation in every unit of the pipeline (not the reference): the op groups
     whose outputs are kept, every other op recomputed (``pipert.models.recompute.SAVE_GROUPS``)."""
@@ -116,6 +118,21 @@ IR_OP_TORCH_CASES = [
     Case("torch:ScheduleInterleavedZeroBubble", 3, 4, chunks=2, steps=2),
     Case("torch:ScheduleInterleavedZeroBubble", 3, 4, chunks=2, options=(("comms", True),), steps=2),
 ]
+
+
+def family_cases(stages: int, **fields: Any) -> list[Case]:
+    """One case per registered schedule family at ``stages`` ranks per pipeline, with the settings
+    each needs (tawpipe: two ranks per node; helixpipe: the GPT model cut into 2L+1 units;
+    pipemesh: two replicas), 2 x stages micro-batches per replica; ``fields`` set on every case."""
+    from .schedules import available
+    out = []
+    for name in available():
+        kw: dict = {"options": (("ranks_per_node", 2),)} if name == "tawpipe" else {}
+        if name.startswith("helixpipe"):
+            kw.update(model="gpt", cut="helix")
+        dp = 2 if name == "pipemesh" else 1
+        out.append(Case(name, stages, 2 * stages * dp, dp=dp, **kw, **fields))
+    return out
 
 
 def assert_exact(results: Sequence[dict], loss_tol: float = 1e-12, tol: float = 1e-10) -> None:
@@ -237,7 +254,8 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
         from .linkflags import LinkOptions
         links = LinkOptions.parse(**dict(case.links))
     pipe = Pipeline(units, schedule, optimizer=optimizer, backend=backend, timeout=timeout, links=links,
-                    link_path=case.link_path, link_clock="estimate" if case.link_path == "stream" else "auto")
+                    link_path=case.link_path, link_clock="estimate" if case.link_path == "stream" else "auto",
+                    rules=case.rules)
     gather = gather or (lambda d: d)
     worst = [0.0, 0.0, 0.0]
     sent: dict = {}
@@ -301,14 +319,14 @@ def run_cases_dist(rank: int, world: int, cases: Sequence[Case], out_path: str, 
 
 
 def fault_worker(rank: int, world: int, schedule: str | Sequence[str], microbatches: int, fault,
-                 timeout: float) -> None:
+                 timeout: float, rules: str = "native") -> None:
     """Process entry: one step of a tiny model where ``fault`` stops one rank mid-step;
     ``schedule`` may name one schedule per rank (ranks that disagree on the program)."""
     from .runtime.pipeline import Pipeline
     name = schedule if isinstance(schedule, str) else schedule[rank]
     sched = _schedule(Case(name, world, microbatches))
     units = tiny_units(sched.num_units, "float32")
-    pipe = Pipeline(units, sched, optimizer=sgd, backend="dist", timeout=timeout, fault=fault)
+    pipe = Pipeline(units, sched, optimizer=sgd, backend="dist", timeout=timeout, fault=fault, rules=rules)
     x, y = make_batch(microbatches)
     pipe.step(x, y)
 

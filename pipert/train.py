@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 __all__ = ["TrainConfig", "run_train", "resolve_backend"]
 
 _DTYPES = ("float32", "float64", "bfloat16")
+BACKENDS = ("auto", "gloo", "nccl", "nccl-sim", "local")
+"""``--backend``: auto (NCCL processes on several GPUs, the local transport on one, gloo processes
+on a CPU), gloo, nccl, nccl-sim (gloo processes that follow NCCL's rules: pipert.comm.ncclsim), local."""
 
 
 @dataclass
@@ -74,7 +77,7 @@ class TrainConfig:
     lr: float = 3e-3
     """AdamW learning rate."""
     backend: str = "auto"
-    """auto, gloo, nccl or local."""
+    """auto, gloo, nccl, nccl-sim (gloo processes with NCCL's rules) or local."""
     seed: int = 0
     """Seed of model initialisation and data order."""
     check: bool = False
@@ -153,8 +156,8 @@ class TrainConfig:
         unknown = [p for p in self.pass_names() if p not in PASSES]
         if unknown:
             raise ValueError(f"--passes: unknown pass(es) {', '.join(unknown)}; allowed: {', '.join(PASSES)}")
-        if self.backend not in ("auto", "gloo", "nccl", "local"):
-            raise ValueError(f"--backend {self.backend!r} unknown; allowed: auto, gloo, nccl, local")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"--backend {self.backend!r} unknown; allowed: {', '.join(BACKENDS)}")
         links = self.link_options()
         if links.active and self.dp > 1:
             raise ValueError(f"--dcs/--node-* emulate the links of one pipeline; with --dp {self.dp} they are not "
@@ -284,6 +287,11 @@ def resolve_backend(name: str) -> str:
     return "nccl" if n > 1 else ("local" if n == 1 else "gloo")
 
 
+def process_group_backend(backend: str) -> str:
+    """The torch.distributed backend of a resolved ``--backend`` (nccl-sim runs on gloo)."""
+    return "gloo" if backend == "nccl-sim" else backend
+
+
 def _rank_units(cfg: TrainConfig, schedule, device: torch.device, keep=None) -> list:
     """The model's units for one process: those in ``keep`` (default: all) materialised on
     ``device`` in ``cfg.dtype``, the others on the meta device. Values are those of the whole
@@ -340,7 +348,8 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     if links is not None:
         start["links"] = link_opts.as_dict()
     pipe = Pipeline(units, schedule, optimizer=opt, backend="local" if backend == "local" else "dist",
-                    timeout=cfg.timeout, links=links, trace=cfg.profile)
+                    timeout=cfg.timeout, links=links, trace=cfg.profile,
+                    rules="nccl" if backend == "nccl-sim" else "native")
     bar = None
     if rank == 0 and not cfg.json:
         from tqdm import tqdm
@@ -498,7 +507,8 @@ def run_train(cfg: TrainConfig) -> list[float] | None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         return _loop(cfg, 0, backend, device, schedule)
     from .runtime.launch import launch
-    launch(_proc, cfg.world, args=(cfg, backend, schedule), backend=backend, timeout=cfg.timeout)
+    launch(_proc, cfg.world, args=(cfg, backend, schedule), backend=process_group_backend(backend),
+           timeout=cfg.timeout)
     return None
 
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..comm.nccl import first_uses
 from ..ir import Action, Op, Payload, Schedule
 from ..ir.semantics import BWD_COPY_READERS, Queue, Value, op_queue, reads, recomputed, writes
 from .buffers import BoundarySpec
@@ -95,7 +96,7 @@ class RankExecutor:
                  optimizers: dict[int, torch.optim.Optimizer], boundary: Callable[[int, int], BoundarySpec],
                  timeout: float = 60.0, loss_scale: float | None = None, fault: Fault | None = None,
                  trace: bool = False, state: UnitState | None = None, measure_memory: bool = False,
-                 record: bool = False, queues: Any = None) -> None:
+                 record: bool = False, queues: Any = None, comms: Any = None) -> None:
         self.rank = rank
         self.schedule = schedule
         self.program: list[Action] = schedule.actions[rank]
@@ -113,6 +114,10 @@ class RankExecutor:
         self.last_unit = schedule.num_units - 1
         self.state = state if state is not None else UnitState(rank, schedule, runners, optimizers)
         self.queues = queues if queues is not None else HostQueues()
+        self.comms = comms
+        """Where communicators are created (``connect``) when they are made at first use (NCCL,
+        ``pipert.comm.nccl``): each first use connects on the issuing thread, in program order."""
+        self._first_uses: list | None = None  # (action index, communicator) of each first use, once needed
         self._sends_lock = threading.Lock()
         cq = schedule.meta.get("collective_queue", "group")
         self.blocking_collectives = cq == "compute"
@@ -164,7 +169,13 @@ class RankExecutor:
         posted: dict[tuple, Any] = {}    # value key -> event of the post that brings it
         at: dict[int, Any] = {}          # action index -> event of its post (SEND, RECV, collective)
         taken: dict[int, Any] = {}       # unit -> event of the last post that read its weights or gradient
+        lazy = self._unconnected()
+        nxt, used = (lazy[0][0] if lazy else -1), 0
         for i, a in enumerate(self.program):
+            if i == nxt:  # a communicator's first use: its creation blocks this (issuing) thread
+                self._connect(i, a, lazy[used][1])
+                used += 1
+                nxt = lazy[used][0] if used < len(lazy) else -1
             if self.fault is not None and i == self.fault.at_action:
                 q.compute(self._item(i, a, lambda *_: self._trip()))
             verb, rd, wr, flag, qn, rk, wk, dep = self.plan[i]
@@ -196,6 +207,25 @@ class RankExecutor:
             raise PipelineError(f"rank {self.rank}: action {i} ({a}) received {key[0].name.lower()} u{key[1]} "
                                 f"m{key[2]}, which nothing read")
         return self.result
+
+    def _unconnected(self) -> list:
+        """(action index, communicator) of the first uses whose communicator does not exist yet."""
+        comms = self.comms
+        if comms is None or not comms.lazy:
+            return []
+        if self._first_uses is None:
+            self._first_uses = first_uses(self.program, self.rank)
+        return [(i, c) for i, c in self._first_uses if not comms.is_connected(c)]
+
+    def _connect(self, i: int, a: Action, comm: Any) -> None:
+        """Create ``comm`` at action i; a timeout stops the step (queued items are skipped)."""
+        try:
+            self.comms.connect(comm, f"action {i} ({a})", self.timeout)
+        except (CommTimeout, PeerFailure) as e:
+            err = PipelineTimeout if isinstance(e, CommTimeout) else PipelineError
+            self._error = err(f"rank {self.rank} stalled at action {i} ({a}): {e}", self.rank, a.peer)
+            self.queues.finish()
+            raise self._error from None
 
     def _item(self, i: int, a: Action, verb: Callable, *args: Any) -> Callable[[], None]:
         """Action i as a queue item: skipped after a failure; the first exception is kept."""
@@ -242,11 +272,13 @@ class RankExecutor:
             handle.wait(self.timeout)
             if k is not None:
                 self.result.messages.append(("recv", a.peer, k, t0, time.perf_counter()))
-        except CommTimeout:
+        except CommTimeout as e:
             verb = "to" if a.op is Op.SEND or a.waits is Op.SEND else "from"
+            detail = getattr(e, "detail", "")
             raise PipelineTimeout(
                 f"rank {self.rank} stalled at action {i} ({a}): waited {self.timeout:g} s for "
-                f"{a.payload} {verb} rank {peer_text(a)}, which did not respond", self.rank, a.peer) from None
+                f"{a.payload} {verb} rank {peer_text(a)}, which did not respond" + (f" ({detail})" if detail else ""),
+                self.rank, a.peer) from None
         except PeerFailure as e:
             raise PipelineError(f"rank {self.rank} failed at action {i} ({a}): peer rank {peer_text(a)} "
                                 f"went away ({e})", self.rank, a.peer) from None

@@ -187,6 +187,10 @@ class Pipeline:
     ``pipert.runtime.links.LinkEmulator`` (rules: ``pipert.runtime.transport.DelayedTransport``).
     ``link_path`` picks how (DelayedTransport's ``path``); ``link_clock`` is the clock rule of its
     stream path under torch.distributed (``pipert.runtime.linkframes.link_clock_offsets``).
+    ``rules="nccl"`` makes messages and collectives follow NCCL's rules on gloo or the local hub
+    (``pipert.comm.ncclsim``): communicators created by a blocking rendezvous (all of them before the
+    first step, in one global order), a send complete only when its receive runs. ``check=False``
+    runs a schedule the validator rejects (tests of what the transports then do).
     ``staging`` moves messages through host buffers of ``pool`` (``pipert.runtime.staging``;
     None: when gloo carries GPU tensors). ``trace`` also records each compute's own time
     (``StepResult.op_times``, read by ``pipert.runtime.fidelity``).
@@ -199,9 +203,22 @@ class Pipeline:
                  trace: bool = False, links: Any = None, measure_memory: bool = False, record: bool = False,
                  pool: Any = None, dp: int = 1, zero: int | str | Sequence = 0, queues: str = "streams",
                  staging: bool | None = None, zero3_buffers: int = 1, link_path: str = "auto",
-                 link_clock: str = "auto") -> None:
+                 link_clock: str = "auto", rules: str = "native", check: bool = True) -> None:
         if backend not in ("local", "dist"):
             raise ValueError(f"backend {backend!r} unknown; allowed: 'local', 'dist'")
+        if rules not in RULES:
+            raise ValueError(f"rules {rules!r} unknown; allowed: {', '.join(RULES)}")
+        if backend == "dist" and not dist.is_initialized():
+            raise RuntimeError("backend 'dist' needs torch.distributed initialised (torchrun or pipert.runtime.launch)")
+        native_nccl = backend == "dist" and dist.get_backend() == "nccl"
+        self.rules = "nccl" if rules == "nccl" or native_nccl else "gloo"
+        """The communication rules the program runs under: "nccl" (NCCL, or ``rules="nccl"``: NCCL's
+        rules on gloo or the local hub, ``pipert.comm.ncclsim``) or "gloo" (gloo, the local hub)."""
+        self.simulated_nccl = rules == "nccl" and not native_nccl
+        self.warmup = warmup_enabled()
+        """Whether every communicator is created before the first step, in one global order
+        (``pipert.comm.nccl.warmup_order``); off only through PIPERT_NO_WARMUP=1, for tests that
+        show what happens without it."""
         if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
             raise ValueError(f"dp must be a positive integer (data-parallel replicas), got {dp!r}")
         if isinstance(schedule, str):
@@ -220,7 +237,8 @@ class Pipeline:
             schedule = replicate(schedule, dp, zeros, numel, zero3_buffers)
         elif (zero not in (0, None, "0") or zero3_buffers != 1) and schedule.placement.replicas is None:
             raise ValueError(f"zero={zero!r} needs data-parallel replicas (dp > 1)")
-        validate(schedule)
+        if check:
+            validate(schedule, transport=self.rules)
         if schedule.num_units != len(units):
             raise ValueError(f"schedule {schedule.name!r} has {schedule.num_units} units but the model was "
                              f"partitioned into {len(units)}")
@@ -250,8 +268,6 @@ class Pipeline:
         if backend == "local":
             self.ranks = list(range(schedule.num_ranks))
         else:
-            if not dist.is_initialized():
-                raise RuntimeError("backend 'dist' needs torch.distributed initialised (torchrun or pipert.runtime.launch)")
             if dist.get_world_size() != schedule.num_ranks:
                 raise ValueError(f"schedule {schedule.name!r} needs {schedule.num_ranks} ranks, "
                                  f"the job has {dist.get_world_size()}")
@@ -284,6 +300,8 @@ class Pipeline:
         self._optimizer_factory = optimizer
         groups = sorted({tuple(sorted(a.group)) for _, _, a in self.program if a.group})
         dist_transport = None
+        self._closers: list = []
+        self._comms: Any = None
         if backend == "dist":
             made = None
             stages_ = schedule.meta.get("pp_stages")
@@ -292,13 +310,20 @@ class Pipeline:
                 local = self.modules[self.ranks[0]].values()
                 made = replica_process_groups(pipeline_mesh(stages_, schedule.num_ranks // stages_,
                                                             _device_of(local).type))
-            dist_transport = self._staged(DistTransport(groups, process_groups=made))
+            base = DistTransport(groups, process_groups=made)
+            if self.simulated_nccl:
+                from ..comm.ncclsim import NcclSim, StoreRendezvous
+                base = NcclSim(base, StoreRendezvous(), timeout)
+                self._closers.append(base.close)
+            self._comms = base
+            if self.warmup:
+                warm_up(base, self.program, self.ranks[0])
+            dist_transport = self._staged(base)
             if self.links is not None:
                 dist_transport = self._delayed(dist_transport, _device_of(self.modules[self.ranks[0]].values()),
                                                link_clock)
         # Built once: runners and the executor's per-program tables do not depend on the step.
         # The local backend gives each step a fresh hub (set as the executor's transport).
-        self._closers: list = []
         self._executors = {r: self._executor(r, dist_transport) for r in self.ranks}
 
     def _delayed(self, transport: Any, device: torch.device, link_clock: str) -> DelayedTransport:
@@ -402,7 +427,7 @@ class Pipeline:
         return RankExecutor(rank, self.program, runners, transport, self.optimizers[rank],
                             lambda u, m: self._boundary[(u, m)], timeout=self.timeout, fault=self.fault,
                             trace=self.trace, state=state, measure_memory=self.measure_memory, record=self.record,
-                            queues=queues)
+                            queues=queues, comms=self._comms)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         """One training step on the batch; returns the mean loss over all micro-batches."""
@@ -437,10 +462,22 @@ class Pipeline:
         results: dict[int, StepResult] = {}
         errors: dict[int, BaseException] = {}
 
+        rendezvous = None
+        if self.simulated_nccl:
+            from ..comm.ncclsim import LocalRendezvous
+            rendezvous = LocalRendezvous()
+            hub.on_fail.append(rendezvous.fail)
+
         def work(rank: int) -> None:
+            executor = self._executors[rank]
             try:
-                executor = self._executors[rank]
-                executor.transport = self._staged(hub.transport(rank))
+                base = hub.transport(rank)
+                if rendezvous is not None:  # the hub is new every step: so are its communicators
+                    from ..comm.ncclsim import NcclSim
+                    base = executor.comms = NcclSim(base, rendezvous, self.timeout)
+                    if self.warmup:
+                        warm_up(base, self.program, rank)
+                executor.transport = self._staged(base)
                 if self.links is not None:
                     executor.transport = DelayedTransport(executor.transport, self.links, path=self.link_path)
                 results[rank] = executor.run(xs, ys)
@@ -450,6 +487,9 @@ class Pipeline:
                     # A crash stops the others at once; a timeout lets each rank time out on
                     # its own peer, so the report can name the rank that stalled.
                     hub.fail(f"rank {rank} failed: {e}")
+            finally:
+                if rendezvous is not None:
+                    executor.comms.close()
 
         threads = [threading.Thread(target=work, args=(r,), daemon=True, name=f"pipert-rank{r}") for r in self.ranks]
         for t in threads:
@@ -475,6 +515,26 @@ class Pipeline:
         if report:
             raise report[_root_cause(report)]
         return results
+
+
+RULES = ("native", "nccl")
+"""``Pipeline(rules=...)``: the backend's own communication rules, or NCCL's (on gloo and the local
+hub emulated by ``pipert.comm.ncclsim``; on NCCL itself the same as native)."""
+
+
+def warmup_enabled() -> bool:
+    """Communicators are warmed up unless PIPERT_NO_WARMUP=1 (a switch for tests only)."""
+    import os
+    return os.environ.get("PIPERT_NO_WARMUP", "") != "1"
+
+
+def warm_up(comms: Any, program: Schedule, rank: int) -> None:
+    """Create every communicator of ``program`` that ``rank`` belongs to, in the one global order
+    of ``pipert.comm.nccl.warmup_order`` (no rank can wait on one another has yet to reach)."""
+    from ..comm.nccl import warmup_order
+    for c in warmup_order(program):
+        if rank in c.ranks:
+            comms.connect(c, "warm-up")
 
 
 def _stage0(module: nn.Module, placement: Any, u: int) -> list[nn.Parameter]:

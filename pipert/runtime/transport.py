@@ -132,15 +132,42 @@ class DistTransport:
             if key not in made:
                 made.add(key)
                 self.groups[key] = dist.new_group(list(key))
+        self.lazy = dist.get_backend() == "nccl"
+        """Whether communicators are created at first use (NCCL; pipert.comm.nccl): then
+        :meth:`connect` creates one, and ``Pipeline`` warms them all up in one global order."""
+        self.connected: set = set()
 
     def _pg(self, src: int, dst: int) -> dist.ProcessGroup:
         return self.up if src < dst else self.down
 
-    def isend(self, tensor: torch.Tensor, peer: int) -> Handle:
-        return _posted(lambda: dist.isend(tensor, peer, group=self._pg(self.rank, peer)))
+    def isend(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> Handle:
+        return _posted(lambda: dist.isend(tensor, peer, group=self._pg(self.rank, peer), tag=tag))
 
-    def irecv(self, tensor: torch.Tensor, peer: int) -> Handle:
-        return _posted(lambda: dist.irecv(tensor, peer, group=self._pg(peer, self.rank)))
+    def irecv(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> Handle:
+        return _posted(lambda: dist.irecv(tensor, peer, group=self._pg(peer, self.rank), tag=tag))
+
+    def is_connected(self, comm: Any) -> bool:
+        return not self.lazy or comm in self.connected
+
+    def connect(self, comm: Any, where: str = "", timeout: float | None = None) -> None:
+        """Create NCCL's communicator ``comm`` (a ``pipert.comm.nccl.Comm`` this rank belongs to)
+        by a one-element exchange on it, blocking until its members took part; nothing to create
+        on gloo. ``where`` and ``timeout`` are the process group's (NCCL's own init timeout)."""
+        if self.is_connected(comm):
+            return
+        device = torch.device("cuda", torch.cuda.current_device())
+        one = torch.zeros(1, device=device)
+        if comm.kind == "group":
+            dist.all_reduce(one, group=self.groups[comm.ranks])
+        else:
+            low, high = comm.ranks
+            src, dst = (low, high) if comm.kind == "up" else (high, low)
+            if self.rank == src:
+                dist.send(one, dst, group=self._pg(src, dst))
+            else:
+                dist.recv(one, src, group=self._pg(src, dst))
+        torch.cuda.current_stream(device).synchronize()
+        self.connected.add(comm)
 
     def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None,
                    out: torch.Tensor | None = None) -> Handle:
@@ -227,23 +254,38 @@ class _RecvHandle:
 
 
 class LocalHub:
-    """Shared state of all ranks of one process: FIFO mailboxes per directed link, and
+    """Shared state of all ranks of one process: FIFO mailboxes per directed link and tag, and
     rendezvous points for collectives."""
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
-        self.links = {(s, d): _Link() for s in range(world_size) for d in range(world_size) if s != d}
+        self.links = {(s, d, 0): _Link() for s in range(world_size) for d in range(world_size) if s != d}
         self.lock = threading.Lock()
         self.pending: dict[tuple, dict] = {}
         self.counts: dict[tuple[int, tuple[int, ...]], int] = {}
         self.failed: str = ""
+        self.on_fail: list = []
+        """Callables given the failure message when the run fails (other waits to end)."""
+
+    def link(self, src: int, dst: int, tag: int = 0) -> _Link:
+        """The mailbox of messages ``src`` -> ``dst`` with ``tag`` (one FIFO per tag)."""
+        key = (src, dst, tag)
+        link = self.links.get(key)
+        if link is None:
+            if src == dst or not (0 <= src < self.world_size and 0 <= dst < self.world_size):
+                raise ValueError(f"no link {src}->{dst} among {self.world_size} ranks")
+            with self.lock:
+                link = self.links.setdefault(key, _Link())
+        return link
 
     def fail(self, message: str) -> None:
         """Mark the run failed: every pending and future receive raises PeerFailure."""
         self.failed = message
-        for link in self.links.values():
+        for link in list(self.links.values()):
             with link.cond:
                 link.cond.notify_all()
+        for fn in self.on_fail:
+            fn(message)
 
     def transport(self, rank: int) -> "LocalTransport":
         return LocalTransport(self, rank)
@@ -297,8 +339,8 @@ class LocalTransport:
     def __init__(self, hub: LocalHub, rank: int) -> None:
         self.hub, self.rank, self.world_size = hub, rank, hub.world_size
 
-    def isend(self, tensor: torch.Tensor, peer: int) -> Handle:
-        link = self.hub.links[(self.rank, peer)]
+    def isend(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> Handle:
+        link = self.hub.link(self.rank, peer, tag)
         data = tensor.detach().clone()
         with link.cond:
             link.messages[link.sent] = data
@@ -306,8 +348,8 @@ class LocalTransport:
             link.cond.notify_all()
         return _Done()
 
-    def irecv(self, tensor: torch.Tensor, peer: int) -> Handle:
-        link = self.hub.links[(peer, self.rank)]
+    def irecv(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> Handle:
+        link = self.hub.link(peer, self.rank, tag)
         with link.cond:
             seq = link.posted
             link.posted += 1

@@ -51,13 +51,23 @@ def default_cost() -> Any:
     return UniformCost(tf=1.0, tb=2.0)
 
 
-def analyze(schedule: Schedule, cost: Any = None, links: Any = None, memory_limit: Any = None) -> Analysis:
-    """Build and time the DAG of ``schedule``; never raises for a broken schedule."""
+def analyze(schedule: Schedule, cost: Any = None, links: Any = None, memory_limit: Any = None,
+            transport: str = "gloo", warmup: bool = True) -> Analysis:
+    """Build and time the DAG of ``schedule``; never raises for a broken schedule.
+
+    ``transport``: the rules of "gloo" (and the local transport) or of "nccl" (pipert.sim.nccl);
+    ``warmup``: under NCCL, whether every communicator is created before the program runs."""
+    from .nccl import TRANSPORTS
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport {transport!r} unknown; allowed: {', '.join(TRANSPORTS)}")
     with paused_gc():
         g = build_graph(schedule, cost if cost is not None else default_cost(), links, memory_limit)
         errors = list(g.errors)
         times = None
         if not g.structural_errors:
+            if transport == "nccl":
+                from .nccl import apply_nccl_rules
+                errors.extend(apply_nccl_rules(g, warmup))
             times, _, more = run_timing(g)
             errors.extend(more)
     errors.sort(key=lambda e: e.sort_key)

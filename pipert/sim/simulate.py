@@ -59,13 +59,14 @@ class SimResult:
 
 
 def simulate(schedule: Schedule, cost: Any, links: Any = None, topology: Any = None,
-             memory_limit: Any = None) -> SimResult:
+             memory_limit: Any = None, transport: str = "gloo") -> SimResult:
     """Time ``schedule``: compute durations from ``cost``, messages from ``links``
     (None: every transfer and collective is free). ``topology`` (default: the links'
     topology, else all ranks on one node) classifies links for ``comm_bytes``.
+    ``transport``: the communication rules, "gloo" or "nccl" (``pipert.sim.nccl``).
     Raises the first ScheduleError if the schedule breaks a rule."""
     with paused_gc():
-        an = analyze(schedule, cost, links, memory_limit)
+        an = analyze(schedule, cost, links, memory_limit, transport)
         if an.errors:
             raise an.errors[0]
         g, t = an.graph, an.times

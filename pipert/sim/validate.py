@@ -31,24 +31,30 @@ class Report:
 
 @overload
 def validate(schedule: Schedule, cost: Any = ..., memory_limit: Any = ..., *,
-             all_errors: Literal[False] = ..., links: Any = ...) -> Report: ...
+             all_errors: Literal[False] = ..., links: Any = ..., transport: str = ...,
+             warmup: bool = ...) -> Report: ...
 
 
 @overload
 def validate(schedule: Schedule, cost: Any = ..., memory_limit: Any = ..., *,
-             all_errors: Literal[True], links: Any = ...) -> list[ScheduleError]: ...
+             all_errors: Literal[True], links: Any = ..., transport: str = ...,
+             warmup: bool = ...) -> list[ScheduleError]: ...
 
 
 def validate(schedule: Schedule, cost: Any = None, memory_limit: Any = None, *, all_errors: bool = False,
-             links: Any = None) -> Report | list[ScheduleError]:
+             links: Any = None, transport: str = "gloo", warmup: bool = True) -> Report | list[ScheduleError]:
     """Check ``schedule``; raise the first ScheduleError (by rank, then action index).
 
     ``cost`` sizes memory (default: uniform, one stash = 1); ``memory_limit`` is None, one
     number for all ranks, or one per rank. With ``all_errors=True`` return every error
     found instead (empty list: valid). Deadlock and weight-grad set checks need a complete
     graph, so they are skipped while messages or collectives are unmatched.
+
+    ``transport="nccl"`` adds NCCL's rules (``pipert.sim.nccl``): each communicator's operations
+    in posting order and, with ``warmup=False`` (communicators created at their first use, as
+    NCCL does unless pipert warms them up), the start-up deadlocks that creation causes.
     """
-    an = analyze(schedule, cost, links, memory_limit)
+    an = analyze(schedule, cost, links, memory_limit, transport, warmup)
     if all_errors:
         return an.errors
     if an.errors:
