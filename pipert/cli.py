@@ -37,18 +37,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         plot_gantt(res, args.plot)
     if args.save:
         sched.save(args.save)
+    nccl = _nccl_facts(sched) if args.transport == "nccl" else {}
     if args.json:
         print(json.dumps({
             "schedule": sched.name, "stages": sched.num_ranks, "microbatches": sched.num_microbatches,
             "units": sched.num_units, "makespan": res.makespan, "bubble_ratio": res.bubble_ratio,
             "peak_memory": list(res.peak_memory), "comm_bytes": dict(res.comm_bytes),
-            "busy": list(res.busy), "exposed_comm": list(res.exposed_comm)}))
+            "busy": list(res.busy), "exposed_comm": list(res.exposed_comm), **nccl}))
         return 0
     print(f"schedule      {sched.name}  (P={sched.num_ranks}, M={sched.num_microbatches}, units={sched.num_units})")
     print(f"makespan      {res.makespan:.6g}")
     print(f"bubble ratio  {res.bubble_ratio:.4f}")
     print(f"peak memory   {', '.join(f'{m:.6g}' for m in res.peak_memory)}")
     print(f"comm bytes    {', '.join(f'{k}={v:.6g}' for k, v in res.comm_bytes.items()) or 'none'}")
+    if nccl:
+        print(f"communicators {len(nccl['communicators'])}, warmed up in this order: {' '.join(nccl['communicators'])}")
+        print(f"without warm-up {nccl['startup_without_warmup']}")
     if args.grid:
         from .sim.export import text_grid
         print(text_grid(res))
@@ -56,6 +60,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if path:
             print(f"wrote {what} to {path}")
     return 0
+
+
+def _nccl_facts(sched: Any) -> dict:
+    """Under NCCL: the communicators in warm-up order, and what start-up without warm-up does."""
+    from .comm.nccl import describe_hang, startup_hang, warmup_order
+    blocked = startup_hang(sched)
+    return {"communicators": [str(c) for c in warmup_order(sched)],
+            "startup_without_warmup": ("deadlock: " + describe_hang(sched, blocked)) if blocked else "completes"}
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -158,3 +158,16 @@ def test_validator_reports_a_deadlock_exactly_when_ncclsim_hangs(example):
     except PipelineTimeout as e:
         hung = str(e)
     assert bool(errors) == bool(hung), (errors, hung, [[str(a) for a in r] for r in prog.actions])
+
+
+def test_simulate_under_nccl_lists_the_communicators_and_the_startup_without_warmup(capsys):
+    import json
+
+    from pipert.cli import main
+    assert main(["simulate", "weipipe-interleave", "-P", "2", "-M", "4", "--transport", "nccl", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["communicators"] == ["up(0,1)", "down(0,1)"]
+    assert out["startup_without_warmup"].startswith("deadlock: rank 0 blocks at action 0 (SEND weight u0 ->1")
+    assert main(["simulate", "1f1b", "-P", "3", "-M", "3", "--transport", "nccl", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["startup_without_warmup"] == "completes" and len(out["communicators"]) == 4
