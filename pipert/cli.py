@@ -103,7 +103,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.passes:
         from .ir.passes import apply_passes
         sched = apply_passes(sched, [n for n in args.passes.split(",") if n])
-    text = dump_schedule(sched, args.format, comms=args.comms)
+    if args.receives is not None and not args.comms:
+        raise ValueError("--receives applies with --comms only: a compute-only order holds no receives")
+    text = dump_schedule(sched, args.format, comms=args.comms, receives=args.receives or "program")
     if args.output:
         with open(args.output, "w", newline="") as f:
             f.write(text)
@@ -162,7 +164,7 @@ def _add_simulate(sub: Any) -> None:
     s.add_argument("--grid", action="store_true", help="print a time-aligned text grid")
     s.add_argument("--passes", default="", help="comma-separated lowering passes applied before simulating, as "
                    "pipert train --passes applies them (recompute, offload_stashes, offload_weights, "
-                   "expand_folds, merge_sub_blocks, post_receives_early, send_early)")
+                   "expand_folds, merge_sub_blocks, post_receives_early, receives_at_consumer, send_early)")
     s.add_argument("--save", help="write the schedule as JSON (after --passes)")
     s.add_argument("--transport", default="gloo", choices=("gloo", "nccl"),
                    help="communication rules the program is checked and timed under: gloo, or nccl (a "
@@ -185,15 +187,18 @@ def _add_compare(sub: Any) -> None:
 
 def _add_export(sub: Any) -> None:
     from .scenario import add_scenario_args
-    from .ir.files import EXPORT_FORMATS
+    from .ir.files import EXPORT_FORMATS, RECEIVES
     e = sub.add_parser("export", help="write a schedule as pipert JSON, a text grid, or torch.pipelining's CSV/JSON")
     e.add_argument("schedule", help="registered schedule name, or a schedule file (converted)")
     add_scenario_args(e)
     e.add_argument("--format", default="json", choices=EXPORT_FORMATS,
                    help="json: pipert's schedule file; text: every action, one column per rank; torch-csv: "
                    "torch's _dump_csv form (load it with _load_csv); torch-json: the same rows as JSON")
-    e.add_argument("--comms", action="store_true", help="torch formats: include SEND_F/RECV_F/SEND_B/RECV_B "
-                   "(torch's pipeline_order_with_comms form); default: compute only")
+    e.add_argument("--comms", action="store_true", help="torch formats: include SEND_F/RECV_F/SEND_B/RECV_B and "
+                   "REDUCE_GRAD (torch's compute_comms form: _PipelineScheduleRuntime._load_csv(path, "
+                   "format='compute_comms') runs it); default: compute only")
+    e.add_argument("--receives", default=None, choices=list(RECEIVES), help="with --comms, where each receive "
+                   "stands: " + "; ".join(f"{k}: {v}" for k, v in RECEIVES.items()) + " (default: program)")
     e.add_argument("--passes", default="", help="comma-separated lowering passes applied before writing")
     e.add_argument("--output", "-o", default=None, help="file to write (default: standard output)")
     e.set_defaults(fn=cmd_export)

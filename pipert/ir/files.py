@@ -9,9 +9,13 @@
 
 Torch orders are compute-only (lowered by pipert) or carry their own SEND_*/RECV_* actions
 (kept where they stand); see :mod:`pipert.ir.torch_format`. Torch writes FSDP hooks
-(UNSHARD, RESHARD, REDUCE_GRAD) into every order with communication; pipert's stages are
-unsharded, so the loader drops them by default. A loaded file keeps its shape:
-rank count, units, micro-batches and placement are the file's.
+(UNSHARD, RESHARD) into every order with communication; pipert's stages are unsharded, so the
+loader drops them by default (REDUCE_GRAD is checked and dropped). A loaded file keeps its
+shape: rank count, units, micro-batches and placement are the file's.
+
+Exported orders with communication are torch's ``compute_comms`` form, which
+``_PipelineScheduleRuntime._load_csv(path, format="compute_comms")`` runs; torch's receives
+block, so receives go where it does not stall (RECEIVES).
 """
 from __future__ import annotations
 
@@ -19,13 +23,20 @@ import json
 from pathlib import Path
 
 from .action import ScheduleFormatError
+from .passes import receives_at_consumer
 from .schedule import FORMAT_NAME, Schedule
 from .torch_format import from_torch, read_torch_csv, to_torch, write_torch_csv
+from .torch_receives import receives_for_torch
 
-__all__ = ["SCHEDULE_FILE_SUFFIXES", "EXPORT_FORMATS", "is_schedule_file", "load_schedule", "dump_schedule"]
+__all__ = ["SCHEDULE_FILE_SUFFIXES", "EXPORT_FORMATS", "RECEIVES", "is_schedule_file", "load_schedule",
+           "dump_schedule"]
 
 SCHEDULE_FILE_SUFFIXES = (".json", ".csv")
 EXPORT_FORMATS = ("json", "text", "torch-csv", "torch-json")
+RECEIVES = {"program": "where the program posts it (pipert: a compute early), moved to its consumer only where "
+                       "torch's blocking receives would stall",
+            "consumer": "every receive right before the compute that reads it"}
+"""Where an exported torch order with communication places its receives (the first: the default)."""
 
 
 def is_schedule_file(name: str) -> bool:
@@ -70,12 +81,15 @@ def _from_torch(orders: list | dict, path: Path, fsdp: str) -> Schedule:
         raise ScheduleFormatError(f"{path}: {e}") from None
 
 
-def dump_schedule(schedule: Schedule, fmt: str, comms: bool = False) -> str:
+def dump_schedule(schedule: Schedule, fmt: str, comms: bool = False, receives: str = "program") -> str:
     """``schedule`` as text in ``fmt`` (one of EXPORT_FORMATS): pipert's JSON, a readable grid
     (``text``: every action, one column per rank; not a load format), or torch's CSV/JSON
-    (compute only, or with its transfers when ``comms``)."""
+    (compute only, or with its transfers when ``comms``, receives placed as ``receives`` says:
+    a key of RECEIVES)."""
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"--format {fmt!r} unknown; allowed: {', '.join(EXPORT_FORMATS)}")
+    if receives not in RECEIVES:
+        raise ValueError(f"--receives {receives!r} unknown; allowed: {', '.join(RECEIVES)}")
     if comms and not fmt.startswith("torch"):
         raise ValueError(f"--comms applies to the torch formats only; --format {fmt} always holds every action")
     if fmt == "json":
@@ -83,6 +97,8 @@ def dump_schedule(schedule: Schedule, fmt: str, comms: bool = False) -> str:
     if fmt == "text":
         width = 2 + max((len(str(a)) for _, _, a in schedule), default=0)
         return schedule.grid(compute_only=False, width=width) + "\n"
+    if comms:
+        schedule = receives_for_torch(schedule if receives == "program" else receives_at_consumer(schedule))
     rows = to_torch(schedule, comms=comms)
     if fmt == "torch-csv":
         return write_torch_csv(rows)

@@ -5,6 +5,8 @@ Each pass is a pure function ``Schedule -> Schedule`` that keeps the schedule va
 
 - :func:`post_receives_early` posts activation/gradient receives some computes before their
   consumer (latency hiding; the buffer is held from there);
+- :func:`receives_at_consumer` moves them back down to just before their consumer (where a
+  runtime whose receives block, as torch.distributed.pipelining's simulator models it, accepts them);
 - :func:`send_early` moves every SEND right after the action that produces its value;
 - :func:`merge_sub_blocks` runs a compute split into sub-blocks as one action at its last piece;
 - :func:`expand_folds` turns an action over several micro-batches into one action per
@@ -24,10 +26,11 @@ from typing import Iterable
 
 from .action import COMPUTE_OPS, Action, Op, Payload
 from .schedule import Schedule
-from .semantics import Queue, op_queue, writes
+from .semantics import Queue, op_queue, reads, writes
 
-__all__ = ["post_receives_early", "send_early", "merge_sub_blocks", "expand_folds", "recompute", "offload_stashes",
-           "offload_weights", "fold_microbatches", "apply_passes", "PASSES"]
+__all__ = ["post_receives_early", "receives_at_consumer", "consumer_positions", "send_early", "merge_sub_blocks",
+           "expand_folds", "recompute", "offload_stashes", "offload_weights", "fold_microbatches", "apply_passes",
+           "PASSES"]
 
 _PER_MB = (Payload.ACT, Payload.GRAD, Payload.STASH)
 
@@ -69,6 +72,52 @@ def post_receives_early(schedule: Schedule, computes: int = 1,
         # no fractional position equals an index, and the sort is stable: equal ones keep list order
         out.append([acts[i] for i in sorted(range(len(acts)), key=pos.__getitem__)] if moved else acts)
     return _with(schedule, out)
+
+
+def receives_at_consumer(schedule: Schedule,
+                         payloads: Iterable[Payload] = (Payload.ACT, Payload.GRAD)) -> Schedule:
+    """Move each RECV of ``payloads`` down to just before the first later action that reads its
+    value (or WAITs for it), never below a later RECV of the same directed link (FIFO matching).
+    A RECV nothing reads stays. Then a rank stops at a receive only where its next action needs
+    the value anyway: with each SEND right after its producer (as lowering places it), a compute
+    order that runs runs with receives that block."""
+    out = []
+    for r, acts in enumerate(schedule.actions):
+        pos = consumer_positions(acts, schedule.num_units, r, payloads)
+        out.append([acts[i] for i in sorted(range(len(acts)), key=lambda i: (pos[i], i))])
+    return _with(schedule, out)
+
+
+def consumer_positions(acts: list[Action], num_units: int, rank: int,
+                       payloads: Iterable[Payload] = (Payload.ACT, Payload.GRAD)) -> list[float]:
+    """Sort positions of ``acts`` (rank ``rank``'s list) that put each RECV of ``payloads`` where
+    :func:`receives_at_consumer` does: just below its first reader's index, at most the position of
+    the link's next RECV; every other action keeps its index. Sorting by (position, index) gives
+    the list. Positions never lie below indices, and those of one link's RECVs never decrease
+    along the list (their order stays the link's)."""
+    kinds = frozenset(payloads)
+    RECV = Op.RECV
+    pos: list[float] = list(range(len(acts)))
+    first_reader: dict[tuple, int] = {}   # value or awaited message -> index of its first reader after here
+    next_on_link: dict[int, float] = {}   # peer -> position of the next RECV from it
+    for i in range(len(acts) - 1, -1, -1):
+        a = acts[i]
+        if a.op is not RECV:
+            for key, _ in reads(a, num_units, rank):
+                first_reader[key] = i
+            if a.op is Op.WAIT and a.waits is RECV:
+                first_reader[(a.peer, a.key)] = i
+            continue
+        if a.payload in kinds:
+            readers = [first_reader.get(k) for k, _ in writes(a, num_units, rank)] + [first_reader.get((a.peer, a.key))]
+            found = [j for j in readers if j is not None]
+            if found:
+                pos[i] = min(found) - 0.5
+        bound = next_on_link.get(a.peer)
+        if bound is not None and pos[i] > bound:   # ties keep list order: the sort key is (position, index)
+            pos[i] = bound
+        next_on_link[a.peer] = pos[i]
+    return pos
 
 
 def send_early(schedule: Schedule) -> Schedule:
@@ -148,7 +197,8 @@ def expand_folds(schedule: Schedule) -> Schedule:
     return send_early(_with(schedule, out)) if changed else schedule
 
 
-PASSES = {"post_receives_early": post_receives_early, "send_early": send_early,
+PASSES = {"post_receives_early": post_receives_early, "receives_at_consumer": receives_at_consumer,
+          "send_early": send_early,
           "merge_sub_blocks": merge_sub_blocks, "expand_folds": expand_folds}
 """Passes by name (``pipert train --passes``, ``pipert simulate --passes``)."""
 

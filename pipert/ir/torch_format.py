@@ -14,14 +14,26 @@ a stage is a pipert unit. The types map as follows (torch's ``_ComputationType``
 ``RECV_B``     ``RECV grad u m <-rank(u+1)``
 =============  ===========================================================================
 
-``UNSHARD``, ``RESHARD`` and ``REDUCE_GRAD`` are FSDP hooks of torch's runtime with no
-meaning for unsharded stages; :func:`from_torch` rejects them unless ``fsdp="drop"``.
-Torch's bubbles (``None`` entries, empty CSV cells) are skipped.
+``REDUCE_GRAD`` (no micro-batch) ends a stage's gradient: torch's runtime scales the stage's
+gradients by 1/M there (and reduces them over data-parallel replicas); it must follow the
+stage's last backward (its M-th B or W) on the stage's rank, once. pipert finishes gradients
+implicitly before ``OPT``, so :func:`from_torch` checks and drops it, and :func:`to_torch` with
+``comms`` writes it after each stage's last backward and the sends right after it, as torch's
+own lowering does. ``UNSHARD`` and ``RESHARD`` are FSDP hooks with no meaning for unsharded
+stages; :func:`from_torch` rejects them unless ``fsdp="drop"``. Torch's bubbles (``None``
+entries, empty CSV cells) are skipped.
 
 Which rank runs a stage is read from the orders themselves (the rank whose list holds the
 stage's computes). Compute-only orders are lowered by :func:`pipert.ir.lowering.lower`; orders
 with communication keep torch's send and receive positions. ``OPT`` steps are appended on
 each unit's rank after its last compute.
+
+Orders with communication are what ``_PipelineScheduleRuntime._load_csv(path,
+format="compute_comms")`` runs as written. Its receives block (``_simulate_comms_compute``
+models each RECV as waiting for its SEND; NCCL completes one pair's operations in posting
+order), so :func:`to_torch` refuses a program whose receives stall under that rule
+(:func:`pipert.ir.torch_receives.torch_stalls`);
+:func:`pipert.ir.torch_receives.receives_for_torch` places receives where it does not.
 """
 from __future__ import annotations
 
@@ -34,12 +46,14 @@ from .action import Action, Op, Payload, ScheduleFormatError
 from .lowering import add_optimizer_steps, lower
 from .schedule import Placement, Schedule
 
-__all__ = ["parse_torch_action", "from_torch", "to_torch", "read_torch_csv", "write_torch_csv"]
+__all__ = ["parse_torch_action", "from_torch", "to_torch", "torch_text", "read_torch_csv", "write_torch_csv"]
 
 _RE = re.compile(r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
 _COMPUTE = {"F": Op.F, "B": Op.B, "I": Op.D, "W": Op.W}
 _COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
-_FSDP = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
+_FSDP = ("UNSHARD", "RESHARD")
+_HOOKS = _FSDP + ("REDUCE_GRAD",)   # the types without a micro-batch
+_BACKWARD_DONE = ("B", "W")           # the types whose M-th of a stage completes its gradient
 _TO_TORCH = {Op.F: "F", Op.B: "B", Op.D: "I", Op.W: "W"}
 
 TorchAction = tuple[int, str, "int | None"]
@@ -54,7 +68,7 @@ def parse_torch_action(text: str) -> TorchAction:
                                   f"TYPE one of F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, UNSHARD, RESHARD, "
                                   f"REDUCE_GRAD (e.g. '0F1', '2SEND_B3')")
     stage, kind, mb = m.groups()
-    if kind not in _FSDP and not mb:
+    if kind not in _HOOKS and not mb:
         raise ScheduleFormatError(f"torch action {text!r} needs a micro-batch index")
     return int(stage), kind, int(mb) if mb else None
 
@@ -79,8 +93,8 @@ def from_torch(orders: dict[int, list] | list[list], name: str = "torch", fsdp: 
     """A pipert Schedule from torch's per-rank orders (``schedule.pipeline_order`` or
     ``pipeline_order_with_comms``, as ``_Action`` objects or their strings).
 
-    ``fsdp="drop"`` skips UNSHARD/RESHARD/REDUCE_GRAD; ``post_ahead`` is passed to
-    :func:`lower` for compute-only orders.
+    ``fsdp="drop"`` skips UNSHARD/RESHARD; REDUCE_GRAD is checked (module doc) and skipped;
+    ``post_ahead`` is passed to :func:`lower` for compute-only orders.
     """
     if fsdp not in ("reject", "drop"):
         raise ValueError(f"fsdp {fsdp!r} unknown; allowed: 'reject', 'drop'")
@@ -90,6 +104,8 @@ def from_torch(orders: dict[int, list] | list[list], name: str = "torch", fsdp: 
     has_comm = False
     for r, acts in enumerate(rows):
         for stage, kind, mb in acts:
+            if kind == "REDUCE_GRAD":
+                continue
             if kind in _FSDP:
                 if fsdp == "reject":
                     raise ScheduleFormatError(f"rank {r}: torch action {stage}{kind} is an FSDP hook; pipert "
@@ -105,11 +121,12 @@ def from_torch(orders: dict[int, list] | list[list], name: str = "torch", fsdp: 
     if sorted(stage_rank) != list(range(U)):
         raise ScheduleFormatError(f"torch orders compute stages {sorted(stage_rank)}; expected 0..{U - 1}")
     M = _microbatch_count(rows)
+    _check_reduce_grad(rows, stage_rank, M)
     placement = Placement.by_unit([stage_rank[u] for u in range(U)])
     if not has_comm:
         compute = [[Action(_COMPUTE[k], unit=s, mb=(m,)) for s, k, m in acts if k in _COMPUTE] for acts in rows]
         return lower(name, P, U, M, placement, add_optimizer_steps(compute, placement), post_ahead=post_ahead)
-    programs = [[x for s, k, m in acts if k not in _FSDP for x in [_action(s, k, m, stage_rank, U, r)]]
+    programs = [[x for s, k, m in acts if k not in _HOOKS for x in [_action(s, k, m, stage_rank, U, r)]]
                 for r, acts in enumerate(rows)]
     programs = add_optimizer_steps(programs, placement)
     return Schedule(name, P, U, M, placement, programs, {"source": "torch"})
@@ -136,6 +153,30 @@ def _microbatch_count(rows: list[list[TorchAction]]) -> int:
     return M
 
 
+def _check_reduce_grad(rows: list[list[TorchAction]], stage_rank: dict[int, int], M: int) -> None:
+    """Each REDUCE_GRAD follows its stage's M-th backward (B or W) on the stage's rank, once."""
+    reduced: set[int] = set()
+    for r, acts in enumerate(rows):
+        done: dict[int, int] = {}
+        for stage, kind, _ in acts:
+            if kind in _BACKWARD_DONE:
+                done[stage] = done.get(stage, 0) + 1
+            if kind != "REDUCE_GRAD":
+                continue
+            where = f"rank {r}: torch action {stage}REDUCE_GRAD"
+            if stage_rank.get(stage) != r:
+                on = f"rank {stage_rank[stage]}" if stage in stage_rank else "no rank"
+                raise ScheduleFormatError(f"{where} names a stage this rank does not compute (stage {stage} "
+                                          f"computes on {on})")
+            if stage in reduced:
+                raise ScheduleFormatError(f"{where} is the stage's second; torch's runtime scales its gradients once")
+            if done.get(stage, 0) != M:
+                raise ScheduleFormatError(f"{where} follows {done.get(stage, 0)} of the stage's {M} backwards "
+                                          f"(B or W); it must follow the last, where the stage's gradient is "
+                                          f"complete")
+            reduced.add(stage)
+
+
 def _span(mbs: list[int]) -> str:
     s = sorted(set(mbs))
     return f"{s[0]}..{s[-1]}" if s == list(range(s[0], s[-1] + 1)) else str(s)
@@ -157,25 +198,56 @@ def _action(stage: int, kind: str, mb: int, stage_rank: dict[int, int], U: int, 
     return Action(Op.RECV, unit=stage, mb=(mb,), payload=Payload.GRAD, peer=peer)
 
 
-def to_torch(schedule: Schedule, comms: bool = False) -> list[list[str]]:
-    """Per-rank torch action strings of ``schedule`` (compute only, or with its activation and
-    gradient transfers when ``comms``). Programs torch cannot express are rejected: folds,
+def to_torch(schedule: Schedule, comms: bool = False, check: bool = True) -> list[list[str]]:
+    """Per-rank torch action strings of ``schedule``: compute only, or (``comms``) torch's
+    ``compute_comms`` form with its activation and gradient transfers where they stand and a
+    REDUCE_GRAD per stage (module doc). Programs torch cannot express are rejected: folds,
     sub-blocks, weight payloads, RECOMPUTE, collectives and memory ops (OPT and WAIT, implicit
-    in torch's runtime, are left out)."""
+    in torch's runtime, are left out); with ``comms`` and ``check``, also programs whose
+    receives stall torch's runtime (:func:`pipert.ir.torch_receives.torch_stalls`)."""
+    M = schedule.num_microbatches
     out = []
     for r, acts in enumerate(schedule.actions):
-        row = []
+        row: list[str] = []
+        backwards: dict[int, int] = {}
+        complete: list[int] = []   # stages whose REDUCE_GRAD goes after the sends that follow
         for a in acts:
             if a.op in (Op.OPT, Op.WAIT):
                 continue
-            text = _torch_text(a, comms)
-            if text is None:
-                raise ScheduleFormatError(f"rank {r}: action {a} has no torch equivalent; torch's format holds "
-                                          f"F, B, I(=D), W of one micro-batch and activation/gradient SEND/RECV")
+            if complete and a.op is not Op.SEND:
+                row.extend(f"{u}REDUCE_GRAD" for u in complete)
+                complete = []
+            text = torch_text(a, r, comms)
             if text:
                 row.append(text)
+            if comms and a.op in (Op.B, Op.W):
+                backwards[a.unit] = backwards.get(a.unit, 0) + 1
+                if backwards[a.unit] == M:
+                    complete.append(a.unit)
+        row.extend(f"{u}REDUCE_GRAD" for u in complete)
         out.append(row)
+    if comms and check:
+        from .torch_receives import describe_stalls, torch_stalls
+        stalled = torch_stalls(out)
+        if stalled:
+            raise ScheduleFormatError(f"{schedule.name}: torch's runtime would stall on these receives "
+                                      f"({describe_stalls(stalled)}); a receive there waits for a send its peer "
+                                      f"makes only later. pipert.ir.torch_receives.receives_for_torch (what pipert "
+                                      f"export writes) moves such receives to their consumers")
     return out
+
+
+def torch_text(a: Action, rank: int, comms: bool = True) -> str:
+    """``a`` (an action of rank ``rank``) as torch writes it; "" for what torch's orders leave
+    implicit (OPT, WAIT; transfers unless ``comms``). ScheduleFormatError naming the action if
+    torch's format cannot hold it."""
+    if a.op in (Op.OPT, Op.WAIT):
+        return ""
+    text = _torch_text(a, comms)
+    if text is None:
+        raise ScheduleFormatError(f"rank {rank}: action {a} has no torch equivalent; torch's format holds "
+                                  f"F, B, I(=D), W of one micro-batch and activation/gradient SEND/RECV")
+    return text
 
 
 def _torch_text(a: Action, comms: bool) -> str | None:
