@@ -13,7 +13,7 @@ interleaved 1F1B puts stage s on rank ``s mod P`` (torch's default looping place
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -43,8 +43,10 @@ class TorchPipe:
     is_last: bool
 
     @staticmethod
-    def build(units: Sequence[nn.Module], schedule_name: str, microbatches: int, lr: float) -> "TorchPipe":
-        """Stages of this rank from ``units`` (all P*V of them; only this rank's are used)."""
+    def build(units: Sequence[nn.Module], schedule_name: str, microbatches: int, lr: float,
+              loss_fn: Callable = lm_loss) -> "TorchPipe":
+        """Stages of this rank from ``units`` (all P*V of them; only this rank's are used); ``loss_fn``
+        computes ``lm_loss`` (a timed wrapper of it, say)."""
         rank, world = dist.get_rank(), dist.get_world_size()
         cls, chunks = SCHEDULES[schedule_name]
         num_stages = world * chunks
@@ -54,9 +56,9 @@ class TorchPipe:
         stages = [PipelineStage(units[s], s, num_stages, torch.device("cpu")) for s in ids]
         params = [p for s in ids for p in units[s].parameters()]
         if chunks == 1:
-            sched = cls(stages[0], microbatches, loss_fn=lm_loss)
+            sched = cls(stages[0], microbatches, loss_fn=loss_fn)
         else:
-            sched = cls(stages, microbatches, loss_fn=lm_loss)
+            sched = cls(stages, microbatches, loss_fn=loss_fn)
         opt = torch.optim.SGD(params, lr=lr)
         return TorchPipe(sched, stages, opt, is_first=0 in ids, is_last=num_stages - 1 in ids)
 

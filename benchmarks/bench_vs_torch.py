@@ -12,10 +12,12 @@ pipert's schedule (apples to apples).
 Single stage: pipert's ``Pipeline`` with P = 1 ('1f1b', M micro-batches, backend "local")
 against a plain loop doing the same gradient accumulation and SGD step, alternating too.
 
-A short cProfile pass per configuration splits one step into forward, backward,
-optimizer, communication waits and the rest (runtime overhead, inflated by the profiler).
+After the timed steps, a few breakdown steps per configuration split each rank's step into
+forward, backward, optimizer and everything else, from each runtime's own compute times
+(``_breakdown``: pipert traced, torch's stage calls timed from outside); cProfile is not used, as
+it sees only its own thread and pipert computes on ``pipert._C`` worker threads.
 
-Writes benchmarks/results/vs_torch.csv (ratios), vs_torch_profile.csv, vs_torch_sync.csv,
+Writes benchmarks/results/vs_torch.csv (ratios), vs_torch_breakdown.csv, vs_torch_sync.csv,
 vs_torch.context.json (hardware, date, commit, load, settings) and vs_torch.md, which is built
 from them alone (``--from-csv`` rebuilds it).
 
@@ -24,24 +26,23 @@ from them alone (``--from-csv`` rebuilds it).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import cProfile
 import json
 import os
-import pstats
 import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _breakdown import FIELDS, Clock, pipert_parts, rank_row, time_optimizer, time_torch_stages  # noqa: E402
+from _breakdown import analysis as breakdown_analysis, table as breakdown_table  # noqa: E402
 from _common import RESULTS, context, load_average, read_csv, rebuild, report_header, write_csv, write_results  # noqa: E402
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -66,8 +67,8 @@ class Setup:
     """Untimed steps per system before measuring (shape inference, allocator)."""
     steps: int = 40
     """Measured steps per system."""
-    profile_steps: int = 4
-    """Steps per system under cProfile for the time breakdown (not timed)."""
+    breakdown_steps: int = 4
+    """Steps per system for the time breakdown, after as many warm-up steps (not timed)."""
     threads: int = 1
     """torch intra-op threads per process (2 cores; up to 4 ranks)."""
 
@@ -88,39 +89,35 @@ def sgd(params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=LR)
 
 
-# --------------------------------------------------------------------------- profile split
-def breakdown(prof: cProfile.Profile, steps: int) -> dict[str, float]:
-    """ms per step in forward / backward / optimizer / comm wait / rest, from cProfile.
+def breakdown_steps(s: Setup, microbatches: int, systems: dict[str, Callable], parts: dict[str, Callable[[], dict]],
+                    sync: Callable[[], None]) -> dict[str, list[tuple[float, float, dict[str, float]]]]:
+    """Per system, (step wall s, process CPU s, ``parts[name]()``) of each breakdown step, after
+    ``s.warmup`` untimed ones, the systems alternating in ABBA order; ``sync`` before and after each
+    step (a barrier where ranks are processes). ``parts`` is read after every step, warm-up included."""
+    out: dict[str, list] = {n: [] for n in systems}
+    names = list(systems)
+    for i in range(s.warmup + s.breakdown_steps):
+        x, y = batch(s, microbatches, i)
+        for name in (names if i % 2 == 0 else names[::-1]):
+            sync()
+            t0, c0 = time.perf_counter(), time.process_time()
+            systems[name](x, y)
+            sync()
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            p = parts[name]()
+            if i >= s.warmup:
+                out[name].append((wall, cpu, p))
+    return out
 
-    forward: the model's or the units' ``forward`` (+ ``lm_loss`` when a runtime calls it
-    outside the model); backward: the autograd engine; optimizer: ``Optimizer.step`` and
-    ``zero_grad``; wait: gloo calls (post, wait, all-reduce); rest: everything else the runtime does (Python
-    per action, buffers), inflated by the profiler's cost per call.
-    """
-    from pipert.models import LlamaModel, LlamaUnit, lm_loss
-    def key(fn) -> tuple[str, int, str]:
-        return (fn.__code__.co_filename, fn.__code__.co_firstlineno, fn.__name__)
-    forwards = {key(LlamaUnit.forward), key(LlamaModel.forward)}
-    models_dir = str(Path(LlamaModel.forward.__code__.co_filename).parent)
-    st = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
-    total = sum(v[2] for v in st.values())
-    fwd = bwd = opt = wait = 0.0
-    for k, (_, _, _, cum, callers) in st.items():
-        file, _, name = k
-        if k in forwards:
-            fwd += cum
-        elif k == key(lm_loss):  # torch's loss_fn; inside the model it is already counted
-            fwd += sum(c[3] for ck, c in callers.items() if not ck[0].startswith(models_dir))
-        elif name.startswith("<method 'run_backward'"):
-            bwd += cum
-        elif name.startswith("<built-in method torch._C._distributed_c10d."):  # post, wait, all-reduce
-            wait += cum
-        elif file.endswith("optim/optimizer.py") and name in ("wrapper", "zero_grad"):
-            opt += cum
-    parts = {"forward": fwd, "backward": bwd, "optimizer": opt, "wait": wait}
-    parts["rest"] = max(total - sum(parts.values()), 0.0)
-    parts["total"] = total
-    return {k: 1e3 * v / steps for k, v in parts.items()}
+
+def _rows(key: dict, steps: dict[str, list]) -> list[dict]:
+    return [rank_row({**key, "system": name}, st) for name, st in steps.items()]
+
+
+def _no_split_computes(pipe) -> None:
+    """``op_times`` holds one entry per compute only where no compute is split into sub-blocks."""
+    if any(a.sub is not None for acts in pipe.program.actions for a in acts):
+        raise ValueError("the breakdown needs a program without sub-blocks")
 
 
 # --------------------------------------------------------------------------- multi-rank
@@ -201,28 +198,37 @@ def _pair_run(s: Setup, schedule: str, microbatches: int) -> dict:
     cpu_sum = torch.tensor([cpu[n] for n in names], dtype=torch.float64)
     dist.all_reduce(cpu_sum)  # CPU seconds per step summed over ranks
 
-    # profile split (not timed); per-rank dicts gathered to rank 0
-    prof = {}
-    for name in ("pipert", "torch"):
-        p = cProfile.Profile()
-        for i in range(s.profile_steps):
-            x, y = batch(s, microbatches, i)
-            dist.barrier()
-            p.enable()
-            systems[name](x, y)
-            dist.barrier()  # as in the timed steps: torch's ranks wait here, pipert's in its loss all-reduce
-            p.disable()
-        prof[name] = breakdown(p, s.profile_steps)
+    mine = _multi_breakdown(s, schedule, microbatches, units, sched)
     parts = [None] * world if rank == 0 else None
-    dist.gather_object(prof, parts, dst=0)
+    dist.gather_object(mine, parts, dst=0)
     sync = _sync_costs()
     if rank != 0:
         return {}
     row = {"schedule": schedule, "P": world, "V": chunks, "M": microbatches, "loss_rel_diff": loss_diff,
-           "param_rel_diff": float(param_diff), "profile": parts, "same_order": bool(same.item()), **sync}
+           "param_rel_diff": float(param_diff), "breakdown": [r for p in parts for r in p],
+           "same_order": bool(same.item()), **sync}
     for k, n in enumerate(names):
         row[f"{n}_s"], row[f"{n}_cpu_s"] = times[n], cpu_sum[k].tolist()
     return row
+
+
+def _multi_breakdown(s: Setup, schedule: str, microbatches: int, units: Callable, sched) -> list[dict]:
+    """This rank's breakdown rows (not timed): a traced pipert and a torch pipeline whose computes
+    are timed from outside, both on fresh weights, barrier to barrier as in the timed steps."""
+    from pipert.models import lm_loss
+    from pipert.runtime.pipeline import Pipeline
+    from _torch_pipelining import TorchPipe
+    rank = dist.get_rank()
+    traced = Pipeline(units(), sched, backend="dist", optimizer=sgd, trace=True)
+    _no_split_computes(traced)
+    clock = Clock()
+    tpipe = TorchPipe.build(units(), schedule, microbatches, LR, loss_fn=clock.wrap("forward", lm_loss))
+    time_torch_stages(tpipe.stages, clock)
+    time_optimizer(tpipe.optimizer, clock)
+    steps = breakdown_steps(s, microbatches, {"pipert": traced.step, "torch": lambda x, y: tpipe.step(x, y, [])},
+                            {"pipert": lambda: pipert_parts(traced.last_results[rank].op_times),
+                             "torch": clock.take}, dist.barrier)
+    return _rows(dict(schedule=schedule, P=dist.get_world_size(), M=microbatches, rank=rank), steps)
 
 
 def _sync_costs(reps: int = 20) -> dict[str, float]:
@@ -269,35 +275,6 @@ def multi_worker(rank: int, world: int, s: Setup, schedule: str, microbatches: i
 
 
 # --------------------------------------------------------------------------- single stage
-class _InlineThread:
-    """Runs its target in the caller's thread at ``start()`` (profiling only)."""
-
-    def __init__(self, target, args=(), daemon=None, name=None) -> None:
-        self.target, self.args = target, args
-
-    def start(self) -> None:
-        self.target(*self.args)
-
-    def is_alive(self) -> bool:
-        return False
-
-    def join(self, timeout=None) -> None:
-        return None
-
-
-@contextlib.contextmanager
-def _inline_threads():
-    """The local backend's rank threads run inline, so that cProfile sees their work."""
-    import types
-    from pipert.runtime import pipeline
-    saved = pipeline.threading
-    pipeline.threading = types.SimpleNamespace(Thread=_InlineThread)
-    try:
-        yield
-    finally:
-        pipeline.threading = saved
-
-
 def thread_cost_ms(reps: int = 200) -> float:
     """Start and join of one Python thread (what the local backend adds per rank and step)."""
     import threading
@@ -309,29 +286,43 @@ def thread_cost_ms(reps: int = 200) -> float:
     return 1e3 * (time.perf_counter() - t0) / reps
 
 
-def single_stage(s: Setup, microbatches: int) -> dict:
-    """pipert P = 1 (local backend) against a plain accumulation loop, alternating."""
-    from pipert.models import LlamaModel, partition
-    from pipert.runtime.pipeline import Pipeline
-    cfg = model_config(s)
-    pipe = Pipeline(partition(LlamaModel(cfg, seed=0), 1), "1f1b", stages=1, microbatches=microbatches,
-                    backend="local", optimizer=sgd)
-    model = LlamaModel(cfg, seed=0)
-    opt = sgd(model.parameters())
+def plain_loop(model, opt: torch.optim.Optimizer, microbatches: int, clock: Clock | None = None) -> Callable:
+    """A step of plain gradient accumulation over ``microbatches`` and ``opt``'s step; with ``clock``,
+    its model calls, backwards and optimizer calls are timed."""
+    forward = model if clock is None else clock.wrap("forward", model)
+    if clock is not None:
+        time_optimizer(opt, clock)
 
-    def run_plain(x, y) -> float:
+    def backward(loss: torch.Tensor) -> None:
+        loss.backward() if clock is None else clock.wrap("backward", loss.backward)()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> float:
         total = 0.0
         for xm, ym in zip(x.chunk(microbatches), y.chunk(microbatches)):
-            loss = model(xm, ym)
-            (loss / microbatches).backward()
+            loss = forward(xm, ym)
+            backward(loss / microbatches)
             total += float(loss.detach())
         opt.step()
         opt.zero_grad(set_to_none=True)
         return total / microbatches
+    return step
 
-    def run_pipert(x, y) -> float:
-        return pipe.step(x, y)
 
+def _single_pair(s: Setup, microbatches: int, trace: bool = False) -> tuple:
+    """(pipert Pipeline with P = 1 on the local backend, the plain model, its optimizer), same weights."""
+    from pipert.models import LlamaModel, partition
+    from pipert.runtime.pipeline import Pipeline
+    cfg = model_config(s)
+    pipe = Pipeline(partition(LlamaModel(cfg, seed=0), 1), "1f1b", stages=1, microbatches=microbatches,
+                    backend="local", optimizer=sgd, trace=trace)
+    model = LlamaModel(cfg, seed=0)
+    return pipe, model, sgd(model.parameters())
+
+
+def single_stage(s: Setup, microbatches: int) -> dict:
+    """pipert P = 1 (local backend) against a plain accumulation loop, alternating."""
+    pipe, model, opt = _single_pair(s, microbatches)
+    systems = {"pipert": pipe.step, "plain": plain_loop(model, opt, microbatches)}
     times: dict[str, list[float]] = {"pipert": [], "plain": []}
     cpu: dict[str, list[float]] = {"pipert": [], "plain": []}
     loss_diff = 0.0
@@ -340,26 +331,26 @@ def single_stage(s: Setup, microbatches: int) -> dict:
         order = ("pipert", "plain") if i % 2 == 0 else ("plain", "pipert")
         out = {}
         for name in order:
-            fn = run_pipert if name == "pipert" else run_plain
             t0, c0 = time.perf_counter(), time.process_time()
-            out[name] = fn(x, y)
+            out[name] = systems[name](x, y)
             if i >= s.warmup:
                 times[name].append(time.perf_counter() - t0)
                 cpu[name].append(time.process_time() - c0)
         loss_diff = max(loss_diff, abs(out["pipert"] - out["plain"]) / abs(out["plain"]))
-    prof = {}
-    for name, fn in (("pipert", run_pipert), ("plain", run_plain)):
-        p = cProfile.Profile()
-        with _inline_threads():
-            for i in range(s.profile_steps):
-                x, y = batch(s, microbatches, i)
-                p.enable()
-                fn(x, y)
-                p.disable()
-        prof[name] = breakdown(p, s.profile_steps)
     return {"M": microbatches, "pipert_s": times["pipert"], "plain_s": times["plain"],
             "pipert_cpu_s": cpu["pipert"], "plain_cpu_s": cpu["plain"],
-            "loss_rel_diff": loss_diff, "profile": prof}
+            "loss_rel_diff": loss_diff, "breakdown": _single_breakdown(s, microbatches)}
+
+
+def _single_breakdown(s: Setup, microbatches: int) -> list[dict]:
+    """Breakdown rows (not timed) of a traced pipert P = 1 and a plain loop with timed calls, fresh weights."""
+    pipe, model, opt = _single_pair(s, microbatches, trace=True)
+    _no_split_computes(pipe)
+    clock = Clock()
+    steps = breakdown_steps(s, microbatches, {"pipert": pipe.step, "plain": plain_loop(model, opt, microbatches, clock)},
+                            {"pipert": lambda: pipert_parts(pipe.last_results[0].op_times), "plain": clock.take},
+                            lambda: None)
+    return _rows(dict(schedule="1f1b", P=1, M=microbatches, rank=0), steps)
 
 
 # --------------------------------------------------------------------------- report
@@ -406,9 +397,9 @@ def _key(r: dict) -> tuple:
     return (r["schedule"], r["P"], r["M"])
 
 
-def analysis(rows: list[dict], profile: list[dict], sync: list[dict] | None) -> list[str]:
+def analysis(rows: list[dict], breakdown: list[dict], sync: list[dict] | None) -> list[str]:
     """Which targets were met and where the time goes; every figure and count is computed from
-    the CSV rows (``vs_torch.csv``, ``vs_torch_profile.csv``, ``vs_torch_sync.csv``)."""
+    the CSV rows (``vs_torch.csv``, ``vs_torch_breakdown.csv``, ``vs_torch_sync.csv``)."""
     vs = [r for r in rows if r["kind"] == "vs_torch_pipelining"]
     one = [r for r in rows if r["kind"] == "single_stage_vs_plain"]
     met = [r for r in vs if r["met"] == "yes"]
@@ -433,24 +424,7 @@ def analysis(rows: list[dict], profile: list[dict], sync: list[dict] | None) -> 
              f"{'every' if same else 'some'} configuration; losses and parameters agree to "
              f"{max(r['loss_rel_diff'] for r in vs):.1e} / {max(r['param_rel_diff'] for r in vs):.1e} (relative) "
              f"after {vs[0]['steps']} measured steps.")
-    prof = defaultdict(dict)
-    for p in profile:
-        prof[(p["schedule"], p["P"], p["M"])][p["system"]] = p
-    multi = [k for k in prof if "torch" in prof[k]]
-    single = [k for k in prof if "plain" in prof[k]]
-    if multi:
-        avg = {n: {k: statistics.mean(prof[c][n][k] for c in multi) for k in ("wait", "rest")}
-               for n in ("pipert", "torch")}
-        d = avg["pipert"]["rest"] - avg["torch"]["rest"]
-        L.append(f"- **Python per action** (profile `rest`, mean over configurations): pipert "
-                 f"{avg['pipert']['rest']:.1f} ms/step, torch {avg['torch']['rest']:.1f} ms/step "
-                 f"({'less' if d <= 0 else 'more'} by {abs(d):.1f} ms/step).")
-        if single:
-            extra = statistics.mean(prof[c]["pipert"]["rest"] - prof[c]["plain"]["rest"] for c in single)
-            share = max(100 * (prof[c]["pipert"]["rest"] - prof[c]["plain"]["rest"]) / prof[c]["plain"]["total"]
-                        for c in single)
-            L[-1] += (f" Single stage: pipert's own Python is {extra:.1f} ms/step above the plain loop under the "
-                      f"profiler, at most {share:.1f}% of the plain loop's profiled step.")
+    L += breakdown_analysis(breakdown)
     if sync:
         ar = {_key(r): r["allreduce_ms"] for r in sync}
         share = [100 * ar[_key(r)] / r["other_ms"] for r in vs if _key(r) in ar]
@@ -465,7 +439,7 @@ def analysis(rows: list[dict], profile: list[dict], sync: list[dict] | None) -> 
                                  for r, g, a in gaps) + ".")
     else:
         L.append("- **Synchronisation**: per-configuration barrier and all-reduce times were not stored with "
-                 "this run (ranges in the context above).")
+                 "this run.")
     early = {_key(r): r for r in rows if r["kind"] == "early_recv_vs_torch_pipelining"}
     base = {_key(r): r for r in vs}
     if early:
@@ -473,22 +447,19 @@ def analysis(rows: list[dict], profile: list[dict], sync: list[dict] | None) -> 
         clear = [k for k, e in early.items() if e["ratio_ci_hi"] < base[k]["ratio"]]
         listed = ", ".join(f"{k[0]} P={k[1]} M={k[2]}: {early[k]['ratio']:.3f} vs {base[k]['ratio']:.3f}"
                            for k in clear) or "none"
-        waits = (f" (profile `wait`, with the closing barrier: pipert {avg['pipert']['wait']:.1f}, torch "
-                 f"{avg['torch']['wait']:.1f} ms/step on average)") if multi else ""
-        L.append(f"- **Where receives are posted**{waits}: with every receive moved one compute earlier "
+        L.append(f"- **Where receives are posted**: with every receive moved one compute earlier "
                  f"(`early_receives`) the ratio is lower in {len(better)} of {len(early)} configurations, with its "
                  f"whole 95% interval below the lowered placement's median in {len(clear)} ({listed}); median "
                  f"ratio to torch {statistics.median(e['ratio'] for e in early.values()):.3f} against "
                  f"{statistics.median(r['ratio'] for r in vs):.3f}.")
     spread = [100 * (r[f"{s}_p75_ms"] - r[f"{s}_p25_ms"]) / r[f"{s}_ms"] for r in vs for s in ("pipert", "other")]
     L.append(f"- **Noise**: step times spread by {min(spread):.0f}-{max(spread):.0f}% (p25-p75 over the median) "
-             f"from step to step; the paired ratio and its interval are the robust figures, single medians are "
-             f"not. Load averages are in the context above.")
+             f"from step to step. Load averages are in the context above.")
     return L
 
 
 def csv_rows(multi: list[dict], single: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
-    """The three CSVs of a run: ratios, profile (ms per step, mean over ranks and profiled steps),
+    """The three CSVs of a run: ratios, the breakdown (a row per rank, system and configuration) and
     synchronisation costs per configuration."""
     rows = [_row("vs_torch_pipelining", r, "torch", RATIO_TARGET) for r in multi]
     rows += [_row("early_recv_vs_torch_pipelining", dict(r, pipert_s=r["pipert_early_s"],
@@ -497,15 +468,10 @@ def csv_rows(multi: list[dict], single: list[dict]) -> tuple[list[dict], list[di
     rows += [_row("single_stage_vs_plain", dict(r, schedule="1f1b", P=1, V=1, param_rel_diff=float("nan")),
                   "plain", 1 + OVERHEAD_TARGET) for r in single]
     rows = [{k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()} for row in rows]
-    keys = ("total", "forward", "backward", "optimizer", "wait", "rest")
-    profile = [dict(schedule=r["schedule"], P=r["P"], M=r["M"], system=n,
-                    **{k: round(statistics.mean(p[n][k] for p in r["profile"]), 1) for k in keys})
-               for r in multi for n in ("pipert", "torch")]
-    profile += [dict(schedule="1f1b", P=1, M=r["M"], system=n, **{k: round(r["profile"][n][k], 1) for k in keys})
-                for r in single for n in ("pipert", "plain")]
+    breakdown = [b for r in multi + single for b in r["breakdown"]]
     sync = [dict(schedule=r["schedule"], P=r["P"], M=r["M"], barrier_ms=r["barrier_ms"],
                  allreduce_ms=r["allreduce_ms"]) for r in multi]
-    return rows, profile, sync
+    return rows, breakdown, sync
 
 
 def _sibling(name: str) -> list[dict] | None:
@@ -514,9 +480,9 @@ def _sibling(name: str) -> list[dict] | None:
 
 
 def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
-    """The markdown report from ``vs_torch.csv`` (``rows``), its context and the profile and
+    """The markdown report from ``vs_torch.csv`` (``rows``), its context and the breakdown and
     synchronisation CSVs beside it."""
-    profile, sync = _sibling("vs_torch_profile") or [], _sibling("vs_torch_sync")
+    breakdown, sync = _sibling("vs_torch_breakdown") or [], _sibling("vs_torch_sync")
     L = report_header("pipert vs PyTorch (torch.distributed.pipelining, plain loop)", ctx, rebuilt) + [""]
     L += ["## pipert vs torch.distributed.pipelining", "",
           "Same units as stage modules; torch's last stage returns the logits and `loss_fn=lm_loss` "
@@ -562,20 +528,17 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
                  f"{100 * (r['ratio'] - 1):+.1f}% [{100 * (r['ratio_ci_lo'] - 1):+.1f}%, "
                  f"{100 * (r['ratio_ci_hi'] - 1):+.1f}%] | {r['met']} | {100 * (r['cpu_ratio'] - 1):+.1f}% | "
                  f"{r['loss_rel_diff']:.1e} |")
-    if profile:
-        L += ["", "## Where the time goes (cProfile, ms per step, mean over ranks)", "",
-              "forward: the units' forward (+ torch's separate `lm_loss`); backward: autograd engine; opt: "
-              "`SGD.step` + `zero_grad`; wait: gloo calls (posting, `Work.wait` on receives and send completion, "
-              "pipert's loss all-reduce); rest: the runtime's own Python (per-action dispatch, buffers), inflated "
-              "by the profiler's per-call cost. The single-stage pipert run is profiled with its rank thread run "
-              "inline (cProfile sees one thread).", "",
-              "| config | system | total | forward | backward | opt | wait | rest |",
-              "|---|---|---:|---:|---:|---:|---:|---:|"]
-        for p in profile:
-            config = f"single stage M={p['M']}" if p["P"] == 1 else f"{p['schedule']} P={p['P']} M={p['M']}"
-            L.append(f"| {config} | {p['system']} | " + " | ".join(
-                f"{p[k]:.1f}" for k in ("total", "forward", "backward", "optimizer", "wait", "rest")) + " |")
-    L += ["", "## Analysis", ""] + analysis(rows, profile, sync) + [""]
+    if breakdown:
+        L += ["", "## Where the time goes (ms per step, mean over ranks)", "",
+              "Breakdown steps, after the timed ones and not timed with them: fresh pipelines of the same model, "
+              "the systems alternating as above. pipert runs traced (`Pipeline(trace=True)`: its executor records "
+              "each compute's wall and thread-CPU time, on whichever thread runs it); torch's `forward_one_chunk`, "
+              "loss function, `backward_one_chunk` and optimizer, and the plain loop's model call, backward and "
+              "optimizer, are timed around each call. step: barrier to barrier on each rank; forward, backward, "
+              "optimizer: wall time of those computes; compute CPU: their CPU time; everything else: the step less "
+              "the computes (waits for messages and peers, bubbles, the runtime's own work).", ""]
+        L += breakdown_table(breakdown)
+    L += ["", "## Analysis", ""] + analysis(rows, breakdown, sync) + [""]
     return "\n".join(L)
 
 
@@ -591,7 +554,7 @@ def setup_context(s: Setup) -> dict[str, str]:
             f"interval of that median; spread of step times = p25-p75; `no (noise)`: the median misses the target "
             f"but the target lies inside its 95% interval; CPU ratio: the same with process CPU time summed over "
             f"ranks (work done; less sensitive to other jobs than wall time)",
-        "profiled steps per system (cProfile, after the timed ones)": str(s.profile_steps)}
+        "breakdown steps per system (after as many warm-up steps; not timed)": str(s.breakdown_steps)}
 
 
 def main() -> None:
@@ -632,8 +595,8 @@ def main() -> None:
     ctx["wall time of the whole benchmark"] = f"{wall:.0f} s"
     ctx.update(setup_context(s))
     ctx["local backend: start and join of one rank thread"] = f"{thread_ms:.3f} ms"
-    rows, profile, sync = csv_rows(multi, single)
-    write_csv(RESULTS / "vs_torch_profile.csv", profile)
+    rows, breakdown, sync = csv_rows(multi, single)
+    write_csv(RESULTS / "vs_torch_breakdown.csv", breakdown, FIELDS)
     write_csv(RESULTS / "vs_torch_sync.csv", sync)
     write_results("vs_torch", rows, ctx, report)
     print(f"wrote {RESULTS / 'vs_torch.csv'} and {RESULTS / 'vs_torch.md'} ({wall:.0f} s)")

@@ -1,0 +1,74 @@
+"""A report's sentences of conclusion follow its data: fed rows where the conclusion must flip,
+a generator writes the other conclusion (benchmarks/*.py, no measuring)."""
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+import _breakdown  # noqa: E402
+
+
+def _rank(system: str, rank: int, step: float, compute: float, schedule: str = "1f1b", P: int = 2) -> dict:
+    """A breakdown row whose computes take ``compute`` ms (forward a third, backward the rest)."""
+    return {"schedule": schedule, "P": P, "M": 4, "system": system, "rank": rank, "steps": 4, "step_ms": step,
+            "forward_ms": compute / 3, "backward_ms": 2 * compute / 3, "optimizer_ms": 0.0,
+            "compute_cpu_ms": compute, "process_cpu_ms": step}
+
+
+def _numbers(text: str) -> tuple[float, float, float]:
+    """(pipert's step less the other's, the computes' difference, everything else's) as written."""
+    m = re.search(r"step is (?:([\d.]+) ms (longer|shorter)|as long as).*?computes take ([+-][\d.]+) ms and "
+                  r"everything else ([+-][\d.]+) ms", text)
+    step = 0.0 if m.group(1) is None else float(m.group(1)) * (1 if m.group(2) == "longer" else -1)
+    return step, float(m.group(3)), float(m.group(4))
+
+
+@pytest.mark.parametrize("extra", [12.0, -12.0])
+def test_the_breakdown_says_which_side_spends_more_outside_its_computes(extra):
+    rows = [_rank("torch", r, 100.0, 60.0) for r in (0, 1)]
+    rows += [_rank("pipert", r, 100.0 + extra, 60.0) for r in (0, 1)]
+    text = "\n".join(_breakdown.analysis(rows))
+    step, compute, other = _numbers(text)
+    assert (step, compute, other) == (extra, 0.0, extra)
+    assert ("longer than torch's" in text) == (extra > 0) and ("shorter than torch's" in text) == (extra < 0)
+    assert f"longer for pipert in {1 if extra > 0 else 0} of 1" in text
+
+
+def test_the_breakdown_splits_the_steps_difference_exactly_into_its_parts():
+    rows = [_rank("torch", 0, 90.0, 70.0, "gpipe"), _rank("pipert", 0, 95.5, 61.2, "gpipe"),
+            _rank("plain", 0, 50.0, 49.0, P=1), _rank("pipert", 0, 48.0, 45.0, P=1)]
+    torch_line, plain_line = _breakdown.analysis(rows)
+    step, compute, other = _numbers(torch_line)
+    assert step == pytest.approx(5.5) and compute == pytest.approx(-8.8) and step == pytest.approx(compute + other)
+    assert "in 1 of 1 (gpipe P=2 M=4)" in torch_line
+    step, compute, other = _numbers(plain_line)
+    assert "shorter than the plain loop's" in plain_line and step == pytest.approx(compute + other) == -2.0
+    assert "in 1 of 1 (single stage M=4)" in plain_line  # 3 ms else against 1 ms
+
+
+def test_a_run_without_the_breakdown_says_it_was_not_measured():
+    (line,) = _breakdown.analysis([])
+    assert "not measured in this run" in line and not re.search(r"\d", line)
+
+
+def test_the_breakdown_table_gives_everything_else_per_rank():
+    rows = [_rank("pipert", 0, 100.0, 60.0), _rank("pipert", 1, 110.0, 60.0)]
+    (row,) = _breakdown.table(rows)[2:]
+    assert row.endswith("| 45.0 (40.0-50.0) |") and "| 105.0 |" in row
+
+
+def test_pipert_parts_adds_up_its_op_times_by_part():
+    parts = _breakdown.pipert_parts([("F", 0, 0.5, 0.25), ("W", 1, 1.0, 1.0), ("D", 1, 2.0, 1.0), ("OPT", None, 4.0, 4.0)])
+    assert parts == {"forward": 0.5, "backward": 3.0, "optimizer": 4.0, "compute_cpu": 6.25}
+
+
+def test_the_clock_counts_what_it_wraps_until_taken():
+    clock = _breakdown.Clock()
+    f = clock.wrap("backward", lambda x: x + 1)
+    assert f(1) == 2 and f(2) == 3
+    first = clock.take()
+    assert first["backward"] > 0 and first["forward"] == first["optimizer"] == 0.0
+    assert clock.take()["backward"] == 0.0
