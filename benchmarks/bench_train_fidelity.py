@@ -31,7 +31,6 @@ SCHEDULES = ["1f1b", "zb-h1", "crosspipe-greedy"]
 P, M = 4, 8
 TARGET = 0.10
 NAME = "train_fidelity"
-BUSY = 0.75  # a CPU share from which the cores, not the program, set the pace
 
 
 def train(schedule: str, steps: int, link: list[str]) -> list[dict]:
@@ -153,53 +152,54 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
                       f"prediction each compute carries its process's other CPU (median "
                       f"{med('action_overhead_s') * 1e6:.0f} us per compute: issuing, queue hand-offs, gloo calls, "
                       f"link timers)."]
+    lines += ["", load_summary(rows, ctx)]
     misses = [r for r in rows if abs(judged(r)) > TARGET]
     if misses:
-        lines += ["", "## Misses, from the data", ""]
-        for r in misses:
-            err = judged(r)
-            side = "under" if err < 0 else "over"
-            gap = -err * r["measured_s"]
-            text = (f"- {r['schedule']}, link {r['link']}: the simulator {side}-predicts by {abs(err):.1%} "
-                    f"({gap * 1e3:+.1f} ms per step). The ranks' computes add up to "
-                    f"{r['compute_s_all_ranks']:.3f} s, a CPU share of {r['cpu_share']:.2f} of {r['cores']} cores "
-                    f"over the measured step ({r['processes']} processes)")
-            if gap > 0 and uses_shared(r) and r in measured_overheads:
-                text += (f"; the shared prediction already has the {r['processes']} ranks' computes and their "
-                         f"processes' other CPU share the {r['cores']} cores and every message pay its measured "
-                         f"transit, so the rest is cores the machine's other processes took (load average "
-                         f"{r['load_1min']:.1f} at the end of the run, {r['processes']} of it these ranks) and the "
-                         f"waits of the ranks' threads for a core after each message.")
-            elif gap > 0 and uses_shared(r):
-                text += (f"; the shared prediction already has the {r['processes']} ranks' computes share the "
-                         f"{r['cores']} cores, so the rest is time outside the computes that neither prediction "
-                         f"counts: {gap / r['actions_per_rank'] * 1e6:.0f} us per action of a rank's "
-                         f"{r['actions_per_rank']:.0f} (queue hand-offs, gloo calls, link timers, each waiting for "
-                         f"a core too), with the machine's load average at {r['load_1min']:.1f} at the end of the run.")
-            elif gap > 0 and r["load_1min"] > r["cores"]:
-                text += (f": the machine's load average at the end of the run was {r['load_1min']:.1f} runnable "
-                         f"processes on {r['cores']} cores, {r['processes']} of them these ranks, so a rank held a "
-                         f"core about {r['cores'] / r['load_1min']:.0%} of the time; every wait for a core, in the "
-                         f"computes and in the {r['actions_per_rank']:.0f} actions per rank around them (queue "
-                         f"hand-offs, gloo calls, link timers), lengthens the step, where the simulator gives each "
-                         f"rank a core of its own and the actions between computes no time.")
-            elif gap > 0 and r["cpu_share"] >= BUSY:
-                text += (f": the cores were busy for most of the step, so ranks waited for a core "
-                         f"({r['processes'] / r['cores']:.1f} processes per core) where the simulator gives each "
-                         f"rank its own.")
-            elif gap > 0:
-                text += (f": the cores idled {1 - r['cpu_share']:.0%} of the step, so the excess is host work "
-                         f"outside the computes, {gap / r['actions_per_rank'] * 1e6:.0f} us per action of a rank's "
-                         f"{r['actions_per_rank']:.0f} (queue hand-offs, gloo calls), which the simulator counts as 0.")
-            else:
-                text += (f": the step took less than the sum of its measured parts, so the mean compute times "
-                         f"(measured while {r['processes']} processes shared {r['cores']} cores) overstate the "
-                         f"computes on the critical path.")
-            lines.append(text)
+        lines += ["", "## Misses, from the data", ""] + [miss(r) for r in misses]
     mean_share = statistics.mean(r["cpu_share"] for r in rows)
     lines += ["", f"Mean CPU share over the runs: {mean_share:.2f} of {rows[0]['cores']} cores "
               f"(1.00 means every core computed for the whole step)."]
     return "\n".join(lines) + "\n"
+
+
+def _first(loads: str | None) -> float | None:
+    """The 1-minute figure of a context's "1, 5, 15 min" load averages (None where not recorded)."""
+    try:
+        return float(str(loads).split(",")[0])
+    except ValueError:
+        return None
+
+
+def load_summary(rows: list[dict], ctx: dict) -> str:
+    """The load figures the run recorded, and in how many runs they exceed the run's own processes."""
+    loads = [r["load_1min"] for r in rows]
+    above = sum(r["load_1min"] > r["processes"] for r in rows)
+    start, end = _first(ctx.get("load average (1, 5, 15 min)")), _first(ctx.get("load average at the end (1, 5, 15 min)"))
+    ends = ", ".join(f"{k} {v:.2f}" for k, v in (("at the start of the benchmark", start), ("at its end", end))
+                     if v is not None)
+    return (f"Load: the 1-minute load average read at the end of each run was {min(loads):.1f}-{max(loads):.1f} on "
+            f"{rows[0]['cores']} cores, above the run's {rows[0]['processes']} processes in {above} of {len(rows)} "
+            f"runs" + (f"; {ends}." if ends else "."))
+
+
+def miss(r: dict) -> str:
+    """One miss: its size, the recorded figures beside it, and load named as a cause only where the
+    recorded load exceeds the run's own processes."""
+    err = judged(r)
+    gap = -err * r["measured_s"]  # measured less predicted
+    text = (f"- {r['schedule']}, link {r['link']}: the {'shared ' if uses_shared(r) else ''}prediction is "
+            f"{abs(err):.1%} {'under' if err < 0 else 'over'} the measured step ({gap * 1e3:+.1f} ms per step, "
+            f"{gap / r['actions_per_rank'] * 1e6:+.0f} us per action of a rank's {r['actions_per_rank']:.0f}). The "
+            f"ranks' computes add up to {r['compute_s_all_ranks']:.3f} s, a CPU share of {r['cpu_share']:.2f} of "
+            f"{r['cores']} cores over the measured step ({r['processes']} processes).")
+    if gap <= 0:
+        return text
+    load = f"The 1-minute load average read at the end of the run, {r['load_1min']:.1f},"
+    if r["load_1min"] > r["processes"]:
+        return (f"{text} {load} is above the run's {r['processes']} processes: more tasks were runnable than this "
+                f"run has processes, so other work may have taken cores that the prediction gives to the ranks.")
+    return (f"{text} {load} is not above the run's {r['processes']} processes, so the recorded load does not show "
+            f"other work taking cores; this data does not say where the {gap * 1e3:.1f} ms go.")
 
 
 if __name__ == "__main__":

@@ -72,3 +72,35 @@ def test_the_clock_counts_what_it_wraps_until_taken():
     first = clock.take()
     assert first["backward"] > 0 and first["forward"] == first["optimizer"] == 0.0
     assert clock.take()["backward"] == 0.0
+
+
+def _fidelity_row(load: float, shared_error: float, processes: int = 4, cores: int = 2) -> dict:
+    return {"schedule": "1f1b", "link": "none", "dc_latency_s": 0.0, "dc_bandwidth_Bps": "", "steps": 6,
+            "measured_s": 0.1, "predicted_s": 0.06, "rel_error": -0.4, "predicted_shared_s": 0.1 * (1 + shared_error),
+            "rel_error_shared": shared_error, "max_forward_s": 0.002, "compute_s_all_ranks": 0.15, "cpu_share": 0.75,
+            "message_overhead_s": 1e-4, "action_overhead_s": 5e-4, "actions_per_rank": 40.0, "load_1min": load,
+            "processes": processes, "cores": cores}
+
+
+FIDELITY_CTX = {"date": "d", "commit": "abc", "steps": "8", "warmup": "2", "load average (1, 5, 15 min)": "0.50, 1, 1",
+                "load average at the end (1, 5, 15 min)": "6.25, 2, 1"}
+
+
+@pytest.mark.parametrize("load", [1.5, 4.0, 6.5])
+def test_train_fidelity_names_load_as_a_cause_only_where_the_recorded_load_shows_it(load):
+    import bench_train_fidelity as tf
+    text = tf.report([_fidelity_row(load, -0.3), _fidelity_row(1.0, 0.02)], FIDELITY_CTX)
+    (line,) = [s for s in text.splitlines() if s.startswith("- 1f1b")]
+    assert "30.0% under the measured step (+30.0 ms per step, +750 us per action" in line
+    assert ("other work may have taken cores" in line) == (load > 4)
+    assert ("does not show other work" in line) == (load <= 4)
+    assert f"was 1.0-{load:.1f} on 2 cores, above the run's 4 processes in {int(load > 4)} of 2 runs" in text
+    assert "at the start of the benchmark 0.50, at its end 6.25" in text
+    assert "1 of 2 runs are within 10%" in text
+
+
+def test_train_fidelity_gives_no_cause_for_an_over_prediction():
+    import bench_train_fidelity as tf
+    line = tf.miss(_fidelity_row(9.0, 0.25))
+    assert "25.0% over the measured step (-25.0 ms per step" in line
+    assert "load" not in line and "cores that" not in line
