@@ -190,8 +190,9 @@ def _chunked_misses(misses: list[dict]) -> str:
     """Which bound each missed row exceeded, read from its target text ("time <= Rx, peak <= G GiB ...")."""
     if not misses:
         return ""
-    slow = sum(r["time_ratio"] > float(re.search(r"time <= ([\d.]+)x", r["target"]).group(1)) for r in misses)
-    big = sum(r["peak_gib"] > float(re.search(r"peak <= ([\d.]+) GiB", r["target"]).group(1)) for r in misses)
+    from bench_chunked_mlp import bounds
+    slow = sum(r["time_ratio"] > bounds(r["target"])[0] for r in misses)
+    big = sum(r["peak_gib"] > bounds(r["target"])[1] for r in misses)
     chunks = sorted({r["chunk"] for r in misses})
     return (f" (misses at chunks of {', '.join(map(str, chunks))}: peak above its bound in {big}, "
             f"time above its bound in {slow})")
