@@ -65,6 +65,8 @@ VARIANTS = (("1F1B", "1f1b", 1, "none", ()), ("ZB-H1", "zb-h1", 1, "none", ()),
 # the paper's stated speedup of HelixPipe over the best baseline at 128k, p = 8 (section 5.2)
 PAPER_SPEEDUP = {("H20", "1.3B"): 0.28, ("H20", "3B"): 0.20, ("H20", "7B"): 0.26,
                  ("A800", "1.3B"): 0.16, ("A800", "3B"): 0.13, ("A800", "7B"): 0.13}
+# the schedule the paper finds best at the shortest sequence (32k), per cluster (section 5.2)
+PAPER_BEST_SHORTEST = {"A800": "1F1B"}
 STATE_BYTES = 18
 
 
@@ -243,11 +245,9 @@ def discussion(rows: list[dict], bubble: list[dict], gaps: list[tuple]) -> list[
     head = [(by[k]["busy_max_s"] - by[k]["busy_median_s"]) / by[k]["seconds"] for k in long]
     rc = [by[k]["seconds"] / by[k[:3] + ("HelixPipe no recompute",)]["seconds"] - 1 for k in long]
     sync = [by[k[:3] + ("HelixPipe folds as one op",)]["seconds"] / by[k]["seconds"] - 1 for k in long]
-    out.append(f"- Where the differences come from, at the longest sequence: stage 0 holds C(L) with the LM head and "
-               f"loss (as in the authors' code) and computes {_range(head)} of HelixPipe's step more than the median "
-               f"stage; recomputation without attention costs {_range(rc)} against HelixPipe without it (the 1F1B and "
-               f"ZB-H1 rows recompute nothing, while the paper's 1F1B script adds selective recomputation); our ZB-H1 "
-               f"is the ideal schedule with exact W placement, which the paper reports as unstable in practice.")
+    out.append(f"- At the longest sequence, HelixPipe's busiest stage computes {_range(head)} of its step more than "
+               f"the median stage, and recomputation without attention costs {_range(rc)} against HelixPipe without "
+               f"it (the 1F1B and ZB-H1 rows recompute nothing).")
     out.append(f"- Running each fold's message as soon as its own compute ends (expand_folds, the paper's asynchronous "
                f"two-fold) instead of one message per fold pair saves {_range(sync)} of the step at the longest "
                f"sequence.")
@@ -255,19 +255,23 @@ def discussion(rows: list[dict], bubble: list[dict], gaps: list[tuple]) -> list[
     exposed = max(hx, key=lambda r: r["exposed_comm_s"] / r["seconds"])
     out.append(f"- HelixPipe is limited by the node's HCAs in {sum(r['nic_bound'] for r in hx)} of {len(hx)} "
                f"configurations; a stage waits longest on transfers in {exposed['cluster']} {exposed['model']} "
-               f"{exposed['seq'] // 1024}k ({100 * exposed['exposed_comm_s'] / exposed['seconds']:.1f}% of the step): "
-               f"the slower A800 links with faster attention at short sequences, as the paper's section 5.3 says.")
+               f"{exposed['seq'] // 1024}k ({100 * exposed['exposed_comm_s'] / exposed['seconds']:.1f}% of the step).")
     seqs = sorted({k[2] for k in by})
     for cluster in CLUSTERS:
-        first, short = [], []
+        first, short, shortest = [], [], []
         for model in MODELS:
             base = {q: max(("1F1B", "ZB-H1"), key=lambda b: by[(cluster, model, q, b)]["tokens_per_s"]) for q in seqs}
             wins = [q for q in seqs if by[(cluster, model, q, "HelixPipe")]["tokens_per_s"] >
                     by[(cluster, model, q, base[q])]["tokens_per_s"]]
             first.append(f"{model} first at {wins[0] // 1024}k" if wins else f"{model} at no length")
             short.append(f"{base[seqs[0]]} ({model})")
+            shortest.append(base[seqs[0]])
+        paper = PAPER_BEST_SHORTEST.get(cluster) if seqs[0] == SEQS[0] else None
+        agree = "" if paper is None else (f" (the paper finds {paper} best on {cluster} at {seqs[0] // 1024}k; here "
+                                          f"{paper} is best for {sum(b == paper for b in shortest)} of "
+                                          f"{len(shortest)} models).")
         out.append(f"- {cluster}: HelixPipe beats the best baseline for {', '.join(first)}; at {seqs[0] // 1024}k the "
-                   f"best is {', '.join(short)} (the paper finds 1F1B best on A800 at 32k).")
+                   f"best is {', '.join(short)}" + (agree or "."))
     q = max(k[2] for k in by)
     mem = {v[0]: by[("H20", "3B", q, v[0])] for v in VARIANTS[:3]}
     low = min(mem, key=lambda n: mem[n]["mem_gib_per_gpu_max"])
@@ -276,7 +280,7 @@ def discussion(rows: list[dict], bubble: list[dict], gaps: list[tuple]) -> list[
                f"({mem[low]['mem_gib_per_gpu_max']:.0f} GiB), most balanced {bal} (max/min "
                f"{mem[bal]['mem_gib_per_gpu_max'] / mem[bal]['mem_gib_per_gpu_min']:.2f}); 1F1B max/min "
                f"{mem['1F1B']['mem_gib_per_gpu_max'] / mem['1F1B']['mem_gib_per_gpu_min']:.2f}. The paper names "
-               f"HelixPipe for both.")
+               f"HelixPipe for both; here HelixPipe is {_helix_for(low, bal)}.")
     over = sorted({f"{k[3]} ({k[0]} {k[1]} {k[2] // 1024}k)" for k, r in by.items()
                    if r["mem_gib_per_gpu_max"] > r["gpu_memory_gib"]})
     out.append(f"- Configurations over the GPU's memory: {len(over)} of {len(rows)}"
@@ -287,12 +291,15 @@ def discussion(rows: list[dict], bubble: list[dict], gaps: list[tuple]) -> list[
                f"{min(b['ratio_stage1'] for b in hxb):.2f}-{max(b['ratio_stage1'] for b in hxb):.2f}x the formula for "
                f"HelixPipe (mean over stages {min(b['ratio_mean'] for b in hxb):.2f}-"
                f"{max(b['ratio_mean'] for b in hxb):.2f}x) and {min(b['ratio_stage1'] for b in base):.2f}-"
-               f"{max(b['ratio_stage1'] for b in base):.2f}x for 1F1B/ZB-H1. With backward = 2 x forward, C(0) = pre "
-               f"and C(L) = post the HelixPipe formulas hold exactly for one group of pF micro-batches "
-               f"(tests/unit/test_helixpipe_schedule.py); here the attention backward is 2.5x its forward, "
-               f"elementwise kernels add time, C(0) carries the embedding and C(L) the head and loss, so they "
-               f"are leading order only.")
+               f"{max(b['ratio_stage1'] for b in base):.2f}x for 1F1B/ZB-H1.")
     return out
+
+
+def _helix_for(lowest: str, balanced: str) -> str:
+    """Which of the two (lowest peak, most balanced) HelixPipe is in the model."""
+    both = {"lowest peak": lowest == "HelixPipe", "most balanced": balanced == "HelixPipe"}
+    named = [k for k, v in both.items() if v]
+    return "both" if len(named) == 2 else f"the {named[0]} only" if named else "neither"
 
 
 def comm_discussion(sweep: list[dict]) -> list[str]:
@@ -318,11 +325,10 @@ def _comm_reading(sweep: list[dict], lo: float, hi: float) -> str:
     rises = all(d[hi] > d[lo] for d in by_t.values())
     highs = [by_t[t][hi] for t in sorted(by_t)]
     falls = all(a > b for a, b in zip(highs, highs[1:]))
-    out = ("At small c the added time is the same number of hops whatever t_attn: about one chain of hops through "
-           "the helix stays on the critical path however small c is. " if flat else "")
+    out = f"At c = {lo:g} the added time is the same number of hops whatever t_attn. " if flat else ""
     if rises:
-        out += ("At c above t_attn more hops are exposed" + (", the more the smaller t_attn: a soft form of section "
-                "5.3's rule that attention must cover the transfer." if falls else "."))
+        out += (f"At c = {hi:g} more hops are exposed than at c = {lo:g} for every t_attn"
+                + (", the more the smaller t_attn." if falls else "."))
     return out
 
 

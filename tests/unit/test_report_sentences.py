@@ -123,3 +123,45 @@ def test_chunked_mlp_names_the_bound_each_miss_exceeds(ratio, peak, says):
     assert ("All targets met." in text) == (says is None)
     assert says is None or f"- seq 4096, ours (b) 1024: {says}" in text
     assert "floor" not in text and "cost more" not in text  # no claims of costs the rows do not measure
+
+
+def _helix_rows() -> tuple[list[dict], list[dict]]:
+    from _common import RESULTS, read_csv
+    return read_csv(RESULTS / "helixpipe.csv"), read_csv(RESULTS / "helixpipe_bubble.csv")
+
+
+def test_helixpipe_compares_the_best_short_sequence_schedule_with_the_paper_from_the_rows():
+    import bench_helixpipe as hp
+    rows, bubble = _helix_rows()
+    before = "\n".join(hp.discussion(rows, bubble, []))
+    assert "1F1B best on A800 at 32k; here 1F1B is best for 0 of 3 models" in before
+    for r in rows:
+        if (r["cluster"], r["seq"], r["schedule"]) == ("A800", 32768, "1F1B"):
+            r["tokens_per_s"] *= 10
+    after = "\n".join(hp.discussion(rows, bubble, []))
+    assert "here 1F1B is best for 3 of 3 models" in after and "at 32k the best is 1F1B (1.3B), 1F1B (3B), 1F1B (7B)" in after
+    assert "1F1B best" not in next(line for line in after.splitlines() if line.startswith("- H20:"))
+
+
+def test_helixpipe_says_whether_the_memory_claim_of_the_paper_holds_in_the_rows():
+    import bench_helixpipe as hp
+    rows, bubble = _helix_rows()
+    assert "here HelixPipe is both." in "\n".join(hp.discussion(rows, bubble, []))
+    for r in rows:
+        if (r["cluster"], r["model"], r["seq"], r["schedule"]) == ("H20", "3B", 131072, "1F1B"):
+            r["mem_gib_per_gpu_max"] = r["mem_gib_per_gpu_min"] = 1.0  # lowest and flat
+    assert "here HelixPipe is neither." in "\n".join(hp.discussion(rows, bubble, []))
+    assert hp._helix_for("HelixPipe", "1F1B") == "the lowest peak only"
+
+
+@pytest.mark.parametrize("high,says", [((23.2, 17.5, 15.5), "the more the smaller t_attn."),
+                                       ((15.5, 17.5, 23.2), "for every t_attn."),
+                                       ((12.0, 12.0, 12.0), None)])
+def test_helixpipe_reads_the_communication_sweep_from_its_rows(high, says):
+    import bench_helixpipe as hp
+    sweep = [{"schedule": "asynchronous two-fold", "t_attn": t, "hop": c, "added_per_hop": a}
+             for t, h in zip((1.0, 3.0, 6.0), high) for c, a in ((0.25, 12.0), (4.0, h))]
+    text = hp._comm_reading(sweep, 0.25, 4.0)
+    assert text.startswith("At c = 0.25 the added time is the same number of hops whatever t_attn.")
+    assert ("more hops are exposed" in text) == (says is not None)
+    assert says is None or text.endswith(says)
