@@ -165,3 +165,42 @@ def test_helixpipe_reads_the_communication_sweep_from_its_rows(high, says):
     assert text.startswith("At c = 0.25 the added time is the same number of hops whatever t_attn.")
     assert ("more hops are exposed" in text) == (says is not None)
     assert says is None or text.endswith(says)
+
+
+def _table4() -> list[dict]:
+    from _common import RESULTS, read_csv
+    return read_csv(RESULTS / "pipemesh_table4.csv")
+
+
+@pytest.mark.parametrize("global_batch", [False, True])
+def test_pipemesh_table4_reads_b_the_way_the_bubbles_fit(global_batch):
+    import bench_pipemesh as pm
+    rows = _table4()
+    if global_batch:  # the paper's bubbles as if B were the global batch
+        for r in rows:
+            r["bubble_paper"] = r["bubble_model"] / r["D"]
+    text = pm.table4_report(rows, {"date": "d", "commit": "abc"})
+    assert ("B = batch / D fits better, so B counts micro-batches per pipeline." in text) != global_batch
+    assert ("B as the global batch fits at least as well." in text) == global_batch
+
+
+def test_pipemesh_table4_invokes_the_planners_premise_only_where_the_column_breaks_it():
+    import bench_pipemesh as pm
+    rows = _table4()
+    assert "the planner's premise C_PP < C^fwd excludes that" in pm.table4_report(rows, {"date": "d", "commit": "abc"})
+    for r in rows:
+        r["pp_crit_paper"] = r["c_fwd"]  # C_PP = C^fwd / (2(P-1)) < C^fwd
+    text = pm.table4_report(rows, {"date": "d", "commit": "abc"})
+    assert "C_PP above C^fwd in 0 of 4" in text and "excludes" not in text
+
+
+def test_pipemesh_says_whether_the_simulated_pipeline_exceeds_eq1():
+    import bench_pipemesh as pm
+    from _common import RESULTS, read_csv
+    simmed = [r for r in pm._present(read_csv(RESULTS / "pipemesh.csv")) if r["fits"] and "sim_step" in r]
+    assert any("exceeds Eq. 1 by up to" in p for p in pm._simulation_prose(simmed))
+    for r in simmed:
+        r["sim_pipeline"] = min(r["sim_pipeline"], r["eq1_pipeline"])
+    prose = pm._simulation_prose(simmed)
+    assert "Without collectives the simulated pipeline never exceeds Eq. 1." in prose
+    assert not any("PP waits" in p for p in prose)
