@@ -204,3 +204,16 @@ def test_pipemesh_says_whether_the_simulated_pipeline_exceeds_eq1():
     prose = pm._simulation_prose(simmed)
     assert "Without collectives the simulated pipeline never exceeds Eq. 1." in prose
     assert not any("PP waits" in p for p in prose)
+
+
+def test_weight_passing_offers_what_the_model_leaves_out_only_when_it_over_predicts_zb():
+    import bench_weight_passing as wp
+    from _common import RESULTS, read_csv
+    rows = read_csv(RESULTS / "weight_passing.csv")
+    (line,) = [s for s in wp.discussion(rows) if s.startswith("- **ZB-H1")]
+    assert "above the published ratio in 13 of 13 rows" in line and "ran out of memory in 5 of 18 rows" in line
+    for r in rows:
+        if r["schedule"] == "zb-h1":
+            r["tok_s_gpu"] /= 3  # every predicted ZB-H1/1F1B ratio below the published one
+    (line,) = [s for s in wp.discussion(rows) if s.startswith("- **ZB-H1")]
+    assert "above the published ratio in 0 of 13 rows." in line and "memory" not in line
