@@ -252,9 +252,7 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False, folder: Path = RE
     lines += [f"| {P} | {M} | {a:.3f} | {b:.3f} |" for P, M, a, b in gs]
     if len(gs) > 2:
         lines += ["", f"Growth: single-run time ~ (P*M)^{_slope([P * M for P, M, _, _ in gs], [a for _, _, a, _ in gs]):.2f} "
-                      "(least squares on log-log; 1.0 = linear in the number of blocks). Target P=16, M=64 with 4 "
-                      "sub-blocks < 2 s: " + ", ".join(f"{a:.3f} s single / {b:.3f} s portfolio"
-                                                      for P, M, a, b in gs if (P, M) == (16, 64))]
+                      "(least squares on log-log; 1.0 = linear in the number of blocks)." + _greedy_target(gs)]
     lines += ["", "## CP-SAT time to optimality or 1% gap (UD, 2 DCs, lat = bw = 1, M = 2P, limit 60 s)", "",
               "| P | M | greedy hint | status | gap | makespan | bound | wall s |", "|---:|---:|:--|:--|---:|---:|---:|---:|"]
     lines += [f"| {P} | {M} | {'yes' if h else 'no'} | {st} | {gap:.1%} | {mk:g} | {bd:g} | {t:.1f} |"
@@ -268,6 +266,15 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False, folder: Path = RE
               "64 DP replicas over the shared cross-DC link. DP: ZB-V in one DC plus 2*alpha + 2N bytes / B "
               "unoverlapped.", "", "```", format_pp_dp(ppdp), "```"]
     return "\n".join(lines) + "\n"
+
+
+def _greedy_target(gs: list[tuple]) -> str:
+    """The verdict on the greedy's target (P=16, M=64, 4 sub-blocks, portfolio < 2 s) where the run has that row."""
+    row = next(((a, b) for P, M, a, b in gs if (P, M) == (16, 64)), None)
+    if row is None:
+        return ""
+    return (f" Target P=16, M=64 with 4 sub-blocks < 2 s: {row[0]:.3f} s single / {row[1]:.3f} s portfolio, "
+            f"{'met' if row[1] < 2.0 else 'met by the single run only' if row[0] < 2.0 else 'missed'}.")
 
 
 def _slope(xs, ys) -> float:

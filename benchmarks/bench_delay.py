@@ -248,8 +248,7 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
     lines = report_header(f"Delay injection benchmark ({device})", ctx, rebuilt)
     lines += ["", "Targets: error <= max(100 us, 2%); overlap step <= 1.03 x max(compute, comm). "
               "Delay rows pass on p95 |error|, the others on the median.",
-              "Reading: the median error is the bias of the mechanism; p95/max include preemptions of the "
-              "timing threads by other processes (see the load average above). Overlap compares medians of "
+              "Reading: the median error is the bias of the mechanism, p95 and max its tail. Overlap compares medians of "
               "interleaved runs of compute alone, communication alone and both; compute is real matmuls on one "
               "thread.", "",
               "| backend | section | case | expected (ms) | median err (us) | p95 abs err (us) | max abs err (us) "

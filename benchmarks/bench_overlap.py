@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
     lines = report_header(f"Compute/communication overlap on the executor's queues ({ctx['device']})", ctx, rebuilt)
-    lines += ["", "GEMM counts calibrated so that compute alone takes about as long as the messages alone. "
-             f"Medians of {ctx['repeats']} interleaved runs of each part alone and both together (host wall clock "
+    balance = [r["compute_s"] / r["comm_s"] for r in rows]
+    lines += ["", f"GEMM counts calibrated for compute alone to take about as long as the messages alone; measured "
+             f"compute / comm {min(balance):.2f}-{max(balance):.2f}. Medians of {ctx['repeats']} interleaved runs of each part alone and both together (host wall clock "
              "from issuing to synchronize). overlap = (serial - both) / (serial - limit): 100% when both took "
              "max(compute, comm), 0% when they took the serial sum.", "",
              "| streams | GEMM n x count | messages | latency ms | compute ms | comm ms | both ms | limit ms | "

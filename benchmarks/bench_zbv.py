@@ -129,9 +129,9 @@ def report(rows: list[dict], ctx: dict[str, str], rebuilt: bool = False) -> str:
                   f"schedule and no larger in peak memory in {eq_ok} of {n} rows.",
               f"- With its default limit (the handcrafted order's peak), zb-v is no slower in {dflt_ok} of {n} rows "
               f"and its peak is no larger than the authors' in {dflt_mem} of {n}.",
-              f"- Against the handcrafted order, zb-v is faster in {sum(x > 1e-12 for x, _ in gains)} of {n} rows, "
-              f"by up to {best_gain:.1%} ({g['F:D:W']}, P={g['P']}, M={g['M']}: {g['handcrafted_makespan']:g} -> "
-              f"{g['zbv_makespan']:g})."]
+              f"- Against the handcrafted order, zb-v is faster in {sum(x > 1e-12 for x, _ in gains)} of {n} rows"
+              + (f", by up to {best_gain:.1%} ({g['F:D:W']}, P={g['P']}, M={g['M']}: {g['handcrafted_makespan']:g} -> "
+                 f"{g['zbv_makespan']:g})." if best_gain > 1e-12 else ".")]
     faster = [r for r in rows if r["zbv_makespan"] < r["authors_makespan"] - 1e-9]
     smaller = sum(r["zbv_peak"] < r["authors_peak"] - 1e-9 for r in rows)
     lines.append(f"- zb-v is strictly faster than the authors' schedule in {len(faster)} of {n} rows"

@@ -174,12 +174,15 @@ def gpu_checks(rows: list[dict], ctx: dict) -> str:
                    f"({passed(part('overlap'))})")
     tr = part("train")
     if tr:
-        out.append(f"`pipert train --check` on the GPU (every schedule family, offload and recompute passes, "
-                   f"chunked MLP) {passed(tr)}, largest relative error {max(r['error'] for r in tr):.1e}")
+        schedules = sorted({m.group(1) for r in tr if (m := re.search(r"--schedule (\S+)", r["case"]))})
+        out.append(f"`pipert train --check` on the GPU ({len(tr)} runs; schedules {', '.join(schedules)}) "
+                   f"{passed(tr)}, largest relative error {max(r['error'] for r in tr):.1e}")
     em = part("emulation")
     if em:
         errs = sorted(r["error"] for r in em)
-        out.append(f"4 ranks emulated on the one GPU against the prediction with the ranks sharing it: errors "
+        ranks = sorted({m.group(1) for r in em if (m := re.search(r"the (\d+) ranks sharing", r["note"]))})
+        out.append(f"{'/'.join(ranks) or 'several'} ranks emulated on the one GPU against the prediction with the "
+                   f"ranks sharing it: errors "
                    f"{100 * errs[0]:+.1f} % to {100 * errs[-1]:+.1f} % ({sum(bool(r['pass']) for r in em)} of "
                    f"{len(em)} within 10 %)")
     return (f"- GPU checks on one {ctx.get('gpu', 'GPU')}: " + "; ".join(out) + " "

@@ -217,3 +217,53 @@ def test_weight_passing_offers_what_the_model_leaves_out_only_when_it_over_predi
             r["tok_s_gpu"] /= 3  # every predicted ZB-H1/1F1B ratio below the published one
     (line,) = [s for s in wp.discussion(rows) if s.startswith("- **ZB-H1")]
     assert "above the published ratio in 0 of 13 rows." in line and "memory" not in line
+
+
+def test_sim_speed_counts_the_rows_whose_makespan_is_checked_equal():
+    import bench_sim_speed as ss
+    rows = [{"P": 4, "M": m, "actions": 20 * m, "wall_s": 0.001 * m, "cpu_s": 0.0005 * m, "us_per_action": 1.0,
+             "makespan": 3.0 * (m + 3) + (m == 16), "expected_makespan": 3.0 * (m + 3), "source": "registry"}
+            for m in (8, 16, 32)]
+    text = ss.report(rows, {"date": "d", "commit": "abc"})
+    assert "equal in 2 of 3 rows" in text and "wall time ~ actions^1.00" in text
+    assert "load" not in text.split("- commit: abc")[1]  # no claim about load the rows do not hold
+
+
+def test_overlap_states_how_close_the_calibration_came():
+    import bench_overlap as ov
+    row = {"streams": "ext", "gemm": 256, "computes": 4, "messages": 4, "message_bytes": 1 << 20, "latency": 0.0,
+           "compute_s": 0.006, "comm_s": 0.002, "both_s": 0.007, "limit_s": 0.006, "serial_s": 0.008, "overlap": 0.5}
+    text = ov.report([row, dict(row, compute_s=0.001, limit_s=0.002, serial_s=0.003)],
+                     {"date": "d", "commit": "abc", "device": "cpu", "repeats": 3})
+    assert "measured compute / comm 0.50-3.00" in text
+
+
+@pytest.mark.parametrize("single,portfolio,verdict", [(0.5, 1.0, "met"), (1.5, 2.5, "met by the single run only"),
+                                                      (2.5, 4.0, "missed")])
+def test_crosspipe_judges_the_greedy_target_on_its_row(single, portfolio, verdict):
+    import bench_crosspipe as cp
+    text = cp._greedy_target([(4, 8, 0.01, 0.02), (16, 64, single, portfolio)])
+    assert text.endswith(f"{single:.3f} s single / {portfolio:.3f} s portfolio, {verdict}.")
+    assert cp._greedy_target([(4, 8, 0.01, 0.02)]) == ""
+
+
+def test_zbv_gives_no_gain_where_none_was_found():
+    import bench_zbv as zb
+    from _common import RESULTS, read_csv
+    rows = read_csv(RESULTS / "zbv.csv")
+    for r in rows:
+        r["handcrafted_makespan"] = r["zbv_makespan"]
+    text = zb.report(rows, {"date": "d", "commit": "abc"})
+    assert f"zb-v is faster in 0 of {len(rows)} rows." in text and "by up to" not in text
+
+
+def test_readme_gpu_block_names_the_schedules_and_ranks_its_rows_hold():
+    import readme_figures
+    from _common import RESULTS, read_csv
+    rows = read_csv(RESULTS / "gpu_checks.csv")
+    ctx = {"date": "2026-01-01", "commit": "abc", "gpu": "G"}
+    text = readme_figures.gpu_checks(rows, ctx)
+    assert "every schedule family" not in text and "schedules 1f1b, crosspipe-greedy, gpipe" in text
+    for r in rows:
+        r["note"] = r["note"].replace("the 4 ranks sharing", "the 3 ranks sharing")
+    assert "; 3 ranks emulated on the one GPU" in readme_figures.gpu_checks(rows, ctx)
