@@ -267,3 +267,15 @@ def test_readme_gpu_block_names_the_schedules_and_ranks_its_rows_hold():
     for r in rows:
         r["note"] = r["note"].replace("the 4 ranks sharing", "the 3 ranks sharing")
     assert "; 3 ranks emulated on the one GPU" in readme_figures.gpu_checks(rows, ctx)
+
+
+def test_vs_torch_shows_the_breakdown_where_its_run_stored_one(monkeypatch):
+    import bench_vs_torch as vt
+    from _common import RESULTS, load_context, read_csv
+    stored = {"vs_torch_breakdown": [_rank("torch", 0, 70.0, 40.0, "gpipe"), _rank("pipert", 0, 74.0, 41.0, "gpipe")],
+              "vs_torch_sync": read_csv(RESULTS / "vs_torch_sync.csv")}
+    monkeypatch.setattr(vt, "_sibling", stored.get)
+    text = vt.report(read_csv(RESULTS / "vs_torch.csv"), load_context("vs_torch"))
+    assert "| gpipe P=2 M=4 | pipert | 74.0 | 13.7 | 27.3 | 0.0 | 41.0 | 33.0 (33.0-33.0) |" in text
+    assert "pipert's step is 4.0 ms longer than torch's; its computes take +1.0 ms and everything else +3.0 ms" in text
+    assert "not measured" not in text and "cProfile" not in text.split("## pipert vs")[1]
