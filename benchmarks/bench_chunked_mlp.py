@@ -206,17 +206,20 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
     return "\n".join(lines + [""])
 
 
-def bounds(target: str) -> tuple[float, float]:
-    """(time ratio, peak GiB) bounds of a row from its target text ("time <= Rx, peak <= G GiB ...")."""
-    return (float(re.search(r"time <= ([\d.]+)x", target).group(1)),
-            float(re.search(r"peak <= ([\d.]+) GiB", target).group(1)))
+def bounds(target: str) -> tuple[float | None, float | None]:
+    """(time ratio, peak GiB) bounds of a row from its target text ("time <= Rx, peak <= G GiB ..."),
+    None for a bound the text does not name."""
+    found = [re.search(pattern, target) for pattern in (r"<= ([\d.]+)x", r"peak <= ([\d.]+) GiB")]
+    return tuple(float(m.group(1)) if m else None for m in found)  # type: ignore[return-value]
 
 
 def exceeded(r: dict) -> list[str]:
     """Which bounds of its target a row exceeds, with the measured value beside each."""
     time_bound, peak_bound = bounds(r["target"])
-    return ([f"time {r['time_ratio']:.3f}x above {time_bound:g}x"] if r["time_ratio"] > time_bound else []) + \
-        ([f"peak {r['peak_gib']:.2f} GiB above {peak_bound:.2f} GiB"] if r["peak_gib"] > peak_bound else [])
+    out = [f"time {r['time_ratio']:.3f}x above {time_bound:g}x"] if time_bound and r["time_ratio"] > time_bound else []
+    if peak_bound and r["peak_gib"] > peak_bound:
+        out.append(f"peak {r['peak_gib']:.2f} GiB above {peak_bound:.2f} GiB")
+    return out or [f"no bound of its target ({r['target']}) exceeded by the stored figures"]
 
 
 def _triton_version() -> str:

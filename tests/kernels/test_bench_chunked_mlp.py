@@ -64,6 +64,7 @@ def test_judge_and_report_writer(bench, tmp_path):
     bench.write(rows, args, "t", "Some GPU")
     md = (tmp_path / "t.md").read_text()
     assert "Some GPU" in md and "| 4096 | ours (b) 1024 |" in md and "1 target(s) missed" in md
+    assert "- seq 4096, ours (b) 1024: no bound of its target (time <= 1.25x) exceeded by the stored figures" in md
     csv_lines = (tmp_path / "t.csv").read_text().splitlines()
     assert csv_lines[0].startswith("n,variant,chunk,ms") and len(csv_lines) == 3
 
@@ -77,7 +78,7 @@ def test_report_is_rebuilt_from_the_stored_csv_and_context(bench, tmp_path):
     bench.write(rows, args, "chunked_mlp_quick", "a GPU")
     written = (tmp_path / "chunked_mlp_quick.md").read_text()
     assert "| 4096 | ours (a) 1024 | 2.20 | 270 | 1.00 | 1.100 | <= 1.03x | MISS |" in written
-    assert "1 target(s) missed." in written
+    assert "1 target(s) missed:\n- seq 4096, ours (a) 1024: time 1.100x above 1.03x" in written
     assert bench.main(["--quick", "--out-dir", str(tmp_path), "--from-csv"]) == 0
     rebuilt = (tmp_path / "chunked_mlp_quick.md").read_text()
     assert [line for line in rebuilt.splitlines() if "report rebuilt" not in line] == written.splitlines()
