@@ -82,6 +82,9 @@ class StepResult:
     its sender and ("recv", peer, k, wait began, completed) on its receiver, k its index on its
     directed link in the step (FIFO: the k-th send meets the k-th receive), times
     ``time.perf_counter()`` (one clock for the processes of one host)."""
+    issue_s: float = 0.0
+    """Host seconds from the start of the step until every action was issued, before the step's one
+    wait for the queues: against the step's time, how far ahead of its queues the host ran."""
     memory: list[int] = field(default_factory=list)  # bytes held after each action, if measured
     stashes: list[list[tuple[int, int]]] = field(default_factory=list)
     """If measured: after each action, the (unit, micro-batch) stashes holding saved tensors
@@ -158,6 +161,7 @@ class RankExecutor:
     def run(self, inputs: Sequence[torch.Tensor] | None, targets: Sequence[torch.Tensor] | None) -> StepResult:
         """Run the whole program once. ``inputs[m]``/``targets[m]`` are needed on the ranks
         that compute the first/last unit of micro-batch m."""
+        t_start = time.perf_counter()
         self.inputs, self.targets = inputs, targets
         self.state.begin_step()
         self.values: dict[tuple, Any] = {}         # (kind, unit, mb) -> tensor or tuple present here
@@ -192,6 +196,7 @@ class RankExecutor:
             for k in rk:
                 if k[0] is Value.WEIGHT or k[0] is Value.WGRAD:
                     taken[k[1]] = ev
+        self.result.issue_s = time.perf_counter() - t_start
         q.finish()
         if self._error is not None:
             raise self._error
