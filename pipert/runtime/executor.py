@@ -200,11 +200,11 @@ class RankExecutor:
         q.finish()
         if self._error is not None:
             raise self._error
-        # sends still in flight: the host waits for them, or (stream semantics) the compute queue
-        # does, so the next step's computes are ordered after them
-        q.after(self._complete_sends)
+        # what is still in flight (sends; weights or gradients a held unit keeps for the next step):
+        # the host waits for it, or (stream semantics) the compute queue does, so the next step's
+        # computes are ordered after it
+        q.after(self._end_step)
         self.sends = []
-        self.state.pending_check(self.rank)
         for key, (_, _, _, i, a) in self.pending.items():
             raise PipelineError(f"rank {self.rank}: action {i} ({a}) received {key[0].name.lower()} u{key[1]} "
                                 f"m{key[2]}, which nothing read")
@@ -248,9 +248,10 @@ class RankExecutor:
         self._aborted.set()
 
     # ------------------------------------------------------------------ waits
-    def _complete_sends(self) -> None:
+    def _end_step(self) -> None:
         for handle, _, i, a in self.sends:
             self._complete(handle, i, a)
+        self.state.pending_check(self.rank)
 
     def _complete(self, handle: Handle, i: int, a: Action) -> None:
         k = self._recv_index.pop(i, None) if self.trace and a.op is Op.RECV else None

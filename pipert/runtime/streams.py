@@ -447,7 +447,8 @@ class CudaStream:
         self.device = device
         self.stream = torch.cuda.Stream(device=device, priority=priority)
         self._clock = clock_map
-        self.chain = Chain(lambda: torch.zeros(1, dtype=torch.int64, device=device))
+        # no fill: the chain's first kernel writes the word before any kernel reads it
+        self.chain = Chain(lambda: torch.empty(1, dtype=torch.int64, device=device))
 
     @property
     def handle(self) -> int:
