@@ -85,8 +85,11 @@ class StreamQueues:
         s.compute.wait(s.recv.record())
         try:
             s.compute.synchronize()
-        except RuntimeError:
-            pass
+        except RuntimeError:  # a failed stream skips its waits: wait for each stream in turn
+            try:
+                s.synchronize()
+            except RuntimeError:
+                pass
         self.last = None
 
     def after(self, fn: Callable[[], None]) -> None:
