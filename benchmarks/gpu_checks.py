@@ -19,6 +19,11 @@
    schedule and the passes that move memory (offload, recompute), float64: largest relative error of
    loss, gradients and updated parameters against the single-process reference step; and the
    chunked MLP's Triton kernels in float32 training.
+6. nccl-1: ``pipert train --backend nccl -P 1 --check`` (one process, NCCL, world 1; float64);
+7-10. race, vs-loop, host, gap: stream ordering of the local transport with a slow producer, pipert
+   P=1 against a plain PyTorch loop, host time per step against the step's time in the one-GPU
+   emulation, per-message gap of back-to-back delayed messages before and after the wait kernels'
+   chains (gpu_stall_checks.py).
 
 Writes DIR/gpu_checks.csv and DIR/gpu_checks.md (hardware, date, commit). Without a GPU it says so,
 prints the plan and exits 0; ``--plan`` prints the plan anywhere without measuring.
@@ -32,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+import gpu_stall_checks as stalls
 from _common import RESULTS, bandwidth_messages, context, rebuild, report_header, write_results
 from bench_delay import DELAYS, target
 
@@ -55,7 +61,10 @@ TRAIN = [("--schedule 1f1b -P 4", "float64", 1e-10), ("--schedule gpipe -P 4", "
          ("--schedule zb-h1 -P 4 --passes offload_weights", "float64", 1e-10),
          ("--schedule 1f1b -P 4 --passes recompute", "float64", 1e-10),
          ("--schedule 1f1b -P 4 --mlp-chunk 32 --mlp-recompute", "float32", 1e-4)]
+NCCL_SINGLE = ("--backend nccl -P 1", "float64", 1e-10)
 FIELDS = ["check", "case", "expected_s", "measured_s", "error", "target", "pass", "note"]
+INFO = ""
+"""``pass`` of an informational row (no target; e.g. a measurement before a fix): not counted."""
 
 
 def plan(quick: bool) -> list[str]:
@@ -71,7 +80,9 @@ def plan(quick: bool) -> list[str]:
             f"links: {len(DELAYS)} latencies from {DELAYS[0] * 1e6:g} us to {DELAYS[-1] * 1e3:g} ms between two ranks "
             f"on the stream path (NCCL with 2 GPUs, one process with 1)",
             f"train: {3 if quick else len(TRAIN)} runs of pipert train --check on cuda:0 (local transport), "
-            f"largest relative error of loss, gradients and parameters against the reference step"]
+            f"largest relative error of loss, gradients and parameters against the reference step",
+            f"nccl-1: pipert train {NCCL_SINGLE[0]} --check (one process, NCCL, world 1; {NCCL_SINGLE[1]})",
+            *stalls.plan_lines(quick)]
 
 
 def check_delay(quick: bool) -> list[dict]:
@@ -156,28 +167,38 @@ def _not_measured(check: str, case: str, target: float, note: str) -> dict:
 
 
 def check_train(quick: bool) -> list[dict]:
+    return [_train_row(f"{args} --backend local", dtype, tol) for args, dtype, tol in (TRAIN[:3] if quick else TRAIN)]
+
+
+def check_nccl_single(quick: bool) -> list[dict]:
+    return [_train_row(NCCL_SINGLE[0], *NCCL_SINGLE[1:], check="nccl-1")]
+
+
+def _train_row(args: str, dtype: str, tol: float, check: str = "train") -> dict:
+    """One run of ``pipert train ARGS --check`` as a row: the largest relative error of loss,
+    gradients and parameters against the reference step (a failed run: its exit and last line)."""
     import json
     import os
     import subprocess
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    rows = []
-    for args, dtype, tol in TRAIN[:3] if quick else TRAIN:
-        cmd = [sys.executable, "-m", "pipert.cli", "train", *args.split(), "-M", "8", "--steps", "2",
-               "--backend", "local", "--check", "--json", "--dtype", dtype]
-        t0 = time.perf_counter()
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        steps = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-        case = f"{args} ({dtype})"
-        if done.returncode or not steps:
-            why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            rows.append(_not_measured("train", case, tol, f"exit {done.returncode}: {why}"))
-            continue
-        err = max(max(s.get("max_grad_rel_err", 0.0), s.get("max_param_rel_err", 0.0),
-                      abs(s["loss"] - s["ref_loss"]) / abs(s["ref_loss"])) for s in steps)
-        rows.append({"check": "train", "case": case, "expected_s": 0.0, "measured_s": time.perf_counter() - t0,
-                     "error": err, "target": tol, "pass": err <= tol,
-                     "note": f"{len(steps)} steps; largest relative error of loss, grads, params"})
-    return rows
+    cmd = [sys.executable, "-m", "pipert.cli", "train", *args.split(), "-M", "8", "--steps", "2", "--check",
+           "--json", "--dtype", dtype]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    steps = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    case = f"{args.removesuffix(' --backend local')} ({dtype})"
+    if done.returncode or not steps:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return _not_measured(check, case, tol, f"exit {done.returncode}: {why}")
+    err = max(max(s.get("max_grad_rel_err", 0.0), s.get("max_param_rel_err", 0.0),
+                  abs(s["loss"] - s["ref_loss"]) / abs(s["ref_loss"])) for s in steps)
+    return {"check": check, "case": case, "expected_s": 0.0, "measured_s": time.perf_counter() - t0,
+            "error": err, "target": tol, "pass": err <= tol,
+            "note": f"{len(steps)} steps; largest relative error of loss, grads, params"}
+
+
+UNITS = {"delay": "s", "bandwidth": "s", "links": "s", "gap": "s", "train": "abs", "nccl-1": "abs", "race": "abs"}
+"""How a check's error and target read: seconds (us), an absolute error, else relative (%)."""
 
 
 def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
@@ -185,19 +206,24 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
              "| check | case | expected (ms) | measured (ms) | error | target | result | note |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        unit = {"delay": "s", "bandwidth": "s", "links": "s", "train": "abs"}.get(r["check"], "rel")
+        unit = UNITS.get(r["check"], "rel")
         err = {"s": f"{r['error'] * 1e6:.1f} us", "abs": f"{r['error']:.1e}"}.get(unit, f"{r['error']:+.1%}")
-        tgt = {"s": f"{r['target'] * 1e6:.0f} us", "abs": f"{r['target']:.0e}"}.get(unit, f"{r['target']:.0%}")
-        if unit == "abs":  # train: an error, no times; measured_s holds the run's wall time
+        us = f"{r['target'] * 1e6:.0f} us" if r["target"] >= 1e-6 else f"{r['target'] * 1e6:.1f} us"
+        tgt = {"s": us, "abs": f"{r['target']:.0e}"}.get(unit, f"{r['target']:.0%}")
+        if unit == "abs":  # an error, no times; measured_s holds the run's wall time
             times, note = "- | -", f"{r['note']}; run {r['measured_s']:.1f} s"
         else:
             times, note = f"{r['expected_s'] * 1e3:.3f} | {r['measured_s'] * 1e3:.3f}", r["note"]
-        lines.append(f"| {r['check']} | {r['case']} | {times} | {err} | {tgt} | {'PASS' if r['pass'] else 'MISS'} | "
-                     f"{note} |")
-    by = {}
+        result = "info" if r["pass"] == INFO else "PASS" if r["pass"] else "MISS"
+        lines.append(f"| {r['check']} | {r['case']} | {times} | {err} | {tgt} | {result} | {note} |")
+    by: dict[str, list] = {}
     for r in rows:
-        by.setdefault(r["check"], []).append(r["pass"])
-    lines += [""] + [f"- {k}: {sum(v)} of {len(v)} within target" for k, v in by.items()]
+        by.setdefault(r["check"], [])
+        if r["pass"] != INFO:
+            by[r["check"]].append(r["pass"])
+    lines += [""] + [f"- {k}: {sum(v)} of {len(v)} within target" + (" (and informational rows)" if
+                                                                        len(v) < sum(r["check"] == k for r in rows)
+                                                                        else "") for k, v in by.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -222,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = context({"pipert._C": f"{_ext.HAVE_EXT} (CUDA {_ext.HAVE_EXT_CUDA})"})
     t0 = time.time()
     rows = []
-    for check in (check_delay, check_overlap, check_emulation, check_links, check_train):
+    for check in (check_delay, check_overlap, check_emulation, check_links, check_train, check_nccl_single,
+                  stalls.check_race, stalls.check_vs_loop, stalls.check_host, stalls.check_gap):
         try:
             part = check(args.quick)
         except Exception as e:  # one broken check must not hide the others' results

@@ -308,15 +308,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #ifdef PIPERT_WITH_CUDA
   // Raw CUDA entry points; pipert/runtime/streams.py and links.py validate the
   // arguments (stream handles from torch.cuda.Stream.cuda_stream, device pointers).
-  m.def("cuda_sleep_for", [](uintptr_t s, int64_t ns) { cuda_check(pipert_cuda_sleep_for(as_ptr(s), ns), "sleep_for"); });
+  // ideal/enqueued: the chain of delay_kernels.h (0 / -1: none)
+  m.def("cuda_sleep_for", [](uintptr_t s, int64_t ns, uintptr_t ideal, int64_t enqueued) {
+    cuda_check(pipert_cuda_sleep_for(as_ptr(s), ns, static_cast<int64_t*>(as_ptr(ideal)), enqueued), "sleep_for");
+  }, py::arg("stream"), py::arg("ns"), py::arg("ideal") = 0, py::arg("enqueued") = -1);
   m.def("cuda_wait_until", [](uintptr_t s, int64_t t) { cuda_check(pipert_cuda_wait_until(as_ptr(s), t), "wait_until"); });
   m.def("cuda_wait_until_ptr", [](uintptr_t s, uintptr_t p) {
     cuda_check(pipert_cuda_wait_until_ptr(as_ptr(s), static_cast<const int64_t*>(as_ptr(p))), "wait_until_ptr");
   });
-  m.def("cuda_link_send", [](uintptr_t s, uintptr_t free_at, int64_t occ, int64_t lat, uintptr_t timing) {
+  m.def("cuda_link_send", [](uintptr_t s, uintptr_t free_at, int64_t occ, int64_t lat, uintptr_t timing,
+                             uintptr_t ideal, int64_t enqueued) {
     cuda_check(pipert_cuda_link_send(as_ptr(s), static_cast<int64_t*>(as_ptr(free_at)), occ, lat,
-                                     static_cast<int64_t*>(as_ptr(timing))), "link_send");
-  });
+                                     static_cast<int64_t*>(as_ptr(timing)), static_cast<int64_t*>(as_ptr(ideal)),
+                                     enqueued), "link_send");
+  }, py::arg("stream"), py::arg("free_at"), py::arg("occupancy"), py::arg("latency"), py::arg("timing"),
+     py::arg("ideal") = 0, py::arg("enqueued") = -1);
   m.def("cuda_link_recv", [](uintptr_t s, uintptr_t timing, int64_t offset) {
     cuda_check(pipert_cuda_link_recv(as_ptr(s), static_cast<const int64_t*>(as_ptr(timing)), offset), "link_recv");
   });

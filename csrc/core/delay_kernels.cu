@@ -29,7 +29,17 @@ __device__ void sleep_until_ns(int64_t deadline) {
   }
 }
 
-__global__ void k_sleep_for(int64_t ns) { sleep_until_ns(globaltimer_ns() + ns); }
+// The kernel's ideal start (delay_kernels.h, chains).
+__device__ int64_t start_ns(const int64_t* ideal, int64_t enqueued) {
+  const int64_t now = globaltimer_ns();
+  return ideal != nullptr && enqueued >= 0 ? pipert::ideal_start(*ideal, enqueued, now) : now;
+}
+
+__global__ void k_sleep_for(int64_t ns, int64_t* ideal, int64_t enqueued) {
+  const int64_t end = start_ns(ideal, enqueued) + ns;
+  if (ideal != nullptr) *ideal = end;
+  sleep_until_ns(end);
+}
 
 __global__ void k_wait_until(int64_t deadline) { sleep_until_ns(deadline); }
 
@@ -37,9 +47,11 @@ __global__ void k_wait_until_ptr(const int64_t* deadline) {
   sleep_until_ns(*static_cast<const volatile int64_t*>(deadline));
 }
 
-__global__ void k_link_send(int64_t* free_at, int64_t occupancy, int64_t latency, int64_t* timing_out) {
-  const pipert::LinkTiming t = pipert::link_schedule(*free_at, globaltimer_ns(), occupancy, latency);
+__global__ void k_link_send(int64_t* free_at, int64_t occupancy, int64_t latency, int64_t* timing_out,
+                            int64_t* ideal, int64_t enqueued) {
+  const pipert::LinkTiming t = pipert::link_schedule(*free_at, start_ns(ideal, enqueued), occupancy, latency);
   *free_at = t.free_at;
+  if (ideal != nullptr) *ideal = t.free_at;
   timing_out[0] = t.depart;
   timing_out[1] = t.free_at;
   timing_out[2] = t.arrive;
@@ -68,8 +80,8 @@ inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
 extern "C" {
 
-int pipert_cuda_sleep_for(void* stream, int64_t ns) {
-  k_sleep_for<<<1, 1, 0, as_stream(stream)>>>(ns);
+int pipert_cuda_sleep_for(void* stream, int64_t ns, int64_t* ideal, int64_t enqueued_ns) {
+  k_sleep_for<<<1, 1, 0, as_stream(stream)>>>(ns, ideal, enqueued_ns);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -84,8 +96,8 @@ int pipert_cuda_wait_until_ptr(void* stream, const int64_t* deadline) {
 }
 
 int pipert_cuda_link_send(void* stream, int64_t* free_at, int64_t occupancy_ns, int64_t latency_ns,
-                          int64_t* timing_out) {
-  k_link_send<<<1, 1, 0, as_stream(stream)>>>(free_at, occupancy_ns, latency_ns, timing_out);
+                          int64_t* timing_out, int64_t* ideal, int64_t enqueued_ns) {
+  k_link_send<<<1, 1, 0, as_stream(stream)>>>(free_at, occupancy_ns, latency_ns, timing_out, ideal, enqueued_ns);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -39,6 +39,16 @@ PIPERT_HD inline LinkTiming link_schedule(int64_t free_at, int64_t ready, int64_
   return LinkTiming{depart, depart + occupancy, depart + occupancy + latency};
 }
 
+// Ideal start of an item on a stream (the ideal clock of csrc/core/stream.h): the later
+// of the previous item's ideal end and the item's enqueue time, never after now. The CPU
+// stream workers start every item so; the CUDA wait kernels start a timed item so when
+// the item before it on their stream was a timed kernel too (a chain), so back-to-back
+// messages do not add one kernel launch each to the link's occupancy.
+PIPERT_HD inline int64_t ideal_start(int64_t prev_ideal_end, int64_t enqueued, int64_t now) {
+  const int64_t start = prev_ideal_end > enqueued ? prev_ideal_end : enqueued;
+  return start < now ? start : now;
+}
+
 // When a message may be read on its receiver: its arrival (sender's clock) moved
 // into the receiver's clock by offset = receiver clock - sender clock (0 when both
 // read one clock, e.g. %globaltimer of GPUs in one host). Latency the receiver

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/clock.h"
+#include "core/link_math.h"
 
 namespace pipert {
 
@@ -278,7 +279,7 @@ void Stream::run() {
       err = error_;
     }
     const int64_t t_pop = now_ns();  // when the stream reached the item
-    const int64_t start = std::max(ideal_, item.stamp);  // ideal start (<= t_pop)
+    const int64_t start = ideal_start(ideal_, item.stamp, t_pop);
     if (item.sig) {
       ideal_ = start;
       finished_.fetch_add(1, std::memory_order_release);  // before waking waiters: query() holds

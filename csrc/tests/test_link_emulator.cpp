@@ -115,8 +115,25 @@ static void math_read_at_clock_offset() {
   CHECK(pipert::link_read_at(t.arrive, -300) == 1150);  // the receiver's clock is 300 ns behind
 }
 
+static void math_ideal_start() {
+  // the later of the previous item's ideal end and the enqueue time, never after now
+  CHECK(ideal_start(5 * kMs, 3 * kMs, 9 * kMs) == 5 * kMs);  // queued behind the previous item
+  CHECK(ideal_start(2 * kMs, 3 * kMs, 9 * kMs) == 3 * kMs);  // enqueued after the stream went idle
+  CHECK(ideal_start(12 * kMs, 3 * kMs, 9 * kMs) == 9 * kMs);  // clamped to now
+  // back-to-back messages of one link from a chain: each departs when the previous one's
+  // occupancy ends, however late its kernel (or worker) started
+  int64_t ideal = 0, free_at = 0;
+  for (int k = 0; k < 3; ++k) {
+    const int64_t late_now = ideal + 4'000;  // 4 us of launch gap after the previous item
+    const LinkTiming t = link_schedule(free_at, ideal_start(ideal, 0, late_now), kMs, 0);
+    CHECK(t.depart == k * kMs);
+    free_at = ideal = t.free_at;
+  }
+}
+
 int main() {
   RUN(math_fifo_and_pipelining);
+  RUN(math_ideal_start);
   RUN(math_per_pair_and_errors);
   RUN(math_read_at_clock_offset);
   RUN_TIMED(deliver_fires_at_arrival);

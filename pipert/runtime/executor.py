@@ -12,8 +12,11 @@ executor is built), where receives are posted is where they stand. Six verbs rea
 - ``wait``: completes an earlier SEND or RECV;
 - ``memory``: FREE, OFFLOAD, PREFETCH of a value, a unit's weights or a stash.
 
-Every wait has a timeout and, when it expires, raises ``PipelineTimeout`` naming this rank,
-the action and the peer it waited for.
+Every host wait has a timeout and, when it expires, raises ``PipelineTimeout`` naming this
+rank, the action and the peer it waited for. A handle with stream semantics
+(``pipert.runtime.transport.stream_waits``: NCCL on a GPU) completes on the stream instead: the
+stream that reads its value waits, the host does not, and a hang is the process group's
+timeout to catch. A loss stays on its device; ``Pipeline.step`` reads the step's losses once.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from .buffers import BoundarySpec
 from .queues import HostQueues
 from .stash import tensor_key
 from .state import UnitState
-from .transport import CommTimeout, Handle, PeerFailure, Transport
+from .transport import CommTimeout, Handle, PeerFailure, Transport, stream_waits
 
 __all__ = ["PipelineError", "PipelineTimeout", "RankExecutor", "StepResult", "Fault", "SUPPORTED_OPS", "digest"]
 
@@ -65,7 +68,11 @@ class Fault:
 class StepResult:
     """What one rank's step produced."""
 
-    losses: dict[int, float] = field(default_factory=dict)  # micro-batch -> loss (last-unit ranks only)
+    losses: dict[int, float] = field(default_factory=dict)
+    """Micro-batch -> loss (last-unit ranks only), filled from ``loss_values`` by ``Pipeline.step``
+    with one read of the device per step."""
+    loss_values: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Micro-batch -> loss as a 0-d tensor on its device, detached (last-unit ranks only)."""
     sent_bytes: dict[str, int] = field(default_factory=dict)  # payload (or op:payload) -> bytes this rank sent
     trace: list[tuple[str, float, float]] = field(default_factory=list)  # (action, start, end) if traced
     op_times: list[tuple[str, int | None, float, float]] = field(default_factory=list)
@@ -76,6 +83,9 @@ class StepResult:
     its sender and ("recv", peer, k, wait began, completed) on its receiver, k its index on its
     directed link in the step (FIFO: the k-th send meets the k-th receive), times
     ``time.perf_counter()`` (one clock for the processes of one host)."""
+    issue_s: float = 0.0
+    """Host seconds from the start of the step until every action was issued, before the step's one
+    wait for the queues: against the step's time, how far ahead of its queues the host ran."""
     memory: list[int] = field(default_factory=list)  # bytes held after each action, if measured
     stashes: list[list[tuple[int, int]]] = field(default_factory=list)
     """If measured: after each action, the (unit, micro-batch) stashes holding saved tensors
@@ -156,6 +166,7 @@ class RankExecutor:
     def run(self, inputs: Sequence[torch.Tensor] | None, targets: Sequence[torch.Tensor] | None) -> StepResult:
         """Run the whole program once. ``inputs[m]``/``targets[m]`` are needed on the ranks
         that compute the first/last unit of micro-batch m."""
+        t_start = time.perf_counter()
         self.inputs, self.targets = inputs, targets
         self.state.begin_step()
         self.values: dict[tuple, Any] = {}         # (kind, unit, mb) -> tensor or tuple present here
@@ -196,13 +207,15 @@ class RankExecutor:
             for k in rk:
                 if k[0] is Value.WEIGHT or k[0] is Value.WGRAD:
                     taken[k[1]] = ev
+        self.result.issue_s = time.perf_counter() - t_start
         q.finish()
         if self._error is not None:
             raise self._error
-        for handle, _, i, a in self.sends:
-            self._complete(handle, i, a)
+        # what is still in flight (sends; weights or gradients a held unit keeps for the next step):
+        # the host waits for it, or (stream semantics) the compute queue does, so the next step's
+        # computes are ordered after it
+        q.after(self._end_step)
         self.sends = []
-        self.state.pending_check(self.rank)
         for key, (_, _, _, i, a) in self.pending.items():
             raise PipelineError(f"rank {self.rank}: action {i} ({a}) received {key[0].name.lower()} u{key[1]} "
                                 f"m{key[2]}, which nothing read")
@@ -265,11 +278,19 @@ class RankExecutor:
         self._aborted.set()
 
     # ------------------------------------------------------------------ waits
+    def _end_step(self) -> None:
+        for handle, _, i, a in self.sends:
+            self._complete(handle, i, a)
+        self.state.pending_check(self.rank)
+
     def _complete(self, handle: Handle, i: int, a: Action) -> None:
         k = self._recv_index.pop(i, None) if self.trace and a.op is Op.RECV else None
         t0 = time.perf_counter() if k is not None else 0.0
         try:
-            handle.wait(self.timeout)
+            if stream_waits(handle):
+                handle.wait_stream()  # the current stream waits; no host wait, no timeout here
+            else:
+                handle.wait(self.timeout)
             if k is not None:
                 self.result.messages.append(("recv", a.peer, k, t0, time.perf_counter()))
         except CommTimeout as e:
@@ -374,8 +395,8 @@ class RankExecutor:
             if u == 0:
                 x = self.inputs[m]
             with self.state.stash.capture(u, m):
-                if u == self.last_unit:
-                    self.result.losses[m] = float(runner.forward(m, x, self.targets[m], keep_graph=graph))
+                if u == self.last_unit:  # no host read here: the step reads its losses once
+                    self.result.loss_values[m] = runner.forward(m, x, self.targets[m], keep_graph=graph).detach()
                     return None
                 return runner.forward(m, x, keep_graph=graph)
         if op is Op.RECOMPUTE:

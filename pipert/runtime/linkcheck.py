@@ -51,10 +51,15 @@ class _Work:
 
 
 class _Handle:
+    stream_waits = True  # wait_stream() orders the current stream, as NCCL's Work.wait() does
+
     def __init__(self, work: _Work) -> None:
         self.work = work
 
     def wait(self, timeout: float) -> None:
+        self.work.wait()
+
+    def wait_stream(self) -> None:
         self.work.wait()
 
     def done(self) -> bool:

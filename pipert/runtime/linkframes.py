@@ -17,9 +17,13 @@ carries the departure, so no clock has to be shared for the FIFO rule, only for 
 
 Two implementations of the same two steps (:class:`HostOps`, :class:`CudaOps`):
 
-- on a GPU, one-thread kernels of pipert._C on the current (send or receive) stream read
-  ``%globaltimer``; ``free_at`` lives in device memory of the sender. The host never blocks:
-  the receive queue waits for the inner receive as stream work (``Work.wait()`` of NCCL);
+- on a GPU, one-thread kernels of pipert._C read ``%globaltimer``; ``free_at`` lives in device
+  memory of the sender. The host never blocks: the receive side waits for the inner receive as
+  stream work (``Work.wait()`` of NCCL). Each directed link has its own streams (high priority)
+  on both ends: a sender's stream per peer runs the frame copy, the occupancy and the inner
+  send after the send queue reached the message; a receiver's stream per peer runs the wait for
+  the frame, the arrival and the copy out after the receive queue posted it. So a link held by
+  a delay never holds back another link's messages, and each link stays FIFO (one stream);
 - on a CPU (the mirror the tests run), the same math on :func:`pipert.runtime.streams.clock`
   with the link core of the emulator, sleeping on the calling thread.
 
@@ -46,8 +50,8 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from .. import _ext
-from .streams import clock, sleep_until
-from .transport import CommTimeout, PeerFailure
+from .streams import COMM_PRIORITY, clock, sleep_until
+from .transport import CommTimeout, PeerFailure, stream_waits
 
 __all__ = ["WORDS", "frame_size", "link_read_at", "HostOps", "CudaOps", "FramedLinks", "clock_offsets",
            "link_clock_offsets", "dist_clock_offsets"]
@@ -133,9 +137,13 @@ class _Sent:
 
     def __init__(self, inner: Any, frame: torch.Tensor) -> None:
         self.inner, self.frame = inner, frame
+        self.stream_waits = stream_waits(inner)
 
     def wait(self, timeout: float) -> None:
         self.inner.wait(timeout)
+
+    def wait_stream(self) -> None:
+        self.inner.wait_stream()
 
     def done(self) -> bool:
         return self.inner.done()
@@ -194,19 +202,26 @@ class _Poster:
 
 
 class _Received:
-    """A framed receive. With a stream-ordered inner handle (NCCL: ``work.wait()`` blocks the
-    current stream only) the wait and the copy are queued on the receive stream when posted and
-    ``wait`` makes the reader's stream wait for them; otherwise they run in ``wait``."""
+    """A framed receive. With a stream-ordered inner handle (NCCL: ``wait_stream()`` orders the
+    current stream only) the wait, the arrival and the copy are queued on ``stream`` (the link's
+    own) when posted, after what the current stream holds, and the handle has stream semantics:
+    ``wait_stream()`` makes the reader's stream wait for them. Otherwise they run in ``wait``."""
 
-    def __init__(self, inner: Any, frame: torch.Tensor, tensor: torch.Tensor, ops: Any, offset: int) -> None:
+    def __init__(self, inner: Any, frame: torch.Tensor, tensor: torch.Tensor, ops: Any, offset: int,
+                 stream: Any = None) -> None:
         self.inner, self.frame, self.tensor, self.ops, self.offset = inner, frame, tensor, ops, offset
         self.event: Any = None
-        work = getattr(inner, "work", None)
-        if tensor.is_cuda and work is not None:
-            work.wait()  # the receive stream waits for the frame; the host does not
-            self._read()
-            self.event = torch.cuda.Event()
-            self.event.record()
+        self.stream_waits = False
+        if tensor.is_cuda and stream is not None and stream_waits(inner):
+            stream.wait_stream(torch.cuda.current_stream(tensor.device))
+            with torch.cuda.stream(stream):
+                inner.wait_stream()  # the link's stream waits for the frame; the host does not
+                frame.record_stream(stream)
+                tensor.record_stream(stream)
+                self._read()
+                self.event = torch.cuda.Event()
+                self.event.record(stream)
+            self.stream_waits = True
 
     def _read(self) -> None:
         n = self.tensor.numel() * self.tensor.element_size()
@@ -214,9 +229,12 @@ class _Received:
         _bytes_of(self.tensor).copy_(self.frame[:n], non_blocking=True)
         self.frame = None
 
+    def wait_stream(self) -> None:
+        torch.cuda.current_stream(self.tensor.device).wait_event(self.event)
+
     def wait(self, timeout: float) -> None:
         if self.event is not None:
-            torch.cuda.current_stream(self.tensor.device).wait_event(self.event)
+            self.wait_stream()
             return
         self.inner.wait(timeout)
         if self.frame is not None:
@@ -236,8 +254,26 @@ class FramedLinks:
         self.emulator, self.rank, self.ops = emulator, rank, ops
         self.clock_offsets = clock_offsets if clock_offsets is not None else {}  # may be filled later
         self._poster: _Poster | None = None
+        self._streams: dict[tuple[str, int], Any] = {}
+
+    def link_stream(self, side: str, peer: int, device: torch.device) -> Any:
+        """The CUDA stream of this rank's ``side`` ("send" or "recv") of its link with ``peer``
+        (high priority, made at first use)."""
+        s = self._streams.get((side, peer))
+        if s is None:
+            s = self._streams[(side, peer)] = torch.cuda.Stream(device, priority=COMM_PRIORITY)
+        return s
 
     def isend(self, inner: Any, tensor: torch.Tensor, peer: int) -> Any:
+        if not tensor.is_cuda:
+            return self._send(inner, tensor, peer)
+        stream = self.link_stream("send", peer, tensor.device)
+        stream.wait_stream(torch.cuda.current_stream(tensor.device))  # the message is ready there
+        with torch.cuda.stream(stream):
+            tensor.record_stream(stream)
+            return self._send(inner, tensor, peer)
+
+    def _send(self, inner: Any, tensor: torch.Tensor, peer: int) -> Any:
         data = _bytes_of(tensor)
         n = data.numel()
         frame = torch.empty(frame_size(n), dtype=torch.uint8, device=tensor.device)
@@ -267,7 +303,8 @@ class FramedLinks:
         n = tensor.numel() * tensor.element_size()
         _bytes_of(tensor)  # fails fast on a tensor the payload cannot be copied into
         frame = torch.empty(frame_size(n), dtype=torch.uint8, device=tensor.device)
-        return _Received(inner.irecv(frame, peer), frame, tensor, self.ops, self.clock_offsets.get(peer, 0))
+        stream = self.link_stream("recv", peer, tensor.device) if tensor.is_cuda else None
+        return _Received(inner.irecv(frame, peer), frame, tensor, self.ops, self.clock_offsets.get(peer, 0), stream)
 
 
 def clock_offsets(transport: Any, ops: Any, device: torch.device | str, rounds: int = 8,

@@ -415,9 +415,8 @@ class LinkEmulator:
             slot = state.next % state.RING
             state.next += 1
             row = state.timing[slot]
-            with torch.cuda.device(send.device):
-                _ext.C.cuda_link_send(send.handle, state.free_at.data_ptr() + 8 * (src * self.num_ranks + dst),
-                                      occ_ns, round(lat * 1e9), row.data_ptr())
+            send.link_send(state.free_at.data_ptr() + 8 * (src * self.num_ranks + dst), occ_ns, round(lat * 1e9),
+                           row.data_ptr())
         else:  # relative delays: exact FIFO when one send stream owns the link, no device clock
             send.enqueue_delay(occ_ns * 1e-9)
         if copy is not None:  # on the GPU the data moves at the end of the occupancy, still before arrive
@@ -428,8 +427,7 @@ class LinkEmulator:
         sent = send.record()
         recv.wait(sent)
         if _ext.HAVE_EXT_CUDA and recv.device == send.device:
-            with torch.cuda.device(recv.device):
-                _ext.C.cuda_wait_until_ptr(recv.handle, row.data_ptr() + 16)
+            recv.wait_until_ptr(row.data_ptr() + 16)
         else:  # relative: exact while the recv stream is not behind the send side
             recv.enqueue_delay(lat)
         arrived = recv.record()

@@ -445,17 +445,32 @@ class Pipeline:
             results = {self.ranks[0]: self._executors[self.ranks[0]].run(xs, ys)}
         self.last_process_cpu = time.process_time() - cpu0  # every thread of this process, in the run
         self.last_results = results
-        total = sum(sum(r.losses.values()) for r in results.values())
-        count = sum(len(r.losses) for r in results.values())
+        return self._mean_loss(results, self._compute_device(inputs))
+
+    def _mean_loss(self, results: dict[int, StepResult], device: torch.device) -> float:
+        """The mean loss over the step's micro-batches, read from the devices once: every rank's
+        losses go into one vector (per micro-batch: loss, count) on their device, summed over the
+        job (torch.distributed: on the device the backend reduces), read by the host in one copy.
+        Fills each result's ``losses`` from it."""
+        M = self.schedule.num_microbatches
+        found = [t for r in results.values() for t in r.loss_values.values()]
+        vec = torch.zeros(2 * M, dtype=torch.float64, device=found[0].device if found else device)
+        for r in results.values():
+            for m, t in r.loss_values.items():
+                vec[m].add_(t.to(vec.device, torch.float64))  # stays on the device: no host read
+                vec[M + m].add_(1.0)
         if self.backend == "dist":
             # on a device the process group's backend reduces: the CPU for gloo, the GPU for NCCL
-            device = reduction_device(dist.get_backend(), self._compute_device(inputs))
-            t = torch.tensor([total, float(count)], dtype=torch.float64, device=device)
-            dist.all_reduce(t)
-            total, count = float(t[0]), int(t[1])
+            vec = vec.to(reduction_device(dist.get_backend(), vec.device))
+            dist.all_reduce(vec)
+        values = vec.tolist()  # the step's one read of the device
+        losses, counts = values[:M], values[M:]
+        for r in results.values():
+            r.losses = {m: losses[m] for m in r.loss_values}
+        count = round(sum(counts))
         if count != M:
             raise PipelineError(f"step produced {count} losses for {M} micro-batches")
-        return total / M
+        return sum(losses) / M
 
     def _run_local(self, xs, ys) -> dict[int, StepResult]:
         hub = LocalHub(self.schedule.num_ranks)

@@ -10,6 +10,10 @@
   compute queue.
 - :class:`HostQueues`: every action runs on the calling thread in list order (the same timing
   model, one thread); used where a per-action snapshot is taken (memory measurement, recording).
+
+``finish()`` is the host's one wait of a step: the compute queue waits for the other two and the
+host for the compute queue. ``after(fn)`` runs ``fn`` on the host once the queues finished, with
+the compute queue's stream current (a GPU): stream waits it issues order the next step's work.
 """
 from __future__ import annotations
 
@@ -36,6 +40,9 @@ class HostQueues:
 
     def finish(self) -> None:
         return None
+
+    def after(self, fn: Callable[[], None]) -> None:
+        fn()
 
     def close(self) -> None:
         return None
@@ -70,13 +77,26 @@ class StreamQueues:
         return self._on(self.set.recv, fn, waits, posted=True)
 
     def finish(self) -> None:
-        """Wait for every queue; errors of items surface through the executor (it keeps the
-        first exception an item raised), so the streams' own error text is not needed here."""
+        """Wait for every queue, with one host wait (module doc); errors of items surface through
+        the executor (it keeps the first exception an item raised), so the streams' own error
+        text is not needed here."""
+        s = self.set
+        s.compute.wait(s.send.record())
+        s.compute.wait(s.recv.record())
         try:
-            self.set.synchronize()
-        except RuntimeError:
-            pass
+            s.compute.synchronize()
+        except RuntimeError:  # a failed stream skips its waits: wait for each stream in turn
+            try:
+                s.synchronize()
+            except RuntimeError:
+                pass
         self.last = None
+
+    def after(self, fn: Callable[[], None]) -> None:
+        if self.set.backend == "cuda":
+            self.set.compute.enqueue(fn)  # on the host now, the compute stream current
+        else:
+            fn()  # CPU streams: the queues are idle after finish(); the host is the compute queue
 
     def close(self) -> None:
         self.set.close()

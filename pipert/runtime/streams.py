@@ -25,7 +25,11 @@ Semantics (all backends)
   length after the event recorded just before it, but never before enqueue time + length.
   :func:`ideal_now` / :func:`ideal_done` let a callable on a stream take part.
 - On CUDA, ``enqueue(fn)`` calls ``fn`` now, on the host, with the stream current:
-  the kernels it launches are what the stream runs in order.
+  the kernels it launches are what the stream runs in order. The timed kernels of pipert._C
+  (delays, link sends) keep the same ideal clock where they follow each other on a stream
+  (a chain, csrc/core/delay_kernels.h): a timed item right after another starts, ideally, at
+  max(its ideal end, the item's enqueue time), so back-to-back link messages do not add one
+  kernel launch each; after any other item it starts when the device reaches it.
 """
 from __future__ import annotations
 
@@ -42,7 +46,7 @@ import torch
 
 from .. import _ext
 
-__all__ = ["Stream", "Event", "StreamSet", "Device", "PyStream", "PyEvent", "CudaStream", "CudaEvent",
+__all__ = ["Stream", "Event", "StreamSet", "Device", "PyStream", "PyEvent", "CudaStream", "CudaEvent", "Chain",
            "clock", "sleep_until", "ideal_now", "ideal_done", "default_backend", "BACKENDS", "SPIN_SECONDS"]
 
 BACKENDS = ("ext", "python", "cuda")
@@ -405,6 +409,34 @@ def _sleep_cycles(device: torch.device, seconds: float) -> int:
     return max(0, int(seconds * _cycles_per_second[idx]))
 
 
+class Chain:
+    """Host side of a stream's chain of timed kernels (module doc; csrc/core/delay_kernels.h):
+    the device word each timed kernel sets to its ideal end, and whether the item enqueued last
+    on the stream was such a kernel. Invariant: ``linked`` only while nothing else was enqueued
+    on the stream since the last timed kernel."""
+
+    enabled = True
+    """False: every timed kernel starts at the device's now (no chains; benchmarks compare)."""
+
+    def __init__(self, alloc: Callable[[], torch.Tensor]) -> None:
+        self._alloc = alloc
+        self._word: torch.Tensor | None = None
+        self.linked = False
+
+    def timed(self, enqueued_ns: int) -> tuple[int, int]:
+        """(address of the word, enqueue time or -1 to start at the device's now) for the timed
+        kernel about to be enqueued (``enqueued_ns``: now in the device's clock, -1 if unknown)."""
+        if self._word is None:
+            self._word = self._alloc()
+        args = (self._word.data_ptr(), enqueued_ns if self.linked else -1)
+        self.linked = enqueued_ns >= 0 and Chain.enabled
+        return args
+
+    def untimed(self) -> None:
+        """Anything else was enqueued: the next timed kernel starts when the device reaches it."""
+        self.linked = False
+
+
 class CudaStream:
     """A torch.cuda.Stream with the pipert Stream API."""
 
@@ -415,20 +447,39 @@ class CudaStream:
         self.device = device
         self.stream = torch.cuda.Stream(device=device, priority=priority)
         self._clock = clock_map
+        # no fill: the chain's first kernel writes the word before any kernel reads it
+        self.chain = Chain(lambda: torch.empty(1, dtype=torch.int64, device=device))
 
     @property
     def handle(self) -> int:
         return self.stream.cuda_stream
 
+    def _timed(self) -> tuple[int, int]:
+        return self.chain.timed(self._clock.to_device_ns(clock()) if self._clock is not None else -1)
+
     def enqueue(self, fn: Callable[[], Any]) -> None:
+        self.chain.untimed()
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             fn()
+        self.chain.untimed()  # whatever fn launched
+
+    def link_send(self, free_at: int, occupancy_ns: int, latency_ns: int, timing: int) -> None:
+        """pipert._C's link send kernel (addresses in device memory), in this stream's chain."""
+        with torch.cuda.device(self.device):
+            _ext.C.cuda_link_send(self.handle, free_at, occupancy_ns, latency_ns, timing, *self._timed())
+
+    def wait_until_ptr(self, deadline: int) -> None:
+        """Sleeps the stream until the device word at ``deadline`` (ns), read when it gets there."""
+        self.chain.untimed()
+        with torch.cuda.device(self.device):
+            _ext.C.cuda_wait_until_ptr(self.handle, deadline)
 
     def enqueue_delay(self, seconds: float) -> None:
         with torch.cuda.device(self.device):
             if _ext.HAVE_EXT_CUDA:
-                _ext.C.cuda_sleep_for(self.handle, round(seconds * 1e9))
+                _ext.C.cuda_sleep_for(self.handle, round(seconds * 1e9), *self._timed())
             else:
+                self.chain.untimed()
                 with torch.cuda.stream(self.stream):
                     torch.cuda._sleep(_sleep_cycles(self.device, seconds))
 
@@ -436,10 +487,12 @@ class CudaStream:
         if self._clock is None:  # no device clock: relative to now (approximate)
             self.enqueue_delay(max(0.0, deadline - clock()))
             return
+        self.chain.untimed()
         with torch.cuda.device(self.device):
             _ext.C.cuda_wait_until(self.handle, self._clock.to_device_ns(deadline))
 
     def enqueue_spin(self, seconds: float, blocks: int = 1) -> None:
+        self.chain.untimed()
         with torch.cuda.device(self.device):
             if _ext.HAVE_EXT_CUDA:
                 _ext.C.cuda_spin(self.handle, round(seconds * 1e9), blocks)
@@ -448,6 +501,7 @@ class CudaStream:
                     torch.cuda._sleep(_sleep_cycles(self.device, seconds))
 
     def enqueue_copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        self.chain.untimed()
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream), torch.no_grad():
             dst.copy_(src, non_blocking=True)
             for t in (dst, src):
@@ -460,6 +514,7 @@ class CudaStream:
         return event
 
     def wait(self, event: CudaEvent) -> None:
+        self.chain.untimed()  # the wait ends when the event does, which no kernel here reads
         self.stream.wait_event(event._e)
 
     def synchronize(self) -> None:

@@ -5,14 +5,26 @@ return a handle whose ``wait(timeout)`` completes the operation or raises ``Comm
 Point-to-point messages on one directed link are matched in posting order (FIFO), which is
 the rule the validator enforces, so gloo, NCCL and the local transport agree.
 
+Stream semantics: a handle whose ``stream_waits`` is True also has ``wait_stream()``, which
+orders the operation before whatever the calling thread issues next on its current CUDA
+stream and returns without waiting on the host (NCCL's ``Work.wait()`` without a timeout).
+A hang is then caught by the process group's timeout (NCCL's watchdog), not by the caller.
+The executor completes such handles with ``wait_stream()`` (:func:`stream_waits`) and every
+other handle with ``wait(timeout)``, which on a CPU is the wait of the worker thread that
+plays the stream. ``DistTransport`` gives stream semantics to NCCL operations on CUDA tensors.
+
 - ``DistTransport``: torch.distributed (gloo on CPU, NCCL on GPUs). Messages to a higher
   rank and to a lower rank travel in two separate process groups, so the two directions
   never serialise behind each other (NCCL runs each communicator on its own stream).
-- ``LocalTransport``: every rank in one process (threads), for tests and emulation.
+- ``LocalTransport``: every rank in one process (threads), for tests and emulation. On a GPU
+  its messages and collectives are ordered between the ranks' streams by CUDA events
+  (``pipert.runtime.streamorder``): a receiver's stream waits for the sender's copy, every
+  member of a collective for the others' inputs and for the reduction.
 """
 from __future__ import annotations
 
 import datetime
+import functools
 import threading
 import time
 from typing import Any, Protocol, Sequence
@@ -20,8 +32,10 @@ from typing import Any, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
+from .streamorder import CudaOrder, Order
+
 __all__ = ["CommTimeout", "PeerFailure", "Handle", "Transport", "DistTransport", "LocalHub", "LocalTransport",
-           "DelayedTransport", "COLLECTIVES"]
+           "DelayedTransport", "COLLECTIVES", "stream_waits", "comm_group"]
 
 
 class CommTimeout(RuntimeError):
@@ -36,6 +50,11 @@ class Handle(Protocol):
     def wait(self, timeout: float) -> None: ...
 
     def done(self) -> bool: ...
+
+
+def stream_waits(handle: Any) -> bool:
+    """Whether ``handle`` completes on the stream: ``handle.wait_stream()`` (module doc)."""
+    return getattr(handle, "stream_waits", False) is True
 
 
 class Transport(Protocol):
@@ -57,6 +76,8 @@ work in place on ``tensor``."""
 
 
 class _Done:
+    stream_waits = False
+
     def wait(self, timeout: float) -> None:
         return None
 
@@ -69,9 +90,17 @@ class _Then:
 
     def __init__(self, inner: Handle, fn) -> None:
         self.inner, self.fn, self.ran = inner, fn, False
+        self.stream_waits = stream_waits(inner)
 
     def wait(self, timeout: float) -> None:
         self.inner.wait(timeout)
+        self._then()
+
+    def wait_stream(self) -> None:
+        self.inner.wait_stream()
+        self._then()  # queued on the current stream after its wait
+
+    def _then(self) -> None:
         if not self.ran:
             self.ran = True
             self.fn()
@@ -82,8 +111,9 @@ class _Then:
 
 # --------------------------------------------------------------------------- torch.distributed
 class _DistHandle:
-    def __init__(self, work: dist.Work) -> None:
+    def __init__(self, work: dist.Work, stream: bool = False) -> None:
         self.work = work
+        self.stream_waits = stream
 
     def wait(self, timeout: float) -> None:
         try:
@@ -94,16 +124,45 @@ class _DistHandle:
                 raise CommTimeout(text) from None
             raise PeerFailure(text) from None
 
+    def wait_stream(self) -> None:
+        """NCCL: the current stream waits for the operation; the host does not (no timeout
+        argument: with one, torch polls on the host until the operation is done)."""
+        try:
+            self.work.wait()
+        except RuntimeError as e:
+            raise PeerFailure(str(e)) from None
+
     def done(self) -> bool:
         return self.work.is_completed()
 
 
-def _posted(post) -> _DistHandle:
-    """Post a torch.distributed operation; a broken connection surfaces as PeerFailure."""
+def _posted(post, stream: bool = False) -> _DistHandle:
+    """Post a torch.distributed operation; a broken connection surfaces as PeerFailure.
+    ``stream``: the handle has stream semantics (module doc)."""
     try:
-        return _DistHandle(post())
+        return _DistHandle(post(), stream)
     except RuntimeError as e:
         raise PeerFailure(str(e)) from None
+
+
+def _nccl_options() -> Any:
+    """Options of NCCL process groups whose communicators run on high-priority streams (None
+    where torch has no ProcessGroupNCCL)."""
+    pg = getattr(dist, "ProcessGroupNCCL", None)
+    if pg is None or not hasattr(pg, "Options"):
+        return None
+    opts = pg.Options()
+    opts.is_high_priority_stream = True
+    return opts
+
+
+def comm_group(ranks: Sequence[int]) -> Any:
+    """``dist.new_group(ranks)``; on NCCL its communicators run on high-priority streams, as
+    pipert's own send and receive streams do (every rank makes the same groups in one order)."""
+    options = _nccl_options() if dist.get_backend() == "nccl" else None
+    if options is None:
+        return dist.new_group(list(ranks))
+    return dist.new_group(list(ranks), pg_options=options)
 
 
 class DistTransport:
@@ -122,8 +181,8 @@ class DistTransport:
         native = hasattr(dist, "reduce_scatter_single") or hasattr(dist, "reduce_scatter_tensor")
         self.emulate_reduce_scatter = (not native) if emulate_reduce_scatter is None else emulate_reduce_scatter
         # Every rank must create the same groups in the same order.
-        self.up = dist.new_group(list(range(self.world_size)))
-        self.down = dist.new_group(list(range(self.world_size)))
+        self.up = comm_group(range(self.world_size))
+        self.down = comm_group(range(self.world_size))
         # every rank makes the same groups in the same order; those given are made already
         self.groups: dict[tuple[int, ...], Any] = {k: v for k, v in (process_groups or {}).items() if v is not None}
         made = set(process_groups or {})
@@ -131,20 +190,34 @@ class DistTransport:
             key = tuple(sorted(g))
             if key not in made:
                 made.add(key)
-                self.groups[key] = dist.new_group(list(key))
-        self.lazy = dist.get_backend() == "nccl"
-        """Whether communicators are created at first use (NCCL; pipert.comm.nccl): then
-        :meth:`connect` creates one, and ``Pipeline`` warms them all up in one global order."""
+                self.groups[key] = comm_group(key)
         self.connected: set = set()
 
     def _pg(self, src: int, dst: int) -> dist.ProcessGroup:
         return self.up if src < dst else self.down
 
+    @functools.cached_property
+    def _nccl(self) -> bool:
+        """Whether CUDA tensors travel over NCCL, whose ``Work.wait()`` is stream-ordered."""
+        return "nccl" in str(dist.get_backend()).lower()
+
+    def _on_stream(self, tensor: torch.Tensor) -> bool:
+        """Whether the operation on ``tensor`` has stream semantics (module doc)."""
+        return tensor.is_cuda and self._nccl
+
     def isend(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> Handle:
-        return _posted(lambda: dist.isend(tensor, peer, group=self._pg(self.rank, peer), tag=tag))
+        return _posted(lambda: dist.isend(tensor, peer, group=self._pg(self.rank, peer), tag=tag),
+                       self._on_stream(tensor))
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> Handle:
-        return _posted(lambda: dist.irecv(tensor, peer, group=self._pg(peer, self.rank), tag=tag))
+        return _posted(lambda: dist.irecv(tensor, peer, group=self._pg(peer, self.rank), tag=tag),
+                       self._on_stream(tensor))
+
+    @property
+    def lazy(self) -> bool:
+        """Whether communicators are created at first use (NCCL; pipert.comm.nccl): then
+        :meth:`connect` creates one, and ``Pipeline`` warms them all up in one global order."""
+        return self._nccl
 
     def is_connected(self, comm: Any) -> bool:
         return not self.lazy or comm in self.connected
@@ -179,20 +252,21 @@ class DistTransport:
         pg = self.groups.get(key)
         if pg is None:
             raise RuntimeError(f"group {key} was not created up front; pass it to DistTransport(groups=...)")
+        st = self._on_stream(tensor)
         if op == "BROADCAST":
-            return _posted(lambda: dist.broadcast(tensor, root, group=pg, async_op=True))
+            return _posted(lambda: dist.broadcast(tensor, root, group=pg, async_op=True), st)
         if op == "REDUCE":
-            return _posted(lambda: dist.reduce(tensor, root, op=dist.ReduceOp.SUM, group=pg, async_op=True))
+            return _posted(lambda: dist.reduce(tensor, root, op=dist.ReduceOp.SUM, group=pg, async_op=True), st)
         if op == "ALLREDUCE":
-            return _posted(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=pg, async_op=True))
+            return _posted(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=pg, async_op=True), st)
         if op == "ALLGATHER":
             gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            return _posted(lambda: gather(out, tensor, group=pg, async_op=True))
+            return _posted(lambda: gather(out, tensor, group=pg, async_op=True), st)
         if op == "REDUCESCATTER":
             if self.emulate_reduce_scatter:
                 return self._reduce_scatter_by_all_reduce(tensor, out, key, pg)
             scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-            return _posted(lambda: scatter(out, tensor, op=dist.ReduceOp.SUM, group=pg, async_op=True))
+            return _posted(lambda: scatter(out, tensor, op=dist.ReduceOp.SUM, group=pg, async_op=True), st)
         raise ValueError(f"collective {op} unknown; allowed: {', '.join(COLLECTIVES)}")
 
     def _reduce_scatter_by_all_reduce(self, tensor: torch.Tensor, out: torch.Tensor, key: tuple[int, ...],
@@ -200,7 +274,8 @@ class DistTransport:
         """Reduce-scatter for backends without it: all-reduce a copy, keep this rank's share."""
         total = tensor.clone()
         k, n = key.index(self.rank), out.numel()
-        work = _posted(lambda: dist.all_reduce(total, op=dist.ReduceOp.SUM, group=pg, async_op=True))
+        work = _posted(lambda: dist.all_reduce(total, op=dist.ReduceOp.SUM, group=pg, async_op=True),
+                       self._on_stream(tensor))
         return _Then(work, lambda: out.copy_(total[k * n:(k + 1) * n]))
 
 
@@ -225,11 +300,12 @@ class _Future:
 
 
 class _Link:
-    """One directed link of a LocalHub: message k is matched by the k-th receive posted."""
+    """One directed link of a LocalHub: message k is matched by the k-th receive posted. A
+    message is (the sender's copy, the event after that copy on the sender's stream)."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
-        self.messages: dict[int, torch.Tensor] = {}
+        self.messages: dict[int, tuple[torch.Tensor, Any]] = {}
         self.sent = 0
         self.posted = 0
 
@@ -242,23 +318,43 @@ class _RecvHandle:
         with self.link.cond:
             ok = self.link.cond.wait_for(lambda: self.seq in self.link.messages or bool(self.hub.failed), timeout)
             if self.seq in self.link.messages:
-                data = self.link.messages.pop(self.seq)
+                data, copied = self.link.messages.pop(self.seq)
             elif self.hub.failed:
                 raise PeerFailure(self.hub.failed)
             else:
                 raise CommTimeout(f"timed out after {timeout:g} s")
+        order = self.hub.order
+        order.after(copied, self.tensor)  # the sender's copy is done before this stream reads it
         self.tensor.copy_(data)
+        order.hold(data)  # the copy's memory outlives this stream's read
 
     def done(self) -> bool:
         return self.seq in self.link.messages
 
 
+class _MemberHandle:
+    """One member's view of a LocalHub collective: complete once every member posted and the
+    reduction was issued; the member's stream then waits for the reduction's event."""
+
+    def __init__(self, future: _Future, order: Order, tensor: torch.Tensor) -> None:
+        self.future, self.order, self.tensor = future, order, tensor
+        self.event: Any = None  # set with the future: after the reduction, on the reducing member's stream
+
+    def wait(self, timeout: float) -> None:
+        self.future.wait(timeout)
+        self.order.after(self.event, self.tensor)
+
+    def done(self) -> bool:
+        return self.future.done()
+
+
 class LocalHub:
     """Shared state of all ranks of one process: FIFO mailboxes per directed link and tag, and
-    rendezvous points for collectives."""
+    rendezvous points for collectives. ``order`` orders the ranks' streams (module doc)."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, order: Order | None = None) -> None:
         self.world_size = world_size
+        self.order: Order = order if order is not None else CudaOrder()
         self.links = {(s, d, 0): _Link() for s in range(world_size) for d in range(world_size) if s != d}
         self.lock = threading.Lock()
         self.pending: dict[tuple, dict] = {}
@@ -291,46 +387,64 @@ class LocalHub:
         return LocalTransport(self, rank)
 
     def _collective(self, rank: int, op: str, tensor: torch.Tensor, group: tuple[int, ...],
-                    root: int | None, out: torch.Tensor | None) -> _Future:
+                    root: int | None, out: torch.Tensor | None) -> _MemberHandle:
+        """The last member to post reduces on its current stream, after every member's input
+        (and output buffer) is ready on that member's stream; each member's stream waits for
+        the reduction before it reads or changes its tensors again."""
+        order = self.order
+        handle = _MemberHandle(_Future(), order, tensor)
         with self.lock:
             n = self.counts.get((rank, group), 0)
             self.counts[(rank, group)] = n + 1
-            slot = self.pending.setdefault((group, n), {"parts": {}, "outs": {}, "futures": {}})
+            slot = self.pending.setdefault((group, n), {"parts": {}, "outs": {}, "handles": {}, "ready": {}})
             slot["parts"][rank] = tensor
             slot["outs"][rank] = out
-            fut = _Future()
-            slot["futures"][rank] = fut
+            slot["handles"][rank] = handle
+            slot["ready"][rank] = order.ready(tensor)
             if len(slot["parts"]) < len(group):
-                return fut
+                return handle
             del self.pending[(group, n)]
         parts, outs = slot["parts"], slot["outs"]
+        error: Exception | None = None
         try:
-            if op == "BROADCAST":
-                for r, t in parts.items():
-                    if r != root:
-                        t.copy_(parts[root])
-            elif op in ("REDUCE", "ALLREDUCE"):
-                total = sum(parts[r].clone() for r in group)
-                for r in ([root] if op == "REDUCE" else list(group)):
-                    parts[r].copy_(total)
-            elif op == "ALLGATHER":
-                whole = torch.cat([parts[r].reshape(-1) for r in group])
-                for r in group:
-                    outs[r].copy_(whole.view_as(outs[r]))
-            elif op == "REDUCESCATTER":
-                total = sum(parts[r].clone() for r in group).reshape(-1)
-                for k, r in enumerate(group):
-                    m = outs[r].numel()
-                    outs[r].copy_(total[k * m:(k + 1) * m].view_as(outs[r]))
-            else:
-                raise ValueError(f"collective {op} unknown; allowed: {', '.join(COLLECTIVES)}")
+            for r in group:
+                order.after(slot["ready"][r], tensor)
+            _reduce(op, parts, outs, group, root)
         except Exception as e:  # noqa: BLE001 - every member sees the failure
-            for f in slot["futures"].values():
-                f.set(e)
-            return fut
-        for f in slot["futures"].values():
-            f.set()
-        return fut
+            error = e
+        done = order.ready(tensor)
+        for r in group:
+            order.hold(parts[r])
+            if outs[r] is not None:
+                order.hold(outs[r])
+        for h in slot["handles"].values():
+            h.event = done
+            h.future.set(error)
+        return handle
+
+
+def _reduce(op: str, parts: dict, outs: dict, group: tuple[int, ...], root: int | None) -> None:
+    """Collective ``op`` over the members' tensors ``parts`` (and buffers ``outs``), on the
+    calling thread's current stream."""
+    if op == "BROADCAST":
+        for r, t in parts.items():
+            if r != root:
+                t.copy_(parts[root])
+    elif op in ("REDUCE", "ALLREDUCE"):
+        total = sum(parts[r].clone() for r in group)
+        for r in ([root] if op == "REDUCE" else list(group)):
+            parts[r].copy_(total)
+    elif op == "ALLGATHER":
+        whole = torch.cat([parts[r].reshape(-1) for r in group])
+        for r in group:
+            outs[r].copy_(whole.view_as(outs[r]))
+    elif op == "REDUCESCATTER":
+        total = sum(parts[r].clone() for r in group).reshape(-1)
+        for k, r in enumerate(group):
+            m = outs[r].numel()
+            outs[r].copy_(total[k * m:(k + 1) * m].view_as(outs[r]))
+    else:
+        raise ValueError(f"collective {op} unknown; allowed: {', '.join(COLLECTIVES)}")
 
 
 class LocalTransport:
@@ -342,8 +456,9 @@ class LocalTransport:
     def isend(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> Handle:
         link = self.hub.link(self.rank, peer, tag)
         data = tensor.detach().clone()
+        copied = self.hub.order.ready(data)  # the receiver's stream waits for this copy
         with link.cond:
-            link.messages[link.sent] = data
+            link.messages[link.sent] = (data, copied)
             link.sent += 1
             link.cond.notify_all()
         return _Done()
