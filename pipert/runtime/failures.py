@@ -11,6 +11,9 @@ _BLAMED = re.compile(r"\b(?:from|to|peer) rank (\d+)\b")
 """The peer a runtime error names as the one it waited for or lost (pipert.runtime.executor's wording)."""
 _LIBRARY_TEXT = re.compile(r"\s*\(\[[^\]\n]*\.(?:c|cc|cpp|cu|h|hpp):\d+\][^\n]*")
 """A C++ library's own message in parentheses, e.g. gloo's "([.../pair.cc:553] Connection closed by peer ...)"."""
+_SOURCE_PLACE = re.compile(r"\[[^\]\s]*\.(?:c|cc|cpp|cu|h|hpp):\d+\]\s*")
+"""A C++ library's source location, e.g. "[/__w/pytorch/.../unbound_buffer.cc:78] "."""
+_TIMED_OUT = re.compile(r"\btimed out\b", re.IGNORECASE)
 
 
 @dataclass
@@ -29,22 +32,29 @@ class RankEnd:
 def headline(message: str) -> str:
     """The first line of ``message`` without the C++ libraries' own text."""
     lines = message.strip().splitlines() or ["failed"]
-    return _LIBRARY_TEXT.sub("", lines[0]).strip()
+    return _SOURCE_PLACE.sub("", _LIBRARY_TEXT.sub("", lines[0])).strip()
 
 
 def root_cause_order(ends: dict[int, RankEnd]) -> list[int]:
     """Ranks root cause first: from the first rank seen failing, follow the peer each error names
-    (the rank it waited for or lost) while that peer also failed or was stopped; the last rank
-    of that chain is the root cause, then the chain back to the first failure, then the others
-    in the order they ended (the ones stopped by the launcher last)."""
+    (the rank it waited for or lost) while that peer also failed or was stopped; a timeout that
+    names no peer (a collective) leads to a rank the launcher found still running (a suspended one
+    first). The last rank of that chain is the root cause, then the chain back to the first
+    failure, then the others in the order they ended (the ones stopped by the launcher last)."""
     if not ends:
         return []
     by_time = sorted(ends, key=lambda r: (ends[r].seen is None, ends[r].seen or 0.0, r))
+    still_running = sorted((r for r in ends if ends[r].seen is None), key=lambda r: ("suspended" not in ends[r].text, r))
     chain = [by_time[0]]
     while True:
-        m = _BLAMED.search(headline(ends[chain[-1]].message))
-        peer = int(m.group(1)) if m else None
-        if peer is None or peer in chain or peer not in ends:
+        line = headline(ends[chain[-1]].message)
+        named = _BLAMED.search(line)
+        if named:
+            peers = [int(named.group(1))]
+        else:
+            peers = still_running if _TIMED_OUT.search(line) else []
+        peer = next((p for p in peers if p not in chain), None)
+        if peer is None or peer not in ends:
             break
         chain.append(peer)
     return chain[::-1] + [r for r in by_time if r not in chain]

@@ -83,7 +83,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: s
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes of this machine
     joined by torch.distributed (``backend``: gloo, or nccl with a GPU per rank).
 
-    When a rank fails, the others get ``grace`` seconds (default: ``min(timeout, 3)``) to finish
+    When a rank fails, the others get ``grace`` seconds (default: ``min(timeout, 2)``) to finish
     or fail on their own - their errors name the action and peer they stalled on - and are then
     killed. Raises ``LaunchError`` with every failed rank's error, root cause first;
     ``LaunchInterrupted`` (a KeyboardInterrupt) when this process got a stop signal.
@@ -96,7 +96,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: s
         check_gpus(world_size)
     from .rank_entry import run_rank
     from .supervisor import run_local
-    run_local(run_rank, world_size, (fn, tuple(args), backend, timeout), min(timeout, 3.0) if grace is None else grace)
+    run_local(run_rank, world_size, (fn, tuple(args), backend, timeout), min(timeout, 2.0) if grace is None else grace)
 
 
 def gather_to_zero(d: dict) -> dict:

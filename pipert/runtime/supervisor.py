@@ -54,8 +54,11 @@ class _GraceAgent(LocalElasticAgent):
         return super()._monitor_workers(worker_group)
 
     def _note_ended(self) -> None:
-        """Exit codes of the ranks that ended, read without reaping them (the process context does)."""
-        for local_rank, pid in self._pcontext.pids().items() if self._pcontext else ():
+        """Exit codes of the ranks that ended, read without reaping them (the process context does);
+        where os.waitid is missing (macOS) none: the first failure ends the job at once."""
+        if not hasattr(os, "waitid") or self._pcontext is None:
+            return
+        for local_rank, pid in self._pcontext.pids().items():
             if local_rank in self.ended:
                 continue
             try:

@@ -4,6 +4,7 @@ exactly."""
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -121,9 +122,12 @@ def test_a_stopped_rank_ends_the_job_naming_it(tmp_path):
         assert proc.returncode == 1, err[-3000:]
         summary = err[err.index("pipeline ranks failed, root cause first:"):].splitlines()
         assert summary[1].startswith("  rank 1: stopped by the launcher") and "suspended" in summary[1], summary
-        assert summary[2].startswith("  rank 0: PipelineTimeout: rank 0 stalled at action") \
-            and "from rank 1, which did not respond" in summary[2], summary
-        assert not any("pair.cc" in line or "GLHF" in line for line in summary), summary
+        # rank 0 waited for rank 1 in a pipeline action (its error names rank 1) or in the step's loss
+        # all-reduce (gloo's timeout, no peer named)
+        assert re.match(r"  rank 0: (PipelineTimeout: rank 0 stalled at action \d+ .* from rank 1, which did not "
+                        r"respond|RuntimeError: Timed out waiting \d+ms for recv operation to complete)$", summary[2]), \
+            summary
+        assert len(summary) == 3 and "gloo" not in err[err.index("root cause first"):], summary
 
 
 def test_ctrl_c_ends_cleanly(tmp_path):

@@ -61,3 +61,18 @@ def test_launch_error_summary_and_report():
     assert report.endswith(str(err))
     assert LaunchError({0: "Traceback ...\nValueError: bad"}).errors == {0: "Traceback ...\nValueError: bad"}
     assert str(LaunchError({0: "Traceback ...\nValueError: bad"})).endswith("rank 0: ValueError: bad")
+
+
+def test_a_collective_timeout_leads_to_the_rank_still_running():
+    """gloo's own timeout names no peer: the rank the launcher found still running (suspended
+    first) did not answer."""
+    timeout = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+               "Timed out waiting 4000ms for recv operation to complete")
+    assert headline(timeout) == "RuntimeError: Timed out waiting 4000ms for recv operation to complete"
+    ends = {0: _failed(0, 4.0, timeout),
+            1: RankEnd(1, "stopped by the launcher: still running", "stopped by the launcher: still running", None),
+            2: RankEnd(2, "stopped by the launcher: still running (it was suspended: process state T)",
+                       "stopped by the launcher: still running (it was suspended: process state T)", None)}
+    assert root_cause_order(ends) == [2, 0, 1]
+    crashed = {0: _failed(0, 4.0, "RuntimeError: out of memory"), 1: ends[1]}
+    assert root_cause_order(crashed) == [0, 1]
