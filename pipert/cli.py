@@ -5,6 +5,7 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 from dataclasses import fields
 from typing import Any, Callable
@@ -133,7 +134,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     for name in _FILE_SHAPED:
         if values[name] is None:
             values[name] = getattr(defaults, name)
-    run_train(TrainConfig(**values))
+    from .runtime.failures import LaunchError
+    try:
+        run_train(TrainConfig(**values))
+    except LaunchError as e:
+        print(e.report(), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -277,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"pipert {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C, or a stop signal the launcher passed on after ending its ranks
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"pipert {args.command}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:  # the reader closed early (e.g. `| head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141

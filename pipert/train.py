@@ -2,7 +2,9 @@
 
 Default (no flags): the "tiny" model, 4 ranks, 1F1B, 8 micro-batches, byte-level text of
 the Python standard library. Backend "auto": several GPUs -> NCCL processes; one GPU ->
-the local transport on that GPU; CPU -> gloo processes spawned by pipert.
+the local transport on that GPU; CPU -> gloo processes. pipert starts the processes under
+torch's elastic agent (``pipert.runtime.launch``); under torchrun this process is the one rank
+torchrun's environment names (any number of nodes; NCCL on ``cuda:LOCAL_RANK``).
 
 Each process of a gloo/NCCL run builds the model on the meta device and materialises only
 the units its rank computes or holds (``pipert.runtime.pipeline.units_needed``), with the
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TrainConfig", "run_train", "resolve_backend"]
+__all__ = ["TrainConfig", "run_train", "resolve_backend", "process_group_backend"]
 
 _DTYPES = ("float32", "float64", "bfloat16")
 BACKENDS = ("auto", "gloo", "nccl", "nccl-sim", "local")
@@ -279,17 +281,29 @@ def _layers_per_stage(cfg: TrainConfig) -> int:
     return layers // cfg.stages
 
 
-def resolve_backend(name: str) -> str:
+def resolve_backend(name: str, launched: bool = False) -> str:
+    """The backend ``--backend name`` runs on: gloo, nccl (processes) or local (threads of this
+    process). ``launched``: this process is one rank of a job torchrun started (no local there;
+    auto: NCCL when this process sees a GPU)."""
+    if name == "local" and launched:
+        raise ValueError("--backend local runs every rank as a thread of one process; under torchrun use "
+                         "--backend gloo, nccl or auto")
     if name != "auto":
         return name
     import torch
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if launched:
+        return "nccl" if n else "gloo"
     return "nccl" if n > 1 else ("local" if n == 1 else "gloo")
 
 
+_PROCESS_GROUPS = {"gloo": "gloo", "nccl": "nccl", "nccl-sim": "gloo"}
+"""The torch.distributed backend of each process backend of ``pipert train``."""
+
+
 def process_group_backend(backend: str) -> str:
-    """The torch.distributed backend of a resolved ``--backend`` (nccl-sim runs on gloo)."""
-    return "gloo" if backend == "nccl-sim" else backend
+    """The torch.distributed backend (gloo or nccl) that ``backend``'s processes join."""
+    return _PROCESS_GROUPS[backend]
 
 
 def _rank_units(cfg: TrainConfig, schedule, device: torch.device, keep=None) -> list:
@@ -484,26 +498,82 @@ def _copy_into(units, named: dict) -> None:
 
 
 def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, schedule) -> None:
+    """One rank of a gloo/NCCL job (torch.distributed initialised); NCCL on ``cuda:LOCAL_RANK``."""
+    import os
     import torch
-    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    nccl = process_group_backend(backend) == "nccl"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if nccl else torch.device("cpu")
     torch.set_num_threads(1)
     _loop(cfg, rank, backend, device, schedule)
 
 
-def run_train(cfg: TrainConfig) -> list[float] | None:
-    """Run training; returns the losses when run in this process (local backend)."""
-    cfg.validate()
+def _prepare(cfg: TrainConfig):
+    """The program every rank runs; a config that does not fit (unit count, checkpoint) is a
+    ValueError before any rank starts training. Resolves ``cfg.resume`` to a step folder."""
     import torch
-    backend = resolve_backend(cfg.backend)
     from .models import model_config
     from .models.partition import check_unit_count
     layers = model_config(cfg.model).layers
-    schedule = build_program(cfg)  # rejects bad configs before any process starts; shared by every rank
+    schedule = build_program(cfg)
     check_unit_count(cfg.schedule, schedule.num_units, cfg.model, layers, schedule.meta.get("cut"))
-    if cfg.resume:  # a checkpoint that does not fit is refused before any process starts
+    if cfg.resume:
         from .checkpoint import check_resume
         cfg.resume = str(check_resume(cfg, _rank_units(cfg, schedule, torch.device("meta"), keep=[])))
+    return schedule
+
+
+def _as_launched_rank(cfg: TrainConfig, backend: str) -> None:
+    """This process as the rank torchrun gave it: rank 0 prepares the program and every rank gets
+    it (or rank 0's ValueError), then trains."""
+    import torch.distributed as dist
+    from .runtime.launch import init_from_env
+    rank = init_from_env(process_group_backend(backend), cfg.timeout)
+    box: list = [None]
+    if rank == 0:
+        try:
+            box[0] = (_prepare(cfg), cfg.resume)
+        except ValueError as e:
+            box[0] = str(e)
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], str):
+        raise ValueError(box[0])
+    schedule, cfg.resume = box[0]
+    _proc(rank, dist.get_world_size(), cfg, backend, schedule)
+    dist.destroy_process_group()  # after a failure none: a peer may be gone, torchrun ends the job
+
+
+def _check_launched(cfg: TrainConfig, backend: str, place) -> None:
+    """A torchrun job of the right size, and under NCCL a GPU for this process's local rank."""
+    if place.world_size != cfg.world:
+        raise ValueError(f"torchrun started {place.world_size} processes (WORLD_SIZE), but --stages {cfg.stages} x "
+                         f"--dp {cfg.dp} needs {cfg.world}; start {cfg.world} in all (--nnodes x --nproc-per-node) "
+                         f"or change --stages/--dp")
+    if process_group_backend(backend) == "nccl":
+        from .runtime.launch import check_gpus
+        check_gpus(1, place.local_rank)
+
+
+def run_train(cfg: TrainConfig) -> list[float] | None:
+    """Run training; returns the losses when run in this process (local backend).
+
+    Under torchrun (RANK, WORLD_SIZE, ... set) this process is that rank; otherwise a gloo/NCCL
+    run starts its ranks with ``pipert.runtime.launch.launch`` (``LaunchError`` when one fails).
+    """
+    cfg.validate()
+    from .runtime.launch import env_rank
+    place = env_rank()
+    backend = resolve_backend(cfg.backend, launched=place is not None)
+    if place is not None:
+        _check_launched(cfg, backend, place)
+        from torch.distributed.elastic.multiprocessing.errors import record
+        record(_as_launched_rank)(cfg, backend)  # the error file torchrun reports from
+        return None
+    if backend != "local" and process_group_backend(backend) == "nccl":
+        from .runtime.launch import check_gpus
+        check_gpus(cfg.world)  # before any work: the GPUs this machine has
+    schedule = _prepare(cfg)  # rejects bad configs before any process starts; shared by every rank
     if backend == "local":
+        import torch
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         return _loop(cfg, 0, backend, device, schedule)
     from .runtime.launch import launch

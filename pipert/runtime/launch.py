@@ -1,36 +1,75 @@
-"""Starting ranks: local gloo/NCCL processes spawned by pipert, or a torchrun job."""
+"""Starting ranks: local processes under torch's elastic agent, or one rank of a torchrun job.
+
+``launch`` runs a function on ``world_size`` processes of this machine (gloo, or NCCL with one
+GPU each). Supervision is torch's agent with pipert's grace policy (``pipert.runtime.supervisor``):
+a failed or stopped rank ends the job, a stop signal to this process ends every rank, and no
+process or temporary folder outlives the job. Under torchrun (or any launcher that sets RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/MASTER_PORT) ``env_rank`` and ``init_from_env`` make this
+process that one rank, on ``cuda:LOCAL_RANK`` under NCCL.
+"""
 from __future__ import annotations
 
 import datetime
 import os
-import tempfile
-import time
-import traceback
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-__all__ = ["launch", "init_from_env", "default_backend", "LaunchError", "gather_to_zero"]
+from .failures import LaunchError, LaunchInterrupted
 
+__all__ = ["launch", "init_from_env", "env_rank", "EnvRank", "check_gpus", "default_backend", "LaunchError",
+           "LaunchInterrupted", "gather_to_zero"]
 
-class LaunchError(RuntimeError):
-    """One or more ranks failed; ``errors`` maps rank -> that rank's error text."""
-
-    def __init__(self, errors: dict[int, str]) -> None:
-        self.errors = errors
-        lines = [f"rank {r}: {text.strip().splitlines()[-1] if text.strip() else 'failed'}"
-                 for r, text in sorted(errors.items())]
-        super().__init__("pipeline ranks failed:\n  " + "\n  ".join(lines))
+_BACKENDS = ("gloo", "nccl")
 
 
 def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 1 else "gloo"
 
 
+@dataclass(frozen=True)
+class EnvRank:
+    """This process's place in a job started by torchrun (or another env:// launcher)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def env_rank() -> EnvRank | None:
+    """The rank torchrun's environment gives this process (RANK, WORLD_SIZE, LOCAL_RANK), or None
+    outside such a job. A partial environment is a ValueError naming what is missing."""
+    if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
+        return None
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        raise ValueError(f"this process has part of a torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, "
+                         f"MASTER_PORT) but not {', '.join(missing)}; start it with torchrun, or unset RANK "
+                         f"and WORLD_SIZE to let pipert start the ranks")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return EnvRank(rank, world, int(os.environ.get("LOCAL_RANK", rank)))
+
+
+def check_gpus(needed: int, local_rank: int | None = None) -> None:
+    """ValueError naming the GPUs this process sees unless there are ``needed`` of them (or,
+    with ``local_rank``, one with that index)."""
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if (n > local_rank) if local_rank is not None else (n >= needed):
+        return
+    found = ", ".join(f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(n)) or "none"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    found += f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+    need = (f"local rank {local_rank} uses cuda:{local_rank}" if local_rank is not None
+            else f"{needed} ranks need one GPU each")
+    raise ValueError(f"backend nccl: {need}, but this machine has {n} GPU(s): {found}; use --backend gloo "
+                     f"(CPU), fewer ranks, or a machine with more GPUs")
+
+
 def init_from_env(backend: str | None = None, timeout: float = 120.0) -> int:
-    """Initialise torch.distributed from torchrun's environment; returns this rank."""
+    """Initialise torch.distributed from torchrun's environment (env://); returns this rank.
+    Under NCCL the process uses ``cuda:LOCAL_RANK``."""
     if not dist.is_initialized():
         backend = backend or default_backend()
         if backend == "nccl":
@@ -39,59 +78,25 @@ def init_from_env(backend: str | None = None, timeout: float = 120.0) -> int:
     return dist.get_rank()
 
 
-def _entry(rank: int, world: int, backend: str, tmp: str, timeout: float,
-           fn: Callable[..., Any], args: tuple) -> None:
-    try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=f"file://{os.path.join(tmp, 'init')}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=timeout))
-        fn(rank, world, *args)
-    except BaseException:
-        with open(os.path.join(tmp, f"error-{rank}"), "w") as f:
-            f.write(traceback.format_exc())
-        os._exit(1)  # skip teardown: the peers may be gone
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: str = "gloo",
            timeout: float = 120.0, grace: float | None = None) -> None:
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes joined by
-    torch.distributed.
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes of this machine
+    joined by torch.distributed (``backend``: gloo, or nccl with a GPU per rank).
 
-    When a rank fails, the others get ``grace`` seconds (default: ``timeout`` + 10) to
-    finish or fail on their own - their errors name the action and peer they stalled on -
-    and are then stopped. Raises ``LaunchError`` with every failed rank's error.
+    When a rank fails, the others get ``grace`` seconds (default: ``min(timeout, 2)``) to finish
+    or fail on their own - their errors name the action and peer they stalled on - and are then
+    killed. Raises ``LaunchError`` with every failed rank's error, root cause first;
+    ``LaunchInterrupted`` (a KeyboardInterrupt) when this process got a stop signal.
     """
-    if backend == "nccl" and torch.cuda.device_count() < world_size:
-        raise ValueError(f"backend nccl needs one GPU per rank: {world_size} ranks, "
-                         f"{torch.cuda.device_count()} GPUs visible")
-    grace = timeout + 10.0 if grace is None else grace
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="pipert-") as tmp:
-        procs = [ctx.Process(target=_entry, args=(r, world_size, backend, tmp, timeout, fn, args), daemon=True)
-                 for r in range(world_size)]
-        for p in procs:
-            p.start()
-        first_failure = None
-        while any(p.is_alive() for p in procs):
-            time.sleep(0.05)
-            if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
-                first_failure = time.monotonic()
-            if first_failure is not None and time.monotonic() - first_failure > grace:
-                break
-        errors: dict[int, str] = {}
-        for r, p in enumerate(procs):
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-                errors[r] = "stopped by the launcher: still running after another rank failed"
-            elif p.exitcode != 0:
-                path = os.path.join(tmp, f"error-{r}")
-                errors[r] = open(path).read() if os.path.exists(path) else f"exited with code {p.exitcode}"
-        if errors:
-            raise LaunchError(errors)
+    if backend not in _BACKENDS:
+        raise ValueError(f"launch: backend {backend!r} unknown; allowed: {', '.join(_BACKENDS)}")
+    if world_size < 1:
+        raise ValueError(f"launch: world_size must be >= 1, got {world_size}")
+    if backend == "nccl":
+        check_gpus(world_size)
+    from .rank_entry import run_rank
+    from .supervisor import run_local
+    run_local(run_rank, world_size, (fn, tuple(args), backend, timeout), min(timeout, 2.0) if grace is None else grace)
 
 
 def gather_to_zero(d: dict) -> dict:

@@ -1,0 +1,78 @@
+"""A failed job's summary: root cause first (following the peer each error names), one line per
+rank without the C++ libraries' own text; the full errors kept."""
+from pipert.runtime.failures import LaunchError, RankEnd, headline, root_cause_order
+
+GLOO = ("([/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:1461. This is typically caused by a remote worker crashing. GLHF! 🏖️)")
+
+
+def _failed(rank: int, seen: float | None, message: str) -> RankEnd:
+    return RankEnd(rank, f"Traceback (most recent call last):\n  ...\n{message}", message, seen)
+
+
+def test_headline_drops_the_library_text():
+    msg = f"PipelineError: rank 1 failed at action 9 (SEND act u1 m2 ->2): peer rank 2 went away {GLOO}"
+    assert headline(msg) == "PipelineError: rank 1 failed at action 9 (SEND act u1 m2 ->2): peer rank 2 went away"
+    assert headline("ValueError: first line\nsecond line") == "ValueError: first line"
+
+
+def test_a_rank_that_died_is_the_root_cause_even_when_a_neighbour_was_seen_first():
+    ends = {
+        1: _failed(1, 1.00, f"PipelineError: rank 1 failed at action 9 (SEND act u1 m2 ->2): peer rank 2 went away {GLOO}"),
+        2: RankEnd(2, "exited with code 3", "exited with code 3", 1.05),
+        3: _failed(3, 1.06, "PipelineError: rank 3 failed at action 0 (RECV act u2 m0 <-2): peer rank 2 went away"),
+        0: _failed(0, 1.20, "PipelineError: rank 0 failed at action 6 (RECV grad u0 m0 <-1): peer rank 1 went away"),
+    }
+    assert root_cause_order(ends) == [2, 1, 3, 0]
+
+
+def test_a_chain_of_stalls_leads_to_the_rank_that_was_stopped():
+    """Rank 0 timed out first waiting for rank 1, which waited for rank 2: rank 2, killed by the
+    launcher, is the root cause."""
+    ends = {
+        0: _failed(0, 3.0, "PipelineTimeout: rank 0 stalled at action 6 (RECV grad u0 m0 <-1): waited 3 s for grad "
+                           "from rank 1, which did not respond"),
+        1: _failed(1, 3.1, "PipelineTimeout: rank 1 stalled at action 7 (RECV grad u1 m0 <-2): waited 3 s for grad "
+                           "from rank 2, which did not respond"),
+        2: RankEnd(2, "stopped by the launcher", "stopped by the launcher: still running 3 s after rank 0 failed", None),
+    }
+    assert root_cause_order(ends) == [2, 1, 0]
+
+
+def test_the_first_failure_is_the_root_cause_when_its_peer_did_not_fail():
+    ends = {3: _failed(3, 2.0, "PipelineTimeout: rank 3 stalled ... for act from rank 2, which did not respond"),
+            1: _failed(1, 1.0, "RuntimeError: out of memory")}
+    assert root_cause_order(ends) == [1, 3]
+    cycle = {0: _failed(0, 1.0, "x: peer rank 1 went away"), 1: _failed(1, 1.0, "x: peer rank 0 went away")}
+    assert root_cause_order(cycle) == [1, 0]
+
+
+def test_launch_error_summary_and_report():
+    ends = {2: RankEnd(2, "exited with code 3", "exited with code 3", 1.0),
+            1: _failed(1, 1.1, f"PipelineError: rank 1 failed at action 9 (SEND act u1 m2 ->2): peer rank 2 went away "
+                               f"{GLOO}")}
+    order = root_cause_order(ends)
+    err = LaunchError({r: ends[r].text for r in order}, order, {r: ends[r].message for r in order})
+    assert str(err).splitlines() == ["pipeline ranks failed, root cause first:", "  rank 2: exited with code 3",
+                                     "  rank 1: PipelineError: rank 1 failed at action 9 (SEND act u1 m2 ->2): peer "
+                                     "rank 2 went away"]
+    report = err.report()
+    assert "--- rank 1 ---\nTraceback" in report and "pair.cc:553" in report  # the full error, noise included
+    assert report.endswith(str(err))
+    assert LaunchError({0: "Traceback ...\nValueError: bad"}).errors == {0: "Traceback ...\nValueError: bad"}
+    assert str(LaunchError({0: "Traceback ...\nValueError: bad"})).endswith("rank 0: ValueError: bad")
+
+
+def test_a_collective_timeout_leads_to_the_rank_still_running():
+    """gloo's own timeout names no peer: the rank the launcher found still running (suspended
+    first) did not answer."""
+    timeout = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+               "Timed out waiting 4000ms for recv operation to complete")
+    assert headline(timeout) == "RuntimeError: Timed out waiting 4000ms for recv operation to complete"
+    ends = {0: _failed(0, 4.0, timeout),
+            1: RankEnd(1, "stopped by the launcher: still running", "stopped by the launcher: still running", None),
+            2: RankEnd(2, "stopped by the launcher: still running (it was suspended: process state T)",
+                       "stopped by the launcher: still running (it was suspended: process state T)", None)}
+    assert root_cause_order(ends) == [2, 0, 1]
+    crashed = {0: _failed(0, 4.0, "RuntimeError: out of memory"), 1: ends[1]}
+    assert root_cause_order(crashed) == [0, 1]
