@@ -145,15 +145,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_torchrun_nodes_train_exactly(tmp_path):
+@pytest.mark.parametrize("backend", ["gloo", "nccl-sim"])
+def test_two_torchrun_nodes_train_exactly(tmp_path, backend):
     """Two torchrun agents on this machine as two nodes of 2 processes each (c10d rendezvous,
-    gloo): `pipert train` runs as the rank torchrun gives each process, rank 0 prints."""
+    gloo, and gloo with NCCL's rules): `pipert train` runs as the rank torchrun gives each
+    process, rank 0 prints."""
     port = _free_port()
     env = _env(tmp_path)
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2", "--node-rank",
          str(n), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "pipert.cli", "train",
-         "--stages", "4", "--steps", "2", "--check", "--json", "--dtype", "float64", "--backend", "gloo"],
+         "--stages", "4", "--steps", "2", "--check", "--json", "--dtype", "float64", "--backend", backend],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for n in range(2)]
     outs = [p.communicate(timeout=300) for p in nodes]
     for p, (_, err) in zip(nodes, outs):
