@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipert import _ext  # noqa: E402
-from pipert.runtime.links import LinkEmulator, LinkSpec  # noqa: E402
-from pipert.runtime.streams import StreamSet, clock  # noqa: E402
+from pipert.comm.links import LinkEmulator, LinkSpec
+from pipert.device.streams import StreamSet, clock
 
 DELAYS = [10e-6, 30e-6, 100e-6, 300e-6, 1e-3, 3e-3, 10e-3, 30e-3, 100e-3]
 # (latency s, bandwidth B/s, message bytes, k messages)

@@ -66,7 +66,7 @@ def row(schedule: str, label: str, recs: list[dict], warmup: int, lat: float, bw
 def actions_per_rank(schedule: str) -> float:
     """Mean length of a rank's program (what the executor runs: pieces merged)."""
     sys.path.insert(0, str(ROOT))
-    from pipert.runtime.pipeline import program_for
+    from pipert.pipeline import program_for
     from pipert.schedules import build_schedule
     prog = program_for(build_schedule(schedule, stages=P, microbatches=M))
     return sum(len(a) for a in prog.actions) / prog.num_ranks
@@ -147,7 +147,7 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
     if measured_overheads:
         med = lambda k: statistics.median(r[k] for r in measured_overheads)  # noqa: E731
         lines += ["", f"Both predictions also count what the job measured beyond its computes "
-                      f"(`pipert.runtime.fidelity`): every link is slower by the messages' transit beyond the link "
+                      f"(`pipert.tools.fidelity`): every link is slower by the messages' transit beyond the link "
                       f"model (median over the runs {med('message_overhead_s') * 1e6:.0f} us), and in the shared "
                       f"prediction each compute carries its process's other CPU (median "
                       f"{med('action_overhead_s') * 1e6:.0f} us per compute: issuing, queue hand-offs, gloo calls, "

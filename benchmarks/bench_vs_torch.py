@@ -148,7 +148,7 @@ def _pair_run(s: Setup, schedule: str, microbatches: int) -> dict:
     """Both runtimes on this rank for one configuration; rank 0 returns the row. pipert also
     runs the schedule with receives posted one compute earlier ("pipert_early", A/B)."""
     from pipert.models import LlamaModel, partition
-    from pipert.runtime.pipeline import Pipeline
+    from pipert.pipeline import Pipeline
     from pipert.schedules import build_schedule
     from _torch_pipelining import SCHEDULES, TorchPipe
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -216,7 +216,7 @@ def _multi_breakdown(s: Setup, schedule: str, microbatches: int, units: Callable
     """This rank's breakdown rows (not timed): a traced pipert and a torch pipeline whose computes
     are timed from outside, both on fresh weights, barrier to barrier as in the timed steps."""
     from pipert.models import lm_loss
-    from pipert.runtime.pipeline import Pipeline
+    from pipert.pipeline import Pipeline
     from _torch_pipelining import TorchPipe
     rank = dist.get_rank()
     traced = Pipeline(units(), sched, backend="dist", optimizer=sgd, trace=True)
@@ -311,7 +311,7 @@ def plain_loop(model, opt: torch.optim.Optimizer, microbatches: int, clock: Cloc
 def _single_pair(s: Setup, microbatches: int, trace: bool = False) -> tuple:
     """(pipert Pipeline with P = 1 on the local backend, the plain model, its optimizer), same weights."""
     from pipert.models import LlamaModel, partition
-    from pipert.runtime.pipeline import Pipeline
+    from pipert.pipeline import Pipeline
     cfg = model_config(s)
     pipe = Pipeline(partition(LlamaModel(cfg, seed=0), 1), "1f1b", stages=1, microbatches=microbatches,
                     backend="local", optimizer=sgd, trace=trace)
@@ -568,7 +568,7 @@ def main() -> None:
         print(f"wrote {rebuild('vs_torch', report)} from the stored CSVs")
         return
     s = Setup(steps=8 if args.quick else args.steps, warmup=args.warmup)
-    from pipert.runtime.launch import launch
+    from pipert.launch import launch
     ctx = context(extra={"run": f"gloo backend, {s.threads} intra-op thread(s) per process"})
     ctx["load average (1, 5, 15 min) before"] = ctx.pop("load average (1, 5, 15 min)")
     t0 = time.perf_counter()

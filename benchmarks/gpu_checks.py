@@ -14,7 +14,7 @@
    its DAG timed with the ranks sharing the one GPU (the per-rank-GPU prediction in the note);
 4. links: the stream path of DelayedTransport between two ranks (two GPUs: two processes over
    NCCL; one GPU: one process, send stream to receive stream, as NCCL refuses two ranks on one
-   device), latencies of 10 us to 100 ms: error of the injected delay (pipert.runtime.linkcheck);
+   device), latencies of 10 us to 100 ms: error of the injected delay (pipert.tools.linkcheck);
 5. train: ``pipert train --check`` on the GPU (local transport, CUDA streams) for every family of
    schedule and the passes that move memory (offload, recompute), float64: largest relative error of
    loss, gradients and updated parameters against the single-process reference step; and the
@@ -87,7 +87,7 @@ def plan(quick: bool) -> list[str]:
 
 def check_delay(quick: bool) -> list[dict]:
     from bench_delay import bench_bandwidth, bench_delays
-    from pipert.runtime.streams import StreamSet
+    from pipert.device.streams import StreamSet
     rows = []
     with StreamSet("cuda:0", "r0") as a, StreamSet("cuda:0", "r1") as b:
         for r in bench_delays(a, quick) + bench_bandwidth(a, b, "cuda", quick):
@@ -123,7 +123,7 @@ def check_emulation(quick: bool) -> list[dict]:
     from pipert.cost import Links, LinkSpec, Topology
     from pipert.emulate.real import emulate_real, profile_units
     from pipert.models import build_units
-    from pipert.runtime.pipeline import split_microbatches
+    from pipert.pipeline import split_microbatches
     from pipert.schedules import build_schedule
     P, M = 4, 8
     g = torch.Generator().manual_seed(0)
@@ -151,7 +151,7 @@ def check_emulation(quick: bool) -> list[dict]:
 def check_links(quick: bool) -> list[dict]:
     import tempfile
 
-    from pipert.runtime.linkcheck import measure_link_delays
+    from pipert.tools.linkcheck import measure_link_delays
     with tempfile.TemporaryDirectory() as tmp:
         found = measure_link_delays(DELAYS, 5 if quick else 20, Path(tmp) / "links.json")
     return [{"check": "links", "case": f"latency {r['delay_s'] * 1e6:g} us", "expected_s": r["delay_s"],

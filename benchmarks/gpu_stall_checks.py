@@ -1,7 +1,7 @@
 """The one-GPU checks of host stalls and stream ordering (issue 19), run by gpu_checks.py:
 
 - race: the local transport between two streams of one GPU, the sender's stream running a long
-  kernel before it writes what it sends (``pipert.runtime.streamorder.slow_producer_check``):
+  kernel before it writes what it sends (``pipert.comm.streamorder.slow_producer_check``):
   with pipert's events the receiver gets the final values; without them (the transport before
   its events, informational) it reads too early;
 - vs-loop: pipert at P=1 (local backend) against a plain PyTorch loop with the same gradient
@@ -11,7 +11,7 @@
   is done): below 1, the host runs ahead of the GPU;
 - gap: k back-to-back delayed messages on one link (bench_delay's bandwidth cases), error per
   message with the wait kernels' chains off (before; informational) and on
-  (``pipert.runtime.streams.Chain``).
+  (``pipert.device.streams.Chain``).
 
 Every check takes the device, so that tests run the same code on the CPU.
 """
@@ -44,7 +44,8 @@ def plan_lines(quick: bool) -> list[str]:
 
 
 def check_race(quick: bool, device: str = "cuda:0") -> list[dict]:
-    from pipert.runtime.streamorder import Unordered, slow_producer_check
+    from pipert.comm.streamorder import Unordered
+    from pipert.tools.streamcheck import slow_producer_check
     rows = []
     for name, order in (("events (pipert)", None), ("no events (before)", Unordered())):
         t0 = time.perf_counter()
@@ -59,7 +60,7 @@ def check_race(quick: bool, device: str = "cuda:0") -> list[dict]:
 
 def check_vs_loop(quick: bool, device: str = "cuda:0", **overrides) -> list[dict]:
     from pipert.models import build_units
-    from pipert.runtime.pipeline import Pipeline
+    from pipert.pipeline import Pipeline
     c = dict(VS_LOOP, **overrides)
     dev, M = torch.device(device), c["microbatches"]
     steps = 3 if quick else c["steps"]
@@ -103,7 +104,7 @@ def check_vs_loop(quick: bool, device: str = "cuda:0", **overrides) -> list[dict
 
 def check_host(quick: bool, device: str = "cuda:0", **overrides) -> list[dict]:
     from pipert.models import build_units
-    from pipert.runtime.pipeline import Pipeline
+    from pipert.pipeline import Pipeline
     from pipert.schedules import build_schedule
     c = dict(HOST, **overrides)
     dev, P, M = torch.device(device), c["stages"], c["microbatches"]
@@ -134,7 +135,7 @@ def check_host(quick: bool, device: str = "cuda:0", **overrides) -> list[dict]:
 
 def check_gap(quick: bool, device: str = "cuda:0") -> list[dict]:
     from bench_delay import bench_bandwidth
-    from pipert.runtime.streams import Chain, StreamSet
+    from pipert.device.streams import Chain, StreamSet
     rows = []
     with StreamSet(device, "r0") as a, StreamSet(device, "r1") as b:
         for chains in (False, True):

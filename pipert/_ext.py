@@ -22,7 +22,7 @@ else:
     try:
         import torch  # noqa: F401  (loads libtorch, which pipert._C links against)
 
-        from . import _C as C  # type: ignore[no-redef]
+        from . import _C as C
     except ImportError as exc:  # not built, or built against another torch
         C = None
         load_error = str(exc)

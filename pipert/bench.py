@@ -1,10 +1,10 @@
 """``pipert bench overlap``: does compute on the compute queue overlap messages on the send and
 receive queues?
 
-Two devices' queues (``pipert.runtime.streams.StreamSet``: pipert._C threads or Python threads
+Two devices' queues (``pipert.device.streams.StreamSet``: pipert._C threads or Python threads
 on a CPU, CUDA streams on a GPU): K GEMMs of n x n on device 0's compute queue, and K' messages
 of b bytes from device 0's send queue to device 1's receive queue through a
-``pipert.runtime.links.LinkEmulator`` link (optional latency and bandwidth: injected delay).
+``pipert.comm.links.LinkEmulator`` link (optional latency and bandwidth: injected delay).
 Each part is timed alone and both together (host wall clock from issuing to the end of
 ``synchronize``, median of the repeats, run interleaved); perfect overlap takes max(compute, comm), none the
 serial sum. ``overlap`` is the share of the possible saving realised:
@@ -84,8 +84,8 @@ def measure_overlap(gemm: int = 512, computes: int = 8, message_bytes: int = 4 <
     """Time compute alone, messages alone and both together (module doc)."""
     import torch
     from .cost.topology import LinkSpec
-    from .runtime.links import LinkEmulator
-    from .runtime.streams import StreamSet
+    from .comm.links import LinkEmulator
+    from .device.streams import StreamSet
     for name, v in (("gemm", gemm), ("computes", computes), ("messages", messages), ("repeats", repeats)):
         if v < 1:
             raise ValueError(f"--{name} must be >= 1, got {v}")

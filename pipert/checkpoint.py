@@ -172,7 +172,7 @@ def _param_names(modules: dict[int, nn.Module]) -> dict[int, str]:
 
 def _inner(opt) -> tuple[torch.optim.Optimizer, list, list]:
     """(the torch optimizer, the parameters it steps, the model's parameters they stand for)."""
-    from .runtime.optim import MasterWeightOptimizer
+    from .exec.optim import MasterWeightOptimizer
     if isinstance(opt, MasterWeightOptimizer):
         return opt.inner, opt.masters, opt.params
     params = [p for g in opt.param_groups for p in g["params"]]

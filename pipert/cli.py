@@ -134,7 +134,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     for name in _FILE_SHAPED:
         if values[name] is None:
             values[name] = getattr(defaults, name)
-    from .runtime.failures import LaunchError
+    from .launch.failures import LaunchError
     try:
         run_train(TrainConfig(**values))
     except LaunchError as e:

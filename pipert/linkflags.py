@@ -7,7 +7,7 @@ of 1024); ``inf`` (or nothing) is an unlimited link. Internally: seconds and byt
 the units of :class:`pipert.cost.LinkSpec`.
 
 :class:`LinkOptions` turns the flags into the :class:`pipert.cost.Links` the simulator reads
-and the :class:`pipert.runtime.links.LinkEmulator` a run applies: ranks split into ``dcs``
+and the :class:`pipert.comm.links.LinkEmulator` a run applies: ranks split into ``dcs``
 equal consecutive datacenters (and nodes of ``ranks_per_node``); a message between datacenters
 pays the dc link, one between nodes of a datacenter the node link, any other is free.
 """
@@ -135,8 +135,8 @@ class LinkOptions:
         return Links(topo, specs)
 
     def emulator(self, num_ranks: int, backend: str | None = None) -> Any:
-        """A :class:`pipert.runtime.links.LinkEmulator` applying :meth:`links` to real messages."""
-        from .runtime.links import LinkEmulator
+        """A :class:`pipert.comm.links.LinkEmulator` applying :meth:`links` to real messages."""
+        from .comm.links import LinkEmulator
         return LinkEmulator.from_links(self.links(num_ranks), backend=backend)
 
     def describe(self) -> str:

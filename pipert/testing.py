@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .tools.reference import rel_err
+
 __all__ = ["Case", "CaseResult", "tiny_units", "make_batch", "run_case", "run_cases_dist", "rel_err", "sgd", "build_case_schedule",
            "assert_exact", "family_cases"]
 
@@ -50,7 +52,7 @@ class Case:
     """Emulated links as (name, value) pairs of ``pipert.linkflags.LinkOptions.parse``
     (e.g. ``(("dcs", 2), ("dc_latency", "2ms"))``); empty: messages are not delayed."""
     link_path: str = "auto"
-    """How delayed messages are applied (``pipert.runtime.transport.DelayedTransport``): auto,
+    """How delayed messages are applied (``pipert.comm.delayed.DelayedTransport``): auto,
     timer or stream; the stream path estimates the ranks' clock offsets (link_clock "estimate")."""
     model: str = "llama"
     """Model family of the tiny test model: llama or gpt (``tiny_units``)."""
@@ -179,22 +181,6 @@ def make_batch(microbatches: int, seed: int = 0, mb_size: int = 2, seq: int = 8,
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """max over tensors of max|a-b| / scale, scale = max(max|b|, 1e-4 * the largest max|b| of all
-    tensors) (b is the reference; keys must agree). The floor keeps a tensor whose exact value is
-    zero (e.g. the gradient of a key bias, which softmax cancels) from dividing rounding noise by
-    rounding noise."""
-    if set(a) != set(b):
-        missing, extra = sorted(set(b) - set(a))[:3], sorted(set(a) - set(b))[:3]
-        raise AssertionError(f"parameter names differ: missing {missing}, unexpected {extra}")
-    largest = max((ref.double().abs().max().item() for ref in b.values() if ref.numel()), default=0.0)
-    worst = 0.0
-    for k, ref in b.items():
-        diff = (a[k].double().cpu() - ref.double().cpu()).abs().max().item()
-        worst = max(worst, diff / max(ref.double().abs().max().item(), 1e-4 * largest, 1e-300))
-    return worst
-
-
 def build_case_schedule(case: Case):
     """The schedule of ``case``: built for ``microbatches / (fold * dp)`` micro-batches, folded,
     passes applied, replicated ``dp`` times."""
@@ -240,8 +226,8 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
 
     For backend "dist" every rank calls this; rank 0 returns the result, the others None.
     """
-    from .runtime.pipeline import Pipeline
-    from .runtime.reference import grouped_reference_step
+    from .pipeline import Pipeline
+    from .tools.reference import grouped_reference_step
     schedule = _schedule(case)
     units = _case_units(case, schedule)
     ref_units = copy.deepcopy(units)
@@ -300,8 +286,8 @@ def _delayed(pipe: Any, backend: str) -> dict:
 
 
 def run_cases_dist(rank: int, world: int, cases: Sequence[Case], out_path: str, timeout: float = 60.0) -> None:
-    """Process entry (see ``pipert.runtime.launch.launch``): run every case, rank 0 writes JSON."""
-    from .runtime.launch import gather_to_zero
+    """Process entry (see ``pipert.launch.launch``): run every case, rank 0 writes JSON."""
+    from .launch import gather_to_zero
     torch.set_num_threads(1)
     results = []
     for case in cases:
@@ -322,7 +308,7 @@ def fault_worker(rank: int, world: int, schedule: str | Sequence[str], microbatc
                  timeout: float, rules: str = "native") -> None:
     """Process entry: one step of a tiny model where ``fault`` stops one rank mid-step;
     ``schedule`` may name one schedule per rank (ranks that disagree on the program)."""
-    from .runtime.pipeline import Pipeline
+    from .pipeline import Pipeline
     name = schedule if isinstance(schedule, str) else schedule[rank]
     sched = _schedule(Case(name, world, microbatches))
     units = tiny_units(sched.num_units, "float32")

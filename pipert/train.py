@@ -3,11 +3,11 @@
 Default (no flags): the "tiny" model, 4 ranks, 1F1B, 8 micro-batches, byte-level text of
 the Python standard library. Backend "auto": several GPUs -> NCCL processes; one GPU ->
 the local transport on that GPU; CPU -> gloo processes. pipert starts the processes under
-torch's elastic agent (``pipert.runtime.launch``); under torchrun this process is the one rank
+torch's elastic agent (``pipert.launch``); under torchrun this process is the one rank
 torchrun's environment names (any number of nodes; NCCL on ``cuda:LOCAL_RANK``).
 
 Each process of a gloo/NCCL run builds the model on the meta device and materialises only
-the units its rank computes or holds (``pipert.runtime.pipeline.units_needed``), with the
+the units its rank computes or holds (``pipert.pipeline.units_needed``), with the
 values a full build in one process gives (``pipert.models.build_units``); a model larger than
 one process's memory starts as long as each rank's units fit. With ``--json`` the first
 step's record also gives ``rank_param_bytes`` (parameter bytes each process materialised) and
@@ -323,7 +323,7 @@ def _build(cfg: TrainConfig, device: torch.device, schedule, rank: int | None):
     """Model units and data for ``rank`` (None: every rank, in this process); the data is
     identical in every process for the same config."""
     from .data import ByteCorpus
-    from .runtime.pipeline import units_needed
+    from .pipeline import units_needed
     keep = None if rank is None else units_needed(schedule, rank)
     units = _rank_units(cfg, schedule, device, keep)
     corpus = ByteCorpus(cfg.seq, seed=cfg.seed)
@@ -345,9 +345,9 @@ def _report(cfg: TrainConfig, step: int, loss: float, tokens_per_s: float, extra
 
 
 def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, schedule) -> list[float]:
-    from .runtime.pipeline import Pipeline
-    from .runtime.reference import grouped_reference_step
-    from .testing import rel_err
+    from .pipeline import Pipeline
+    from .tools.reference import grouped_reference_step
+    from .tools.reference import rel_err
     import torch
     schedule, units, corpus = _build(cfg, device, schedule, None if backend == "local" else rank)
     opt = lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=0.0)  # noqa: E731
@@ -431,8 +431,8 @@ def _print_fidelity(predicted: list[dict], measured: list[float]) -> None:
 def _predicted(pipe, backend: str, rank: int, links, measured: float) -> dict:
     """The simulator's step time from this step's measured compute times, beside the measured one
     (every rank of a dist job must call this; rank 0 gets the numbers)."""
-    from .runtime.fidelity import (local_measurements, message_overhead, predict_step, predict_step_shared,
-                                   profile_from_measurements)
+    from .tools.fidelity import (local_measurements, message_overhead, predict_step, predict_step_shared,
+                                 profile_from_measurements)
     mine = local_measurements(pipe)
     parts = [mine]
     if backend != "local":
@@ -467,7 +467,7 @@ def _resume(cfg: TrainConfig, pipe, ref_units, ref_opt) -> int:
 
 def _gather(pipe, fn) -> dict:
     """Merge a per-rank dict on rank 0 (every rank of a dist job must call this)."""
-    from .runtime.launch import gather_to_zero
+    from .launch import gather_to_zero
     local = fn()
     if pipe.backend == "local":
         return local
@@ -526,7 +526,7 @@ def _as_launched_rank(cfg: TrainConfig, backend: str) -> None:
     """This process as the rank torchrun gave it: rank 0 prepares the program and every rank gets
     it (or rank 0's ValueError), then trains."""
     import torch.distributed as dist
-    from .runtime.launch import init_from_env
+    from .launch import init_from_env
     rank = init_from_env(process_group_backend(backend), cfg.timeout)
     box: list = [None]
     if rank == 0:
@@ -549,7 +549,7 @@ def _check_launched(cfg: TrainConfig, backend: str, place) -> None:
                          f"--dp {cfg.dp} needs {cfg.world}; start {cfg.world} in all (--nnodes x --nproc-per-node) "
                          f"or change --stages/--dp")
     if process_group_backend(backend) == "nccl":
-        from .runtime.launch import check_gpus
+        from .launch import check_gpus
         check_gpus(1, place.local_rank)
 
 
@@ -557,10 +557,10 @@ def run_train(cfg: TrainConfig) -> list[float] | None:
     """Run training; returns the losses when run in this process (local backend).
 
     Under torchrun (RANK, WORLD_SIZE, ... set) this process is that rank; otherwise a gloo/NCCL
-    run starts its ranks with ``pipert.runtime.launch.launch`` (``LaunchError`` when one fails).
+    run starts its ranks with ``pipert.launch.launch`` (``LaunchError`` when one fails).
     """
     cfg.validate()
-    from .runtime.launch import env_rank
+    from .launch import env_rank
     place = env_rank()
     backend = resolve_backend(cfg.backend, launched=place is not None)
     if place is not None:
@@ -569,14 +569,14 @@ def run_train(cfg: TrainConfig) -> list[float] | None:
         record(_as_launched_rank)(cfg, backend)  # the error file torchrun reports from
         return None
     if backend != "local" and process_group_backend(backend) == "nccl":
-        from .runtime.launch import check_gpus
+        from .launch import check_gpus
         check_gpus(cfg.world)  # before any work: the GPUs this machine has
     schedule = _prepare(cfg)  # rejects bad configs before any process starts; shared by every rank
     if backend == "local":
         import torch
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         return _loop(cfg, 0, backend, device, schedule)
-    from .runtime.launch import launch
+    from .launch import launch
     launch(_proc, cfg.world, args=(cfg, backend, schedule), backend=process_group_backend(backend),
            timeout=cfg.timeout)
     return None

@@ -34,7 +34,7 @@ def run_gloo_cases(tmp_path):
     returns one result per case."""
     import json
 
-    from pipert.runtime.launch import launch
+    from pipert.launch import launch
     from pipert.testing import run_cases_dist
 
     def run(cases, P: int) -> list[dict]:

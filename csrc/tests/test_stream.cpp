@@ -102,15 +102,17 @@ static bool delays_are_precise() {
   for (int64_t d : {100'000LL, 1'000'000LL, 10'000'000LL}) {
     Event e0, e1;
     e0.record(s);
+    const int64_t enqueued = now_ns();
     s.enqueue_delay_ns(d);
     e1.record(s);
     e1.synchronize();
     const int64_t got = e1.time_ns() - e0.time_ns();
-    // Never early against the ideal clock; against real event times at most the
-    // worker's hand-off overhead (microseconds) early.
+    // Never early against the ideal clock, nor before its enqueue time + length; against the
+    // real time of the event before it, early by as long as the worker took to reach that
+    // event (unbounded on a loaded machine), so that difference is not checked.
     CHECK(e1.time_ns() >= e0.signal()->ideal_ns() + d);
     CHECK(e1.signal()->ideal_ns() >= e0.signal()->ideal_ns() + d);
-    CHECK(got >= d - 200'000);
+    CHECK(e1.time_ns() >= enqueued + d);
     CHECK_SOON(got < d + 5'000'000);  // loose: a shared machine
   }
   const int64_t deadline = now_ns() + 5'000'000;

@@ -27,7 +27,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..runtime.transport import CommTimeout, Handle, Transport, _Future
+from ..errors import CommTimeout
+from .base import Handle, Transport, Future
 from .nccl import Comm, p2p_comm
 
 __all__ = ["NcclSim", "StoreRendezvous", "LocalRendezvous", "CommInitTimeout"]
@@ -101,7 +102,7 @@ class LocalRendezvous:
             self.cond.notify_all()
             ok = self.cond.wait_for(lambda: here >= set(comm.ranks) or bool(self.failed), timeout)
             if self.failed and not here >= set(comm.ranks):
-                from ..runtime.transport import PeerFailure
+                from ..errors import PeerFailure
                 raise PeerFailure(self.failed)
             if not ok:
                 missing = sorted(set(comm.ranks) - here)
@@ -116,7 +117,7 @@ def _init_message(comm: Comm, rank: int, where: str, timeout: float, missing: li
             + "; ".join(f"rank {m} ({at(m)})" for m in missing))
 
 
-class _OpFuture(_Future):
+class _OpFuture(Future):
     """The handle of one operation of a communicator's stream; its timeout names the operation."""
 
     def __init__(self, what: str) -> None:

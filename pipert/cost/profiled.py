@@ -1,4 +1,4 @@
-"""ProfiledCost: a cost model from measurements of the real units (``pipert.runtime.profile``).
+"""ProfiledCost: a cost model from measurements of the real units (``pipert.tools.profile``).
 
 Times are seconds per unit and micro-batch (a fold of k micro-batches takes k times as long, a
 sub-block ``sI/N`` 1/N of its op); sizes are bytes per micro-batch, measured as the executor

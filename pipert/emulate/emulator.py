@@ -21,9 +21,9 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..comm.links import LinkEmulator, LinkSpec
+from ..device.streams import StreamSet, clock, ideal_done, sleep_until
 from ..ir import Action, Schedule
-from ..runtime.links import LinkEmulator, LinkSpec
-from ..runtime.streams import StreamSet, clock, ideal_done, sleep_until
 from ..sim.engine import analyze
 from ..sim.keys import K_COLLECTIVE, K_COMPUTE, K_TRANSFER
 

@@ -72,7 +72,7 @@ def _sync() -> None:
 
 def profile_units(units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, reps: int = 5) -> ProfiledCost:
     """F, B, D and W of every unit on one micro-batch (x, y), each timed on its own."""
-    from ..runtime.unit import UnitRunner
+    from ..exec.unit import UnitRunner
     times: dict[tuple[Op, int], float] = {}
     act_bytes, weight_bytes = [], []
     h = x
@@ -145,7 +145,7 @@ def emulate_real(schedule: Schedule, units: Sequence[nn.Module], x: torch.Tensor
 
 def _emulate_real(schedule: Schedule, units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                   links: Any, steps: int) -> RealEmulation:
-    from ..runtime.pipeline import Pipeline, split_microbatches
+    from ..pipeline import Pipeline, split_microbatches
     from .emulator import scaled_link_emulator
     M = schedule.num_microbatches
     xs, ys = split_microbatches(x, M), split_microbatches(y, M)

@@ -8,10 +8,10 @@ distinct byte regions among
 - the op outputs cached by selective-recompute regions (``pipert.models.recompute``),
 - the unit's input tensors (the runner keeps them for the input gradient and for
   recomputation; a checkpointed unit's region keeps them too), except relayed ones
-  (``relays`` of ``pipert.runtime.unit``: passed through, not kept),
+  (``relays`` of ``pipert.exec.unit``: passed through, not kept),
 
 parameters and module buffers excluded (they are weights, not activations). Two views of the
-same bytes count once (``pipert.runtime.stash.tensor_key``). What the unit returns is not
+same bytes count once (``pipert.exec.stash.tensor_key``). What the unit returns is not
 counted: it belongs to the next unit (or the transport) once sent.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Hashable, Iterable, Iterator
 import torch
 from torch import Tensor
 
-from ..runtime.stash import tensor_key
+from ..device.tensors import tensor_key
 from .gpt import GPTConfig
 from .recompute import cached_tensors, collect_caches, recompute_save_set
 

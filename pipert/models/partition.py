@@ -1,6 +1,6 @@
 """Cut a model into units: the atoms of work a schedule places and orders.
 
-Unit I/O contract (``pipert.runtime.unit.UnitRunner`` and the reference rely on it):
+Unit I/O contract (``pipert.exec.unit.UnitRunner`` and the reference rely on it):
 
 - A unit is an ``nn.Module``. A non-last unit computes ``y = unit(x)``; the last unit
   computes ``loss = unit(x, targets)``, a scalar: the mean loss over its micro-batch.
@@ -10,7 +10,7 @@ Unit I/O contract (``pipert.runtime.unit.UnitRunner`` and the reference rely on 
 - Units share parameter tensors with the model they were cut from (no copies); no
   parameter belongs to two units (``partition`` raises otherwise).
 - Inside a unit, parameters keep the model's names (``layers.3.attn.wq.weight``); a
-  pipelined run names them ``unit{u}.{name}`` (``pipert.runtime.reference.unit_param_names``).
+  pipelined run names them ``unit{u}.{name}`` (``pipert.tools.reference.unit_param_names``).
 
 LLaMA, coarse (``fine=False``): unit u holds a contiguous chunk of layers; unit 0 also the
 embedding, the last unit also the final norm, the head and the loss. Layer counts differ by
@@ -29,7 +29,7 @@ LLaMA, fine (``fine=True``): three units per layer l, ``num_units == 3 * layers`
                            last layer: ((x, o), targets) -> loss                + final norm, head, loss
 
 The residual ``x`` travels with the attention inputs so that each unit needs only its
-predecessor's output; attn(l) declares it relayed (``relays``, ``pipert.runtime.unit``), so
+predecessor's output; attn(l) declares it relayed (``relays``, ``pipert.exec.unit``), so
 the runner keeps no copy of it.
 
 Helix (``cut="helix"``): 2L+1 units ``[C(0), A(0), ..., C(L-1), A(L-1), C(L)]``, the

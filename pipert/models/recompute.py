@@ -163,7 +163,7 @@ class _Checkpointed:
     """A unit's own forward run as a selective region (deep copies follow the module they are
     copied with: the bound forward is rebound to the copy; picklable for spawned ranks).
 
-    ``relays`` (the unit's, ``pipert.runtime.unit``): input i returned unchanged as output j.
+    ``relays`` (the unit's, ``pipert.exec.unit``): input i returned unchanged as output j.
     A relayed input stays outside the region: the region sees a zero-byte placeholder of its
     shape in its place (the forward only passes it through), and the real input is put back
     as output j, so the region neither keeps nor recomputes it."""

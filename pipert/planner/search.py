@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Sequence
 
-from .pipemesh import (Components, QueuePlan, activation_memory, breadth_first_plan, iteration_time,
-                       live_passes, megatron_plan, queue_plan, state_memory)
+from .pipemesh import (Components, QueuePlan, activation_memory, breadth_first_plan, iteration_time, live_passes,
+                       megatron_plan, queue_plan, state_memory)
 from .recompute import OpCost, Recompute, recompute_dp
 
 __all__ = ["Plan", "plan", "plan_fixed", "candidate_queues", "runnable", "GiB"]

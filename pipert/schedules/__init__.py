@@ -4,9 +4,9 @@
 ``available()`` lists the names. New families call :func:`register` (usually here, at
 import time) with a pure ``build(config, **options) -> Schedule``.
 """
-from .registry import (Family, PipelineConfig, assemble, available, build_schedule, family,
-                       order_recvs_by_send, register, require_chunks, require_microbatches_at_least_stages)
 from .classic import check_1f1b, check_gpipe, check_interleaved, gpipe, interleaved_1f1b, one_f_one_b
+from .registry import (Family, PipelineConfig, assemble, available, build_schedule, family, order_recvs_by_send,
+                       register, require_chunks, require_microbatches_at_least_stages)
 from .zero_bubble import check_zb_h1, check_zb_v, zb_h1, zb_v
 
 __all__ = ["Family", "PipelineConfig", "assemble", "available", "build_schedule", "family", "register",
@@ -26,10 +26,10 @@ register("zb-h1", zb_h1, "Zero Bubble H1: 1F1B with backward split into D/W, W d
 register("zb-v", zb_v, "Zero Bubble V: 2 chunks per rank in a V shape, D/W split, 1F1B-like memory",
          split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2, check=check_zb_v,
          constraints="V = 2; any M >= 1")
-from . import tawpipe, weipipe  # noqa: E402,F401  (registers weipipe-* and tawpipe)
-from . import crosspipe  # noqa: E402,F401  (registers crosspipe-greedy, crosspipe-wave, crosspipe-optimal)
-from . import helixpipe  # noqa: E402,F401  (registers helixpipe and helixpipe-2fold)
-from .pipemesh import check_pipemesh, pipemesh  # noqa: E402
+from . import tawpipe, weipipe
+from . import crosspipe
+from . import helixpipe
+from .pipemesh import check_pipemesh, pipemesh
 
 register("pipemesh", pipemesh, "PipeMesh elastic schedule: enqueue/dequeue group sequences over V chunks per rank "
          "(options enqueue, dequeue, units_per_chunk, max_live_passes)", default_chunks=2, min_chunks=1,

@@ -28,7 +28,7 @@ the ZeRO-1/2 weights are gathered at the start of the next step, before each chu
 
 The process layout (replica-major: rank = d*P + stage) is the one
 ``torch.distributed.device_mesh.init_device_mesh(..., (D, P), mesh_dim_names=("dp", "pp"))``
-gives; ``pipert.runtime.mesh`` builds that mesh for a torch.distributed job.
+gives; ``pipert.comm.mesh`` builds that mesh for a torch.distributed job.
 """
 from __future__ import annotations
 

@@ -6,9 +6,11 @@ import time
 
 import pytest
 
-from pipert.runtime.executor import Fault, PipelineTimeout
-from pipert.runtime.launch import LaunchError, launch
-from pipert.runtime.pipeline import Pipeline
+from pipert.exec.executor import Fault
+from pipert.errors import PipelineTimeout
+from pipert.launch import LaunchError
+from pipert.launch import launch
+from pipert.pipeline import Pipeline
 from pipert.schedules import build_schedule
 from pipert.testing import fault_worker, make_batch, sgd, tiny_units
 
@@ -59,8 +61,8 @@ def _build_on_rank0_only(rank: int, world: int, out: str) -> None:
     the job still runs, because rank 0 builds the program and sends it."""
     import json
 
-    import pipert.runtime.pipeline as pipeline_module
-    from pipert.runtime.pipeline import Pipeline
+    import pipert.pipeline as pipeline_module
+    from pipert.pipeline import Pipeline
     from pipert.testing import make_batch, sgd, tiny_units
 
     if rank != 0:
@@ -91,6 +93,6 @@ def test_a_failing_build_is_raised_on_every_rank():
 
 
 def _bad_build(rank: int, world: int) -> None:
-    from pipert.runtime.pipeline import Pipeline
+    from pipert.pipeline import Pipeline
     from pipert.testing import tiny_units
     Pipeline(tiny_units(6, "float64"), "zb-v", microbatches=2, chunks=3, backend="dist", timeout=TIMEOUT)

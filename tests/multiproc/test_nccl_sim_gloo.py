@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from pipert.runtime.launch import LaunchError, launch
+from pipert.launch import LaunchError
+from pipert.launch import launch
 from pipert.sim import validate
 from pipert.testing import Case, assert_exact, build_case_schedule, family_cases, fault_worker
 

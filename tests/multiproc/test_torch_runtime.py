@@ -18,10 +18,11 @@ from torch import nn
 
 from pipert.cli import main
 from pipert.ir.files import load_schedule
-from pipert.runtime.launch import launch
-from pipert.runtime.pipeline import Pipeline
-from pipert.runtime.reference import reference_step
-from pipert.testing import rel_err, sgd
+from pipert.launch import launch
+from pipert.pipeline import Pipeline
+from pipert.tools.reference import reference_step
+from pipert.tools.reference import rel_err
+from pipert.testing import sgd
 
 P, M, WIDTH = 2, 4, 6
 SCHEDULES = {"1f1b": 2, "interleaved-1f1b": 4, "zb-v": 4}   # name -> units (stages of torch's runtime)

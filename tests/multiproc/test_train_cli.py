@@ -43,7 +43,7 @@ def test_each_rank_materialises_only_the_units_it_computes_or_holds():
     """The model is built on the meta device in every process; a rank allocates only its units,
     with the values of a full build (the reference on rank 0 is one: max_init_rel_err is 0)."""
     from pipert.models import build_units
-    from pipert.runtime.pipeline import units_needed
+    from pipert.pipeline import units_needed
     from pipert.train import TrainConfig, build_program
     out = _train("--model", "small", "--stages", "4", "--steps", "1", "--json", "--check")
     assert out.returncode == 0, out.stderr[-2000:]

@@ -26,14 +26,15 @@ from hypothesis import strategies as st
 from pipert.cost.profiled import ProfiledCost
 from pipert.ir import Action, Op, Payload, Placement, Schedule, add_optimizer_steps, lower
 from pipert.ir import passes as P
-from pipert.runtime.pipeline import Pipeline, split_microbatches
-from pipert.runtime.profile import profile_units
-from pipert.runtime.reference import reference_step
+from pipert.pipeline import Pipeline, split_microbatches
+from pipert.tools.profile import profile_units
+from pipert.tools.reference import reference_step
 from pipert.schedules import available, build_schedule
 from pipert.schedules.data_parallel import replicate
 from pipert.sim import validate
 from pipert.sim.graph import build_graph
-from pipert.testing import make_batch, rel_err, sgd, tiny_units
+from pipert.testing import make_batch, sgd, tiny_units
+from pipert.tools.reference import rel_err
 
 CONFIGS = {
     "gpipe": dict(stages=3, microbatches=4),

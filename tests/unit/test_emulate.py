@@ -62,7 +62,7 @@ def test_emulate_cli_json(tmp_path):
 
 def test_real_units_with_delayed_links_keep_results_and_add_the_delay():
     import torch
-    from pipert.runtime.pipeline import Pipeline
+    from pipert.pipeline import Pipeline
     from pipert.emulate import scaled_link_emulator
     from pipert.testing import make_batch, sgd, tiny_units
     import time as _time

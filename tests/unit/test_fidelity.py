@@ -1,10 +1,10 @@
-"""Measured compute times -> the simulator's step time (pipert.runtime.fidelity)."""
+"""Measured compute times -> the simulator's step time (pipert.tools.fidelity)."""
 import pytest
 
 from pipert.cost import UniformCost
 from pipert.cost.topology import Links, LinkSpec, Topology
-from pipert.runtime.fidelity import message_overhead, predict_step, predict_step_shared, profile_from_measurements
-from pipert.runtime.pipeline import program_for
+from pipert.tools.fidelity import message_overhead, predict_step, predict_step_shared, profile_from_measurements
+from pipert.pipeline import program_for
 from pipert.schedules import build_schedule
 from pipert.sim import simulate
 
@@ -60,7 +60,7 @@ def test_no_shared_prediction_for_ranks_on_gpus():
 
 
 def test_a_traced_step_records_wall_and_cpu_seconds_of_every_compute():
-    from pipert.runtime.pipeline import Pipeline
+    from pipert.pipeline import Pipeline
     from pipert.testing import make_batch, sgd, tiny_units
     units = tiny_units(2, "float64")
     pipe = Pipeline(units, build_schedule("1f1b", stages=2, microbatches=4), optimizer=sgd, trace=True)
@@ -104,7 +104,7 @@ def test_message_and_action_overheads_reach_both_predictions():
 
 
 def test_a_traced_step_records_each_message_at_both_ends():
-    from pipert.runtime.pipeline import Pipeline
+    from pipert.pipeline import Pipeline
     from pipert.testing import make_batch, sgd, tiny_units
     pipe = Pipeline(tiny_units(2, "float64"), build_schedule("1f1b", stages=2, microbatches=4), optimizer=sgd,
                     trace=True)

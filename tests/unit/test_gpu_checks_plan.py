@@ -78,7 +78,7 @@ def test_stall_checks_rows_follow_from_their_measurements():
     after = [r for r in gaps if "chains on" in r["case"]]
     assert len(before) == len(after) == 4 and all(r["pass"] == gpu_checks.INFO for r in before)
     assert all(isinstance(r["pass"], bool) for r in after)
-    from pipert.runtime.streams import Chain
+    from pipert.device.streams import Chain
     assert Chain.enabled  # restored after the "before" runs
     text = gpu_checks.report(gaps + [loop], {"commit": "x"})
     assert text.count("| info |") == 4 and "- gap: " in text and " of 4 within target (and informational rows)" in text

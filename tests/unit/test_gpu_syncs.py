@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from pipert.runtime.pipeline import Pipeline
+from pipert.pipeline import Pipeline
 from pipert.testing import make_batch, sgd, tiny_units
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -6,7 +6,7 @@ import torch
 
 from pipert.models import model_config, model_from_config, partition
 from pipert.models.memory import SavedBytesMeter, helix_stash_bytes
-from pipert.runtime.unit import UnitRunner
+from pipert.exec.unit import UnitRunner
 
 B, S = 2, 8
 MLP = {"plain": {}, "chunked": {"mlp_chunk": 8}, "chunked-recompute": {"mlp_chunk": 8, "mlp_recompute": True}}
@@ -144,7 +144,8 @@ def test_formula_rejects_what_it_does_not_cover():
 def test_executor_ledger_counts_what_the_meter_counts(recompute):
     """The executor's measure (StashLedger keys plus the inputs a UnitRunner keeps, as
     ``State.stash_bytes`` sums them) equals the formula, selective caches included."""
-    from pipert.runtime.stash import StashLedger, tensor_key
+    from pipert.exec.stash import StashLedger
+    from pipert.device.tensors import tensor_key
     cfg = _cfg("tiny")
     model = model_from_config(cfg, seed=0)
     units = partition(model, cut="helix", recompute=recompute)

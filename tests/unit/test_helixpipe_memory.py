@@ -8,7 +8,7 @@ import pytest
 from pipert.ir import Op, Payload
 from pipert.models import model_config, model_from_config, partition
 from pipert.models.memory import helix_stash_bytes
-from pipert.runtime.pipeline import Pipeline
+from pipert.pipeline import Pipeline
 from pipert.schedules import build_schedule
 from pipert.testing import make_batch, sgd
 

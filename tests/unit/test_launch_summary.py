@@ -1,6 +1,6 @@
 """A failed job's summary: root cause first (following the peer each error names), one line per
 rank without the C++ libraries' own text; the full errors kept."""
-from pipert.runtime.failures import LaunchError, RankEnd, headline, root_cause_order
+from pipert.launch.failures import LaunchError, RankEnd, headline, root_cause_order
 
 GLOO = ("([/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
         "[127.0.0.1]:1461. This is typically caused by a remote worker crashing. GLHF! 🏖️)")

@@ -1,8 +1,8 @@
-"""pipert.runtime.linkcheck (the links case of benchmarks/gpu_checks.py) on its host mirror:
+"""pipert.tools.linkcheck (the links case of benchmarks/gpu_checks.py) on its host mirror:
 two gloo processes, the stream path of DelayedTransport, one clock."""
 import pytest
 
-from pipert.runtime.linkcheck import measure_link_delays, summarise
+from pipert.tools.linkcheck import measure_link_delays, summarise
 
 
 def test_host_mirror_never_reads_before_the_latency(tmp_path):

@@ -1,15 +1,16 @@
-"""The stream path of DelayedTransport (pipert.runtime.linkframes) on its CPU mirror: the same
+"""The stream path of DelayedTransport (pipert.comm.linkframes) on its CPU mirror: the same
 two link steps the CUDA kernels run, on the host clock, over the one-process transport."""
 import threading
 
 import pytest
 import torch
 
-from pipert.runtime import linkframes
-from pipert.runtime.links import LinkEmulator
-from pipert.runtime.linkframes import HostOps, clock_offsets, frame_size, link_clock_offsets, link_read_at
-from pipert.runtime.streams import clock
-from pipert.runtime.transport import DelayedTransport, LocalHub
+from pipert.comm import linkframes
+from pipert.comm.links import LinkEmulator
+from pipert.comm.linkframes import HostOps, clock_offsets, frame_size, link_clock_offsets, link_read_at
+from pipert.device.streams import clock
+from pipert.comm.delayed import DelayedTransport
+from pipert.comm.local import LocalHub
 
 LAT, BW = 4e-3, 1e6  # 4 ms latency; 1 MB/s: 800 bytes occupy the link for 0.8 ms
 
@@ -124,7 +125,7 @@ def test_clock_offsets_recover_a_skew_within_their_bound():
 @pytest.mark.parametrize("kw, needle", [({"link_path": "gpu"}, "link_path 'gpu' unknown; allowed: auto, timer, stream"),
                                         ({"link_clock": "ntp"}, "link_clock 'ntp' unknown; allowed: auto, shared")])
 def test_pipeline_rejects_bad_link_options(kw, needle):
-    from pipert.runtime.pipeline import Pipeline
+    from pipert.pipeline import Pipeline
     from pipert.testing import tiny_units
     with pytest.raises(ValueError, match=needle):
         Pipeline(tiny_units(2, "float64"), "1f1b", microbatches=2, **kw)
@@ -138,8 +139,8 @@ def test_one_process_pipeline_on_the_stream_path_is_exact():
 
 
 def test_staged_frames_are_posted_in_order_by_the_poster_thread(waits):
-    from pipert.runtime.pinned import PinnedPool
-    from pipert.runtime.staging import StagedTransport
+    from pipert.device.pinned import PinnedPool
+    from pipert.comm.staging import StagedTransport
     hub, pool = LocalHub(2), PinnedPool()
     em = LinkEmulator(2, (LAT, BW))
     a, b = (DelayedTransport(StagedTransport(hub.transport(r), pool), em, path="stream") for r in (0, 1))

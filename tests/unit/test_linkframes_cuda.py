@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from pipert import _ext
-from pipert.runtime.linkcheck import DeviceCopyTransport
-from pipert.runtime.links import LinkEmulator, LinkSpec
-from pipert.runtime.transport import DelayedTransport, stream_waits
+from pipert.tools.linkcheck import DeviceCopyTransport
+from pipert.comm.links import LinkEmulator, LinkSpec
+from pipert.comm.delayed import DelayedTransport
+from pipert.comm.base import stream_waits
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and _ext.HAVE_EXT_CUDA),
                                 reason="needs a GPU and pipert._C with CUDA (the link kernels)")

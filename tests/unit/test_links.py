@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pipert import _ext
-from pipert.runtime.links import LinkEmulator, LinkSpec
-from pipert.runtime.streams import StreamSet, clock
+from pipert.comm.links import LinkEmulator, LinkSpec
+from pipert.device.streams import StreamSet, clock
 
 MB = 1e6
 

@@ -1,4 +1,4 @@
-"""The local transport orders the ranks' streams (pipert.runtime.streamorder): where it records
+"""The local transport orders the ranks' streams (pipert.comm.streamorder): where it records
 events, which stream waits for which, and when, checked on the CPU with a recording stand-in
 for CUDA events; on a GPU, a slow producer's message arrives with its final values."""
 import itertools
@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from pipert.runtime.transport import LocalHub
+from pipert.comm.local import LocalHub
 
 
 class Recorder:
@@ -98,6 +98,6 @@ def test_collective_members_wait_for_every_input_and_then_for_the_reduction(op):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the race is between two CUDA streams")
 def test_cuda_slow_producer_message_arrives_with_its_final_values():
-    from pipert.runtime.streamorder import slow_producer_check
+    from pipert.tools.streamcheck import slow_producer_check
     expected, got = slow_producer_check(torch.device("cuda", 0))
     assert got == expected

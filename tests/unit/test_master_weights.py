@@ -4,9 +4,9 @@ import copy
 import pytest
 import torch
 
-from pipert.runtime.optim import MasterWeightOptimizer
-from pipert.runtime.pipeline import Pipeline
-from pipert.runtime.reference import reference_step
+from pipert.exec.optim import MasterWeightOptimizer
+from pipert.pipeline import Pipeline
+from pipert.tools.reference import reference_step
 from pipert.schedules import build_schedule
 from pipert.testing import make_batch, tiny_units
 

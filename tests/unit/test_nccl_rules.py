@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from pipert.comm.nccl import Comm, comm_of, first_uses, p2p_comm, startup_hang, warmup_order
 from pipert.ir import Action, Op
-from pipert.runtime.executor import PipelineTimeout
-from pipert.runtime.pipeline import Pipeline
+from pipert.errors import PipelineTimeout
+from pipert.pipeline import Pipeline
 from pipert.sim import validate
 from pipert.testing import Case, build_case_schedule, family_cases, make_batch, run_case, sgd, tiny_units
 from pipert.testing import _case_units

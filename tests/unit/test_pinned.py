@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from pipert import _ext
-from pipert.runtime.pinned import PinnedPool, size_class
-from pipert.runtime.streams import StreamSet, clock
+from pipert.device.pinned import PinnedPool, size_class
+from pipert.device.streams import StreamSet, clock
 import threading
 
 

@@ -129,10 +129,11 @@ def test_measured_live_passes_peak_is_algorithm_1s(P, B, e, d, k, dp, save):
     import copy
 
     from pipert.models.recompute import selective_recompute
-    from pipert.runtime.pipeline import Pipeline
-    from pipert.runtime.reference import reference_step
+    from pipert.pipeline import Pipeline
+    from pipert.tools.reference import reference_step
     from pipert.schedules.data_parallel import replicate
-    from pipert.testing import make_batch, rel_err, sgd, tiny_units
+    from pipert.testing import make_batch, sgd, tiny_units
+    from pipert.tools.reference import rel_err
     V = 2
     s = build_schedule("pipemesh", stages=P, microbatches=B, chunks=V, enqueue=e, dequeue=d, units_per_chunk=k)
     if dp > 1:
@@ -177,7 +178,7 @@ def test_a_zero3_stash_refers_to_the_gathered_weights_instead_of_keeping_them():
     other values, so the gradient shows which one was read); other parameters keep theirs."""
     import torch
 
-    from pipert.runtime.stash import StashLedger
+    from pipert.exec.stash import StashLedger
     lin = torch.nn.Linear(3, 2, bias=False).double()
     other = torch.nn.Linear(3, 2, bias=False).double()
     for refs, expect_new in (([lin.weight], True), ([], False)):

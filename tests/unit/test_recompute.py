@@ -75,7 +75,7 @@ def test_fine_cut_attention_relays_its_residual_around_the_region(save):
     byte of x, and keeping nothing stores less than the plain unit (which keeps the attention
     output and its statistics)."""
     from pipert.models.memory import SavedBytesMeter
-    from pipert.runtime.unit import UnitRunner
+    from pipert.exec.unit import UnitRunner
     plain, xs = _attention_inputs()
     sac = selective_recompute(copy.deepcopy(plain), save)
     held = {}

@@ -4,9 +4,8 @@ import torch
 
 from pipert.data import ByteCorpus
 from pipert.models import LlamaConfig, LlamaModel, partition
-from pipert.runtime.reference import (named_unit_parameters, reference_step, split_microbatches,
-                                      unit_param_names)
-from pipert.runtime.unit import UnitRunner
+from pipert.tools.reference import named_unit_parameters, reference_step, split_microbatches, unit_param_names
+from pipert.exec.unit import UnitRunner
 
 CFG = LlamaConfig.preset("tiny", dtype="float64", layers=2, max_seq=16)
 

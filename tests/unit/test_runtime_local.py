@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from pipert.schedules import build_schedule
-from pipert.testing import IR_OP_CASES, IR_OP_DP_CASES, IR_OP_TORCH_CASES, Case, rel_err, run_case
+from pipert.testing import IR_OP_CASES, IR_OP_DP_CASES, IR_OP_TORCH_CASES, Case, run_case
+from pipert.tools.reference import rel_err
 
 CLASSIC = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"]
 CASES = [Case(n, P, M, "float64", steps=2) for n in CLASSIC for P in (2, 3, 4) for M in (P, 2 * P, 2 * P + 1)]

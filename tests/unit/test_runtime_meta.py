@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from pipert.models import build_units, model_config, partition, LlamaModel
-from pipert.runtime.boundaries import infer_boundaries
-from pipert.runtime.buffers import BoundarySpec
-from pipert.runtime.devices import backend_device_types, reduction_device
-from pipert.runtime.pipeline import Pipeline, units_needed
+from pipert.exec.boundaries import infer_boundaries
+from pipert.exec.buffers import BoundarySpec
+from pipert.device.tensors import backend_device_types, reduction_device
+from pipert.pipeline import Pipeline, units_needed
 from pipert.schedules import build_schedule
 
 CPU, GPU1 = torch.device("cpu"), torch.device("cuda", 1)
@@ -114,7 +114,7 @@ def one_rank_gloo(tmp_path):
 
 
 def test_dist_step_reduces_the_loss_on_the_device_the_backend_names(one_rank_gloo, monkeypatch):
-    import pipert.runtime.pipeline as pipeline
+    import pipert.pipeline as pipeline
     seen = []
     real = pipeline.reduction_device
     monkeypatch.setattr(pipeline, "reduction_device", lambda b, d: seen.append((b, d)) or real(b, d))

@@ -5,13 +5,14 @@ import copy
 import torch
 
 from pipert.ir import Op
-from pipert.runtime.pinned import PinnedPool
-from pipert.runtime.pipeline import Pipeline
-from pipert.runtime.reference import grouped_reference_step
-from pipert.runtime.staging import StagedTransport
-from pipert.runtime.transport import LocalHub
+from pipert.device.pinned import PinnedPool
+from pipert.pipeline import Pipeline
+from pipert.tools.reference import grouped_reference_step
+from pipert.comm.staging import StagedTransport
+from pipert.comm.local import LocalHub
 from pipert.schedules import build_schedule
-from pipert.testing import make_batch, rel_err, sgd, tiny_units
+from pipert.testing import make_batch, sgd, tiny_units
+from pipert.tools.reference import rel_err
 
 
 def test_staged_messages_arrive_intact_and_the_pool_reuses_without_leaks(backend):

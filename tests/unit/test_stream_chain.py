@@ -1,9 +1,9 @@
-"""The host side of the CUDA streams' chains of timed kernels (pipert.runtime.streams.Chain):
+"""The host side of the CUDA streams' chains of timed kernels (pipert.device.streams.Chain):
 a timed kernel starts from the previous one's ideal end only when nothing else was enqueued
 on its stream in between (the CPU stream workers' ideal clock, csrc/core/stream.h)."""
 import torch
 
-from pipert.runtime.streams import Chain
+from pipert.device.streams import Chain
 
 
 def _chain():

@@ -7,8 +7,11 @@ import itertools
 import pytest
 import torch
 
-from pipert.runtime import transport as tr
-from pipert.runtime.pipeline import Pipeline
+from pipert.comm import dist as tr
+from pipert.comm import local
+from pipert.comm.base import stream_waits
+from pipert.errors import PeerFailure
+from pipert.pipeline import Pipeline
 from pipert.testing import Case, make_batch, run_case, sgd, tiny_units
 
 
@@ -54,7 +57,7 @@ class _Recording:
 
 def _run(monkeypatch, case: Case, stream: bool) -> tuple[list, object]:
     log: list = []
-    monkeypatch.setattr(tr.LocalHub, "transport", lambda hub, rank: _Recording(tr.LocalTransport(hub, rank), log,
+    monkeypatch.setattr(local.LocalHub, "transport", lambda hub, rank: _Recording(local.LocalTransport(hub, rank), log,
                                                                                 stream))
     return log, run_case(case)
 
@@ -89,12 +92,12 @@ def test_dist_handles_wait_on_the_stream_without_a_timeout():
             return True
 
     h = tr._posted(lambda: Work(), stream=True)
-    assert tr.stream_waits(h)
+    assert stream_waits(h)
     h.wait_stream()
     h.wait(5.0)
     assert seen == [(), (datetime.timedelta(seconds=5.0),)]  # a timeout would make torch poll on the host
-    assert not tr.stream_waits(tr._posted(lambda: Work()))
-    assert not tr.stream_waits(object())  # handles without the attribute wait on the host
+    assert not stream_waits(tr._posted(lambda: Work()))
+    assert not stream_waits(object())  # handles without the attribute wait on the host
 
 
 def test_dist_stream_wait_failure_names_the_peer_failure():
@@ -102,7 +105,7 @@ def test_dist_stream_wait_failure_names_the_peer_failure():
         def wait(self, *args):
             raise RuntimeError("NCCL communicator was aborted")
 
-    with pytest.raises(tr.PeerFailure, match="aborted"):
+    with pytest.raises(PeerFailure, match="aborted"):
         tr._posted(lambda: Broken(), stream=True).wait_stream()
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipert import _ext
-from pipert.runtime.streams import StreamSet, clock, default_backend
+from pipert.device.streams import StreamSet, clock, default_backend
 
 
 @pytest.fixture
@@ -240,13 +240,13 @@ def test_fallback_warns_once_and_works():
         "with warnings.catch_warnings(record=True) as w:\n"
         "    warnings.simplefilter('always')\n"
         "    import pipert._ext\n"
-        "    import pipert.runtime.streams as s, pipert.runtime.links, pipert.runtime.pinned\n"
+        "    import pipert.device.streams as s, pipert.comm.links, pipert.device.pinned\n"
         "    import importlib; importlib.import_module('pipert._ext')\n"
         "msgs = [str(x.message) for x in w if 'pipert._C' in str(x.message)]\n"
         "assert len(msgs) == 1, msgs\n"
         "assert not pipert._ext.HAVE_EXT\n"
-        "from pipert.runtime.links import LinkEmulator, LinkSpec\n"
-        "from pipert.runtime.pinned import PinnedPool\n"
+        "from pipert.comm.links import LinkEmulator, LinkSpec\n"
+        "from pipert.device.pinned import PinnedPool\n"
         "d, e = s.StreamSet('cpu', 'r0'), s.StreamSet('cpu', 'r1')\n"
         "assert d.backend == 'python', d.backend\n"
         "em = LinkEmulator(2, LinkSpec(1e-3, 1e9))\n"

@@ -5,7 +5,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipert.models import LlamaConfig, LlamaModel, partition
-from pipert.runtime.unit import UnitRunner
+from pipert.exec.unit import UnitRunner
 
 CFG = LlamaConfig.preset("tiny", dtype="float64", layers=3, max_seq=8)
 FINE = LlamaConfig.preset("tiny", dtype="float64", layers=2, max_seq=8)

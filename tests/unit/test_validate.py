@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from pipert.cost import UniformCost
 from pipert.ir import Action, Op, Payload, Placement, Schedule, add_optimizer_steps, lower
-from pipert.ir.validate import ScheduleError, validate
+from pipert.sim import ScheduleError, validate
 from pipert.sim import REASONS
 from unit_testutil import gpipe, one_f_one_b_order
 

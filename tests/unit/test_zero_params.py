@@ -10,13 +10,13 @@ import pytest
 from pipert.cost.profiled import ProfiledCost
 from pipert.ir import Action, Op, Payload, Schedule
 from pipert.ir.action import ScheduleFormatError, parse_action
-from pipert.runtime.profile import profile_units
+from pipert.tools.profile import profile_units
 from pipert.schedules import build_schedule
 from pipert.schedules.data_parallel import replicate
 from pipert.schedules.zero_rules import resolve_zero
 from pipert.sim import validate
 from pipert.sim.graph import build_graph
-from pipert.runtime.pipeline import split_microbatches
+from pipert.pipeline import split_microbatches
 from pipert.testing import make_batch, tiny_units
 from pipert.train import TrainConfig
 from test_conformance import check_conforms

@@ -1,4 +1,4 @@
-"""Host staging of point-to-point messages through the pinned pool (``pipert.runtime.pinned``).
+"""Host staging of point-to-point messages through the pinned pool (``pipert.device.pinned``).
 
 A transport that carries only host memory (gloo) moves GPU tensors through page-locked
 buffers of a :class:`PinnedPool`: a send copies the tensor into a buffer on the stream it is
@@ -15,8 +15,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .pinned import PinnedBuffer, PinnedPool
-from .transport import Handle, Transport
+from ..device.pinned import PinnedBuffer, PinnedPool
+from .base import Handle, Transport
 
 __all__ = ["StagedTransport", "needs_staging"]
 

@@ -1,5 +1,5 @@
 """Link delays applied on the queues of both ends of a message (the stream path of
-:class:`pipert.runtime.transport.DelayedTransport`).
+:class:`pipert.comm.delayed.DelayedTransport`).
 
 A delayed message travels as a *frame*: its payload bytes, padded to 8, then three int64
 words (depart, free_at, arrive) of its link timing in the sender's clock (ns). The frame
@@ -24,7 +24,7 @@ Two implementations of the same two steps (:class:`HostOps`, :class:`CudaOps`):
   send after the send queue reached the message; a receiver's stream per peer runs the wait for
   the frame, the arrival and the copy out after the receive queue posted it. So a link held by
   a delay never holds back another link's messages, and each link stays FIFO (one stream);
-- on a CPU (the mirror the tests run), the same math on :func:`pipert.runtime.streams.clock`
+- on a CPU (the mirror the tests run), the same math on :func:`pipert.device.streams.clock`
   with the link core of the emulator, sleeping on the calling thread.
 
 Clocks: ``%globaltimer`` of the GPUs in one host is one clock (as CLOCK_MONOTONIC is for the
@@ -33,7 +33,7 @@ estimates each peer's offset by ping-pong over the transport (error within half 
 of the best of ``rounds``; estimated once, so the clocks' drift, some ppm, adds up over a long
 job), and :func:`link_clock_offsets` picks one or the other.
 
-Host-staged gloo (a :class:`pipert.runtime.staging.StagedTransport` inner): the send stream
+Host-staged gloo (a :class:`pipert.comm.staging.StagedTransport` inner): the send stream
 copies the frame into a pinned buffer after the occupancy, and a poster thread (one per rank,
 in send order, so FIFO per link holds) posts the gloo send once that copy is done, so the
 host of the send queue does not wait for the occupancy either; the receiver's reader waits
@@ -50,8 +50,9 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from .. import _ext
-from .streams import COMM_PRIORITY, clock, sleep_until
-from .transport import CommTimeout, PeerFailure, stream_waits
+from ..device.streams import COMM_PRIORITY, clock, sleep_until
+from ..errors import CommTimeout, PeerFailure
+from .base import stream_waits
 
 __all__ = ["WORDS", "frame_size", "link_read_at", "HostOps", "CudaOps", "FramedLinks", "clock_offsets",
            "link_clock_offsets", "dist_clock_offsets"]

@@ -3,7 +3,7 @@
 A rank's host thread issues work on its current stream and returns before the device ran it,
 so a tensor handed to another rank is only usable there once the other rank's stream waited
 for an event recorded after the producer's work. The local transport asks an :class:`Order`
-for three things, at fixed points (``pipert.runtime.transport``):
+for three things, at fixed points (``pipert.comm.local``):
 
 - ``ready(t)``: an event after the work queued so far on the current stream of ``t``'s device
   (None when there is nothing to order, e.g. a CPU tensor: the host already ran it);
@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["Order", "CudaOrder", "Unordered", "slow_producer_check"]
+__all__ = ["Order", "CudaOrder", "Unordered"]
 
 
 class Order(Protocol):
@@ -61,30 +61,3 @@ class Unordered:
 
     def hold(self, t: torch.Tensor) -> None:
         return None
-
-
-def slow_producer_check(device: torch.device, order: Order | None = None, seconds: float = 0.05,
-                        numel: int = 1 << 20) -> tuple[float, float]:
-    """Two ranks of one process on two streams of a GPU over a LocalHub with ``order``: the
-    sender's stream runs a long kernel (``seconds``) before it writes the tensor it sends; the
-    receiver sums what it received on its own stream as soon as its receive completed on the
-    host. Returns (the sum sent, the sum received); they differ when the receiver's stream did
-    not wait for the sender's."""
-    from .streams import _sleep_cycles
-    from .transport import LocalHub
-    hub = LocalHub(2, order=order)
-    sender, receiver = hub.transport(0), hub.transport(1)
-    s0, s1 = torch.cuda.Stream(device), torch.cuda.Stream(device)
-    x = torch.zeros(numel, device=device)
-    out = torch.zeros(numel, device=device)
-    cycles = _sleep_cycles(device, seconds)
-    torch.cuda.synchronize(device)
-    with torch.cuda.stream(s0):
-        torch.cuda._sleep(cycles)  # the producer's long kernel
-        x.fill_(3.0)
-        sender.isend(x, 1)
-    with torch.cuda.stream(s1):
-        receiver.irecv(out, 0).wait(10.0)
-        got = out.sum()
-    torch.cuda.synchronize(device)
-    return 3.0 * numel, float(got)

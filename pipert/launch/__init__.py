@@ -1,7 +1,7 @@
 """Starting ranks: local processes under torch's elastic agent, or one rank of a torchrun job.
 
 ``launch`` runs a function on ``world_size`` processes of this machine (gloo, or NCCL with one
-GPU each). Supervision is torch's agent with pipert's grace policy (``pipert.runtime.supervisor``):
+GPU each). Supervision is torch's agent with pipert's grace policy (``pipert.launch.supervisor``):
 a failed or stopped rank ends the job, a stop signal to this process ends every rank, and no
 process or temporary folder outlives the job. Under torchrun (or any launcher that sets RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/MASTER_PORT) ``env_rank`` and ``init_from_env`` make this

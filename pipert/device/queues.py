@@ -1,6 +1,6 @@
 """Where the executor's three queues run (docs/semantics.md, "The three queues and time").
 
-- :class:`StreamQueues`: on a StreamSet of ``pipert.runtime.streams`` (pipert._C worker threads on
+- :class:`StreamQueues`: on a StreamSet of ``pipert.device.streams`` (pipert._C worker threads on
   a CPU, the pure-Python threads with ``PIPERT_NO_EXT=1``, a compute stream and high-priority
   send and receive streams on a GPU). The host issues the whole program; a SEND, RECV or
   collective waits for the event the compute queue recorded after the last compute-queue action

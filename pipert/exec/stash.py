@@ -29,7 +29,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-__all__ = ["StashLedger", "tensor_key"]
+from ..device.tensors import tensor_key
+
+__all__ = ["StashLedger"]
 
 
 class _Held:
@@ -63,16 +65,6 @@ def _region(t: torch.Tensor) -> tuple[torch.Tensor, tuple]:
     raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage(), t.storage_offset() * es,
                                                                   (span,), (1,))
     return raw, (t.device.type, t.device.index, t.data_ptr(), span)
-
-
-def tensor_key(t: torch.Tensor) -> tuple:
-    """Identity of the bytes a tensor views: (device, first byte, bytes). Two views of the same
-    bytes count once; distinct views of one storage count separately (a received fold's buffer
-    split per micro-batch is two values)."""
-    nbytes = t.numel() * t.element_size()
-    if t.numel() > 1 and not any(t.stride()):
-        nbytes = 0  # the one-element placeholder of a freed or offloaded tensor
-    return (t.device.type, t.device.index, t.data_ptr(), nbytes)
 
 
 class StashLedger:

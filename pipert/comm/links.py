@@ -13,7 +13,7 @@ Three ways to apply it:
 - :meth:`LinkEmulator.deliver` - a timer thread calls ``fn`` at the arrival deadline
   (e.g. a real ``torch.distributed`` send: :meth:`LinkEmulator.dist_isend`);
 - :meth:`LinkEmulator.enqueue_transfer` - on a sender's send stream and a receiver's
-  recv stream (pipert.runtime.streams), for the local transport: CPU streams sleep to
+  recv stream (pipert.device.streams), for the local transport: CPU streams sleep to
   absolute deadlines; CUDA streams run one-thread wait kernels that read and update
   ``free_at`` in device memory (``%globaltimer``), so the host never blocks.
 """
@@ -30,8 +30,8 @@ import torch
 
 from .. import _ext
 from ..cost.topology import LinkSpec
-from .streams import (CudaStream, Stream, _precise_timer_slack, _py_sleep_until, clock, ideal_done, ideal_now,
-                      sleep_until)
+from ..device.streams import (CudaStream, Stream, _precise_timer_slack, _py_sleep_until, clock, ideal_done,
+                              ideal_now, sleep_until)
 
 __all__ = ["LinkSpec", "LinkEmulator", "Transfer"]
 

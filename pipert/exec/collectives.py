@@ -7,36 +7,35 @@ activation or gradient value through the executor's pending table. With
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
+from ..errors import PipelineError
 from ..ir import Action, Op, Payload
 from ..ir.semantics import Value
 
-if TYPE_CHECKING:
-    from .executor import RankExecutor
 
 __all__ = ["run_collective", "run_memory_op"]
 
 _KIND = {Payload.ACT: Value.ACT, Payload.GRAD: Value.GRAD}
 
 
-def run_collective(ex: "RankExecutor", i: int, a: Action) -> None:
+def run_collective(ex: Any, i: int, a: Action) -> None:
     if a.payload in (Payload.WEIGHT, Payload.WGRAD):
         _unit_collective(ex, i, a)
     else:
         _value_collective(ex, i, a)
 
 
-def _post(ex: "RankExecutor", i: int, a: Action, t: torch.Tensor, out: torch.Tensor | None = None):
+def _post(ex: Any, i: int, a: Action, t: torch.Tensor, out: torch.Tensor | None = None):
     group = tuple(sorted(a.group))
     handle = ex._post(lambda: ex.transport.collective(a.op.value, t, group, a.root, out=out), i, a)
     ex._count(f"{a.op.value.lower()}:{a.payload.value}", t)
     return handle
 
 
-def _unit_collective(ex: "RankExecutor", i: int, a: Action) -> None:
+def _unit_collective(ex: Any, i: int, a: Action) -> None:
     st, u, zc, op, is_root = ex.state, a.unit, a.zclass, a.op, ex.rank == a.root
     wgrad = a.payload is Payload.WGRAD
     if op is Op.ALLGATHER:
@@ -79,7 +78,7 @@ def _bind_shard(st, part: tuple, out: torch.Tensor) -> None:
         st.shards[part].copy_(out)
 
 
-def _value_collective(ex: "RankExecutor", i: int, a: Action) -> None:
+def _value_collective(ex: Any, i: int, a: Action) -> None:
     """Collectives of activations or gradients, one per micro-batch value."""
     op, is_root = a.op, ex.rank == a.root
     if op in (Op.ALLGATHER, Op.REDUCESCATTER):
@@ -101,15 +100,14 @@ def _value_collective(ex: "RankExecutor", i: int, a: Action) -> None:
             ex.sends.append((handle, t, i, a))
 
 
-def _unsupported(ex: "RankExecutor", i: int, a: Action, what: str) -> Exception:
-    from .executor import PipelineError
+def _unsupported(ex: Any, i: int, a: Action, what: str) -> Exception:
     return PipelineError(f"rank {ex.rank}: action {i} ({a}): {what} has no meaning in pipert's IR "
                          f"(docs/semantics.md); collectives of weights: ALLREDUCE, BROADCAST, REDUCE, ALLGATHER, "
                          f"REDUCESCATTER; of gradients: ALLREDUCE, BROADCAST, REDUCE, REDUCESCATTER", ex.rank)
 
 
 # --------------------------------------------------------------------------- memory ops
-def run_memory_op(ex: "RankExecutor", i: int, a: Action) -> None:
+def run_memory_op(ex: Any, i: int, a: Action) -> None:
     st, op, u, pl, zc = ex.state, a.op, a.unit, a.payload, a.zclass
     if pl is Payload.STASH:
         for m in a.mb:

@@ -23,8 +23,7 @@ from torch import Tensor, nn
 
 __all__ = ["grouped_reference_step", 
     "ReferenceResult", "reference_step", "unit_param_names", "named_unit_parameters",
-    "split_microbatches", "default_optimizer", "OptimizerFactory",
-]
+    "split_microbatches", "default_optimizer", "OptimizerFactory", "rel_err"]
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
@@ -144,3 +143,19 @@ def grouped_reference_step(units: Sequence[nn.Module], batch_tokens: Tensor, tar
         ref = reference_step(units, xs[g], ys[g], update_every, optimizer=optimizer)
         losses.append(float(ref.loss))
     return ref, sum(losses) / groups
+
+
+def rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """max over tensors of max|a-b| / scale, scale = max(max|b|, 1e-4 * the largest max|b| of all
+    tensors) (b is the reference; keys must agree). The floor keeps a tensor whose exact value is
+    zero (e.g. the gradient of a key bias, which softmax cancels) from dividing rounding noise by
+    rounding noise."""
+    if set(a) != set(b):
+        missing, extra = sorted(set(b) - set(a))[:3], sorted(set(a) - set(b))[:3]
+        raise AssertionError(f"parameter names differ: missing {missing}, unexpected {extra}")
+    largest = max((ref.double().abs().max().item() for ref in b.values() if ref.numel()), default=0.0)
+    worst = 0.0
+    for k, ref in b.items():
+        diff = (a[k].double().cpu() - ref.double().cpu()).abs().max().item()
+        worst = max(worst, diff / max(ref.double().abs().max().item(), 1e-4 * largest, 1e-300))
+    return worst

@@ -3,7 +3,7 @@
 Backends:
 - ``"local"``: every rank in this process, one thread each (CPU) — tests and emulation;
 - ``"dist"``: this process is one rank of an initialised torch.distributed job (torchrun or
-  ``pipert.runtime.launch``); every process passes the same list of units and keeps the ones
+  ``pipert.launch``); every process passes the same list of units and keeps the ones
   it computes or holds (``units_needed``). The others may stay on the meta device
   (``pipert.models.build_units``): a rank materialises only its own units.
 """
@@ -18,18 +18,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..ir import COMPUTE_OPS, Op, Payload, Schedule
-from ..ir.passes import merge_sub_blocks
-from ..sim import validate
-from ..schedules import build_schedule
-from .boundaries import infer_boundaries
-from .buffers import BoundarySpec
-from .devices import device_of, meta_tensors, reduction_device
-from .executor import Fault, PipelineError, PipelineTimeout, RankExecutor, StepResult
-from .state import UnitState
-from .transport import DelayedTransport, DistTransport, LocalHub
-from .optim import MasterWeightOptimizer, needs_master_weights
-from .unit import UnitRunner
+from .comm.delayed import DelayedTransport
+from .comm.dist import DistTransport
+from .comm.local import LocalHub
+from .device.tensors import device_of, meta_tensors, reduction_device
+from .errors import PipelineError, PipelineTimeout
+from .exec.boundaries import infer_boundaries
+from .exec.buffers import BoundarySpec
+from .exec.executor import Fault, RankExecutor, StepResult
+from .exec.optim import MasterWeightOptimizer, needs_master_weights
+from .exec.state import UnitState
+from .exec.unit import UnitRunner
+from .ir import COMPUTE_OPS, Op, Payload, Schedule
+from .ir.passes import merge_sub_blocks
+from .schedules import build_schedule
+from .sim import validate
 
 __all__ = ["Pipeline", "default_optimizer", "split_microbatches", "program_for", "check_same_program",
            "program_digest", "units_needed"]
@@ -117,7 +120,7 @@ def _built_once(name: str, options: dict) -> Schedule:
     """The named schedule, built on rank 0 and sent to every rank (a solver's result is decided
     once; a failure to build is raised on every rank)."""
     if not dist.is_initialized():
-        raise RuntimeError("backend 'dist' needs torch.distributed initialised (torchrun or pipert.runtime.launch)")
+        raise RuntimeError("backend 'dist' needs torch.distributed initialised (torchrun or pipert.launch)")
     box: list = [None]
     if dist.get_rank() == 0:
         try:
@@ -135,9 +138,9 @@ def _link_emulator(links: Any, num_ranks: int) -> Any:
     (the simulator's numbers) or a ``pipert.linkflags.LinkOptions``; None stays None."""
     if links is None:
         return None
-    from ..cost.topology import Links
-    from ..linkflags import LinkOptions
-    from .links import LinkEmulator
+    from .cost.topology import Links
+    from .linkflags import LinkOptions
+    from .comm.links import LinkEmulator
     if isinstance(links, LinkOptions):
         links = links.links(num_ranks)
     if isinstance(links, Links):
@@ -184,16 +187,16 @@ class Pipeline:
 
     ``links`` delays every point-to-point message by an emulated link, on either backend: a
     ``pipert.cost.Links`` (the simulator's numbers), a ``pipert.linkflags.LinkOptions`` or a
-    ``pipert.runtime.links.LinkEmulator`` (rules: ``pipert.runtime.transport.DelayedTransport``).
+    ``pipert.comm.links.LinkEmulator`` (rules: ``pipert.comm.delayed.DelayedTransport``).
     ``link_path`` picks how (DelayedTransport's ``path``); ``link_clock`` is the clock rule of its
-    stream path under torch.distributed (``pipert.runtime.linkframes.link_clock_offsets``).
+    stream path under torch.distributed (``pipert.comm.linkframes.link_clock_offsets``).
     ``rules="nccl"`` makes messages and collectives follow NCCL's rules on gloo or the local hub
     (``pipert.comm.ncclsim``): communicators created by a blocking rendezvous (all of them before the
     first step, in one global order), a send complete only when its receive runs. ``check=False``
     runs a schedule the validator rejects (tests of what the transports then do).
-    ``staging`` moves messages through host buffers of ``pool`` (``pipert.runtime.staging``;
+    ``staging`` moves messages through host buffers of ``pool`` (``pipert.comm.staging``;
     None: when gloo carries GPU tensors). ``trace`` also records each compute's own time
-    (``StepResult.op_times``, read by ``pipert.runtime.fidelity``).
+    (``StepResult.op_times``, read by ``pipert.tools.fidelity``).
     """
 
     def __init__(self, units: Sequence[nn.Module], schedule: Schedule | str = "1f1b", *,
@@ -209,7 +212,7 @@ class Pipeline:
         if rules not in RULES:
             raise ValueError(f"rules {rules!r} unknown; allowed: {', '.join(RULES)}")
         if backend == "dist" and not dist.is_initialized():
-            raise RuntimeError("backend 'dist' needs torch.distributed initialised (torchrun or pipert.runtime.launch)")
+            raise RuntimeError("backend 'dist' needs torch.distributed initialised (torchrun or pipert.launch)")
         native_nccl = backend == "dist" and dist.get_backend() == "nccl"
         self.rules = "nccl" if rules == "nccl" or native_nccl else "gloo"
         """The communication rules the program runs under: "nccl" (NCCL, or ``rules="nccl"``: NCCL's
@@ -231,8 +234,8 @@ class Pipeline:
                                         chunks=chunks, **(schedule_options or {}))
             schedule = _built_once(name, opts) if backend == "dist" else build_schedule(name, **opts)
         if dp > 1:
-            from ..schedules.data_parallel import replicate
-            from ..schedules.zero_rules import resolve_zero
+            from .schedules.data_parallel import replicate
+            from .schedules.zero_rules import resolve_zero
             zeros, numel = resolve_zero(zero, [[(n, p.numel()) for n, p in m.named_parameters()] for m in units])
             schedule = replicate(schedule, dp, zeros, numel, zero3_buffers)
         elif (zero not in (0, None, "0") or zero3_buffers != 1) and schedule.placement.replicas is None:
@@ -274,13 +277,13 @@ class Pipeline:
             self.ranks = [dist.get_rank()]
             check_same_program(self.program)
         if staging is None:  # gloo cannot read GPU memory: stage GPU tensors in host buffers
-            from .staging import needs_staging
+            from .comm.staging import needs_staging
             staging = backend == "dist" and needs_staging(
                 dist.get_backend(), _device_of(units[u] for u in units_needed(schedule, self.ranks[0])))
         self.staging = staging
-        """Whether point-to-point messages go through host buffers of ``pool`` (pipert.runtime.staging)."""
+        """Whether point-to-point messages go through host buffers of ``pool`` (pipert.comm.staging)."""
         if pool is None and (staging or any(a.op in (Op.OFFLOAD, Op.PREFETCH) for _, _, a in self.program)):
-            from .pinned import PinnedPool
+            from .device.pinned import PinnedPool
             pool = PinnedPool()
         self.pool = pool
         """The pinned pool of OFFLOAD/PREFETCH and of staged messages (None when nothing needs one)."""
@@ -306,13 +309,13 @@ class Pipeline:
             made = None
             stages_ = schedule.meta.get("pp_stages")
             if schedule.placement.replicas is not None and stages_:
-                from .mesh import pipeline_mesh, replica_process_groups
+                from .comm.mesh import pipeline_mesh, replica_process_groups
                 local = self.modules[self.ranks[0]].values()
                 made = replica_process_groups(pipeline_mesh(stages_, schedule.num_ranks // stages_,
                                                             _device_of(local).type))
             base = DistTransport(groups, process_groups=made)
             if self.simulated_nccl:
-                from ..comm.ncclsim import NcclSim, StoreRendezvous
+                from .comm.ncclsim import NcclSim, StoreRendezvous
                 base = NcclSim(base, StoreRendezvous(), timeout)
                 self._closers.append(base.close)
             self._comms = base
@@ -331,14 +334,14 @@ class Pipeline:
         to every peer (every rank calls this at the same point)."""
         delayed = DelayedTransport(transport, self.links, path=self.link_path)
         if delayed.takes_stream_path(device):
-            from .linkframes import dist_clock_offsets
+            from .comm.linkframes import dist_clock_offsets
             delayed.clock_offsets.update(dist_clock_offsets(transport, delayed.ops(device), device, link_clock))
         return delayed
 
     def _staged(self, transport: Any) -> Any:
         if not self.staging:
             return transport
-        from .staging import StagedTransport
+        from .comm.staging import StagedTransport
         return StagedTransport(transport, self.pool)
 
     # ------------------------------------------------------------------ queries
@@ -407,7 +410,7 @@ class Pipeline:
 
     def _infer_boundaries(self, inputs: Sequence[torch.Tensor]) -> None:
         """Shapes of every unit's output per micro-batch, from micro-batch 0 run on the meta
-        device (``pipert.runtime.boundaries``): no unit is computed for real."""
+        device (``pipert.exec.boundaries``): no unit is computed for real."""
         if self._boundary:
             return
         specs = infer_boundaries(self._all_units, inputs[0], self._compute_device(inputs[0]))
@@ -421,7 +424,7 @@ class Pipeline:
                    for u, mod in self.modules[rank].items()}
         state = UnitState(rank, self.program, runners, self.optimizers[rank],
                           lambda ps: _owner_optimizer(ps, self._optimizer_factory), pool=self.pool)
-        from .queues import make_queues
+        from .device.queues import make_queues
         queues = make_queues(self.queues, _device_of(self.modules[rank].values()), name=f"rank{rank}")
         self._closers.append(queues.close)
         return RankExecutor(rank, self.program, runners, transport, self.optimizers[rank],
@@ -479,7 +482,7 @@ class Pipeline:
 
         rendezvous = None
         if self.simulated_nccl:
-            from ..comm.ncclsim import LocalRendezvous
+            from .comm.ncclsim import LocalRendezvous
             rendezvous = LocalRendezvous()
             hub.on_fail.append(rendezvous.fail)
 
@@ -488,7 +491,7 @@ class Pipeline:
             try:
                 base = hub.transport(rank)
                 if rendezvous is not None:  # the hub is new every step: so are its communicators
-                    from ..comm.ncclsim import NcclSim
+                    from .comm.ncclsim import NcclSim
                     base = executor.comms = NcclSim(base, rendezvous, self.timeout)
                     if self.warmup:
                         warm_up(base, self.program, rank)
@@ -546,7 +549,7 @@ def warmup_enabled() -> bool:
 def warm_up(comms: Any, program: Schedule, rank: int) -> None:
     """Create every communicator of ``program`` that ``rank`` belongs to, in the one global order
     of ``pipert.comm.nccl.warmup_order`` (no rank can wait on one another has yet to reach)."""
-    from ..comm.nccl import warmup_order
+    from .comm.nccl import warmup_order
     for c in warmup_order(program):
         if rank in c.ranks:
             comms.connect(c, "warm-up")

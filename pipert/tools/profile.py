@@ -16,8 +16,9 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .stash import StashLedger, tensor_key
-from .unit import UnitRunner
+from ..device.tensors import tensor_key
+from ..exec.stash import StashLedger
+from ..exec.unit import UnitRunner
 
 __all__ = ["UnitProfile", "profile_units", "value_bytes"]
 

@@ -30,9 +30,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..device.tensors import tensor_key
 from ..ir import Action, Payload, Schedule
 from .buffers import flatten_grads, flatten_params, load_grads, load_params
-from .stash import StashLedger, tensor_key
+from .stash import StashLedger
 
 __all__ = ["UnitState", "shard_size"]
 
@@ -166,7 +167,7 @@ class UnitState:
         for u, items in self.pending.items():
             if items:
                 _, _, i, a, _ = items[0]
-                from .executor import PipelineError
+                from ..errors import PipelineError
                 raise PipelineError(f"rank {rank}: action {i} ({a}) brought unit {u}'s {a.payload}, "
                                     f"which nothing used")
 
@@ -185,7 +186,7 @@ class UnitState:
             if self.split and z >= 3 and u in self.held:
                 self._bind_copy(u, zc, side)
             elif (u, zc) in self.freed:
-                from .executor import PipelineError
+                from ..errors import PipelineError
                 what = "weights" if zc is None else f"ZeRO-{zc} weights"
                 raise PipelineError(f"rank {self.rank}: unit {u}'s {what} were freed or offloaded at action "
                                     f"{self.freed[(u, zc)]} and not brought back (was the schedule validated?)")
@@ -227,7 +228,7 @@ class UnitState:
     def _bind_copy(self, u: int, zc: int | None, side: str) -> None:
         flat = self.copies.get((u, zc, side))
         if flat is None:
-            from .executor import PipelineError
+            from ..errors import PipelineError
             raise PipelineError(f"rank {self.rank}: unit {u}'s ZeRO-3 weights{'' if zc is None else f' (z{zc})'} "
                                 f"have no gathered {side} copy (was the schedule validated?)")
         if self.bound.get((u, zc)) != side or (u, zc) in self.freed:
@@ -343,7 +344,7 @@ class UnitState:
         try:
             return self.unstage(self.host.pop(key))
         except KeyError:
-            from .executor import PipelineError
+            from ..errors import PipelineError
             raise PipelineError(f"rank {self.rank}: PREFETCH of {key} which is not offloaded") from None
 
     # --- measurement -----------------------------------------------------------------------------

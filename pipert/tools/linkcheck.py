@@ -97,8 +97,8 @@ class DeviceCopyTransport:
 
 
 def _delayed(inner: Any, latency: float) -> Any:
-    from .links import LinkEmulator, LinkSpec
-    from .transport import DelayedTransport
+    from ..comm.links import LinkEmulator, LinkSpec
+    from ..comm.delayed import DelayedTransport
     return DelayedTransport(inner, LinkEmulator(2, LinkSpec(latency)), path="stream")
 
 
@@ -132,8 +132,8 @@ def _one_device(device: torch.device, delays: Sequence[float], repeats: int) -> 
 def _two_processes(rank: int, world: int, delays: Sequence[float], repeats: int, out: str) -> None:
     import torch.distributed as dist
 
-    from .linkframes import dist_clock_offsets
-    from .transport import DistTransport
+    from ..comm.linkframes import dist_clock_offsets
+    from ..comm.dist import DistTransport
     nccl = dist.get_backend() == "nccl"
     device = torch.device("cuda", rank) if nccl else torch.device("cpu")
     inner = DistTransport()
@@ -170,7 +170,7 @@ def _two_processes(rank: int, world: int, delays: Sequence[float], repeats: int,
 
 def measure_link_delays(delays: Sequence[float], repeats: int, out: str | Path) -> list[dict]:
     """Rows of :func:`summarise` per latency (module doc picks where); ``out`` a scratch JSON path."""
-    from .launch import launch
+    from ..launch import launch
     if torch.cuda.is_available() and torch.cuda.device_count() == 1:
         return _one_device(torch.device("cuda", 0), delays, repeats)
     backend = "nccl" if torch.cuda.is_available() else "gloo"

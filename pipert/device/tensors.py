@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["meta_tensors", "is_materialized", "device_of", "backend_device_types", "reduction_device"]
+__all__ = ["meta_tensors", "is_materialized", "device_of", "backend_device_types", "reduction_device", "tensor_key"]
 
 
 def meta_tensors(module: nn.Module) -> list[str]:
@@ -60,3 +60,13 @@ def reduction_device(backend: str, compute: torch.device) -> torch.device:
     raise RuntimeError(f"process-group backend {backend!r} reduces tensors on {', '.join(types)} only, but this "
                        f"rank computes on {compute}; put its units on a {types[0]} device or use a backend that "
                        f"supports {compute.type}")
+
+
+def tensor_key(t: torch.Tensor) -> tuple:
+    """Identity of the bytes a tensor views: (device, first byte, bytes). Two views of the same
+    bytes count once; distinct views of one storage count separately (a received fold's buffer
+    split per micro-batch is two values)."""
+    nbytes = t.numel() * t.element_size()
+    if t.numel() > 1 and not any(t.stride()):
+        nbytes = 0  # the one-element placeholder of a freed or offloaded tensor
+    return (t.device.type, t.device.index, t.data_ptr(), nbytes)

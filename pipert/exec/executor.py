@@ -14,7 +14,7 @@ executor is built), where receives are posted is where they stand. Six verbs rea
 
 Every host wait has a timeout and, when it expires, raises ``PipelineTimeout`` naming this
 rank, the action and the peer it waited for. A handle with stream semantics
-(``pipert.runtime.transport.stream_waits``: NCCL on a GPU) completes on the stream instead: the
+(``pipert.comm.base.stream_waits``: NCCL on a GPU) completes on the stream instead: the
 stream that reads its value waits, the host does not, and a hang is the process group's
 timeout to catch. A loss stays on its device; ``Pipeline.step`` reads the step's losses once.
 """
@@ -27,32 +27,21 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..comm.base import Handle, Transport, stream_waits
 from ..comm.nccl import first_uses
+from ..device.queues import HostQueues
+from ..device.tensors import tensor_key
+from ..errors import CommTimeout, PeerFailure, PipelineError, PipelineTimeout
 from ..ir import Action, Op, Payload, Schedule
 from ..ir.semantics import BWD_COPY_READERS, Queue, Value, op_queue, reads, recomputed, writes
 from .buffers import BoundarySpec
-from .queues import HostQueues
-from .stash import tensor_key
+from .collectives import run_collective, run_memory_op
 from .state import UnitState
-from .transport import CommTimeout, Handle, PeerFailure, Transport, stream_waits
 
-__all__ = ["PipelineError", "PipelineTimeout", "RankExecutor", "StepResult", "Fault", "SUPPORTED_OPS", "digest"]
+__all__ = ["RankExecutor", "StepResult", "Fault", "SUPPORTED_OPS", "digest"]
 
 SUPPORTED_OPS = frozenset(Op)
 """Every op of the IR runs on every transport (gloo's missing collectives are emulated)."""
-
-
-class PipelineError(RuntimeError):
-    """A pipeline step failed on some rank; the message names rank, action and peer."""
-
-    def __init__(self, message: str, rank: int | None = None, peer: int | None = None) -> None:
-        super().__init__(message)
-        self.rank = rank
-        self.peer = peer
-
-
-class PipelineTimeout(PipelineError):
-    """A communication wait exceeded the pipeline's timeout."""
 
 
 @dataclass
@@ -89,7 +78,7 @@ class StepResult:
     memory: list[int] = field(default_factory=list)  # bytes held after each action, if measured
     stashes: list[list[tuple[int, int]]] = field(default_factory=list)
     """If measured: after each action, the (unit, micro-batch) stashes holding saved tensors
-    (seen by the saved-tensor hooks of ``pipert.runtime.stash``)."""
+    (seen by the saved-tensor hooks of ``pipert.exec.stash``)."""
     order: list[tuple] = field(default_factory=list)
     """If recorded: (action index, op, unit, micro-batch, digest of the value read, digest of the value
     written) per micro-batch of every compute, in the order they ran."""
@@ -481,12 +470,10 @@ class RankExecutor:
                 return
 
     def _collective(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
-        from .collectives import run_collective
         run_collective(self, i, a)
 
     # ------------------------------------------------------------------ memory ops
     def _memory(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
-        from .collectives import run_memory_op
         run_memory_op(self, i, a)
 
     # ------------------------------------------------------------------ measurement

@@ -1,4 +1,4 @@
-"""One rank's process, as ``pipert.runtime.launch.launch`` starts it through torch's agent.
+"""One rank's process, as ``pipert.launch.launch`` starts it through torch's agent.
 
 The agent sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT and TORCHELASTIC_ERROR_FILE.
 Invariants: a rank never outlives its launcher (a SIGKILLed launcher cannot clean up, so the
@@ -57,7 +57,7 @@ def run_rank(fn: Callable[..., Any], args: tuple, backend: str, timeout: float, 
 
 def _run(fn: Callable[..., Any], args: tuple, backend: str, timeout: float) -> None:
     import torch.distributed as dist
-    from .launch import init_from_env
+    from . import init_from_env
     rank = init_from_env(backend, timeout)
     fn(rank, dist.get_world_size(), *args)
     dist.destroy_process_group()

@@ -149,7 +149,7 @@ def message_overhead(messages: Iterable[tuple], links: Any = None) -> float:
         spec = links.spec(src, dst) if links is not None else LinkSpec()
         free_at = -math.inf
         for k, nbytes, posted in sorted(msgs):
-            free_at = max(posted, free_at) + spec.occupancy(nbytes)  # FIFO, as pipert.runtime.links
+            free_at = max(posted, free_at) + spec.occupancy(nbytes)  # FIFO, as pipert.comm.links
             arrive = free_at + spec.latency
             got = recvs.get((src, dst, k))
             if got is not None and got[0] <= arrive:

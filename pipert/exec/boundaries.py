@@ -18,8 +18,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from ..device.tensors import device_of, is_materialized
 from .buffers import BoundarySpec
-from .devices import device_of, is_materialized
 
 __all__ = ["infer_boundaries"]
 

@@ -29,7 +29,7 @@ forward checks that output ``j`` is input ``i`` and that no graph of the unit ho
 
 Loss scaling: the last unit's backward seeds its loss with ``loss_scale`` (default: the
 constructor's, 1.0). The executor passes ``1/M`` so that the accumulated gradients are
-those of the mean over M micro-batches, matching ``pipert.runtime.reference``. Other units
+those of the mean over M micro-batches, matching ``pipert.tools.reference``. Other units
 ignore ``loss_scale``. An explicit ``grad`` for the last unit replaces the seed.
 
 D/W split (``split="intermediates"``, the default when available): the method of

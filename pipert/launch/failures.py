@@ -8,7 +8,7 @@ from dataclasses import dataclass
 __all__ = ["RankEnd", "LaunchError", "LaunchInterrupted", "root_cause_order", "headline"]
 
 _BLAMED = re.compile(r"\b(?:from|to|peer) rank (\d+)\b")
-"""The peer a runtime error names as the one it waited for or lost (pipert.runtime.executor's wording)."""
+"""The peer a runtime error names as the one it waited for or lost (pipert.exec.executor's wording)."""
 _LIBRARY_TEXT = re.compile(r"\s*\(\[[^\]\n]*\.(?:c|cc|cpp|cu|h|hpp):\d+\][^\n]*")
 """A C++ library's own message in parentheses, e.g. gloo's "([.../pair.cc:553] Connection closed by peer ...)"."""
 _SOURCE_PLACE = re.compile(r"\[[^\]\s]*\.(?:c|cc|cpp|cu|h|hpp):\d+\]\s*")

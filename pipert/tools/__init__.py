@@ -1,0 +1,1 @@
+"""Measurement beside the runtime: reference step, profiles, fidelity, link checks (docs/architecture.md)."""
