@@ -54,7 +54,7 @@ TRAIN = [("--schedule 1f1b -P 4", "float64", 1e-10), ("--schedule gpipe -P 4", "
          ("--schedule interleaved-1f1b -P 2 --chunks 2", "float64", 1e-10), ("--schedule zb-h1 -P 4", "float64", 1e-10),
          ("--schedule zb-v -P 2", "float64", 1e-10), ("--schedule weipipe-zb2 -P 4", "float64", 1e-10),
          ("--schedule tawpipe -P 4 --ranks-per-node 2", "float64", 1e-10),
-         ("--schedule crosspipe-greedy -P 4 --dcs 2 --dc-latency 0.002", "float64", 1e-10),
+         ("--schedule crosspipe-greedy -P 4 --dcs 2 --dc-latency 2ms", "float64", 1e-10),
          ("--schedule helixpipe-2fold -P 4 --recompute no_attention", "float64", 1e-10),
          ("--schedule pipemesh -P 2 --dp 2 --zero 3", "float64", 1e-10),
          ("--schedule 1f1b -P 4 --passes offload_stashes", "float64", 1e-10),

@@ -10,6 +10,8 @@ rank that wrote it (``unit{u}.{name}`` as ``Pipeline.named_parameters`` names pa
 - ``rng.process{k}``: the CPU (and CUDA) random state of process k;
 - ``meta``: a JSON object the caller gives (``pipert train``: step, data seed, batch, model).
 
+Folders (``DIR/step-N``, completeness, the run that owns DIR) are :mod:`pipert.ckptfolder`'s.
+
 Each process writes the units it holds (data-parallel replicas offer the same entries and DCP
 writes one copy of each) and reads the units it holds, so a checkpoint written with one schedule is read by
 any other schedule over the same units. A ZeRO-sharded unit (stage >= 1) is written whole: its
@@ -32,38 +34,13 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-__all__ = ["save", "load", "load_units", "resolve", "read_meta", "check_model", "CheckpointError", "step_dir"]
+from .ckptfolder import CheckpointError, check_files, resolve, step_dir
 
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that is missing, incomplete or does not fit the model."""
+__all__ = ["save", "load", "load_units", "resolve", "read_meta", "read_hyper", "check_model", "CheckpointError",
+           "step_dir"]
 
 
 _META = "meta"
-
-
-def step_dir(root: str | os.PathLike, step: int) -> Path:
-    """The folder of the checkpoint taken after ``step`` steps under ``root``."""
-    return Path(root) / f"step-{step:08d}"
-
-
-def _complete(path: Path) -> bool:
-    return (path / ".metadata").is_file()
-
-
-def resolve(path: str | os.PathLike) -> Path:
-    """The checkpoint ``path`` names: the folder itself when it holds one, else its newest
-    complete ``step-N`` sub-folder."""
-    p = Path(path)
-    if not p.is_dir():
-        raise CheckpointError(f"checkpoint folder {str(path)!r} does not exist or is not a folder")
-    if _complete(p):
-        return p
-    steps = sorted(d for d in p.glob("step-*") if d.is_dir() and _complete(d))
-    if not steps:
-        raise CheckpointError(f"{str(path)!r} holds no checkpoint: neither a .metadata file (a DCP checkpoint) "
-                              f"nor step-N sub-folders with one")
-    return steps[-1]
 
 
 @contextlib.contextmanager
@@ -87,6 +64,19 @@ def read_meta(path: str | os.PathLike) -> dict:
     with _quiet():
         dcp.load(box, checkpoint_id=str(p), no_dist=True)
     return json.loads(box[_META])
+
+
+def read_hyper(path: str | os.PathLike) -> dict:
+    """The optimizer hyper-parameters (``lr``, ...) of the checkpoint's first parameter group
+    entry, read in this process alone ({} without optimizer state)."""
+    p = resolve(path)
+    key = next((k for k in sorted(_metadata(p)) if k.startswith("optim.") and k.endswith(".hyper")), None)
+    if key is None:
+        return {}
+    box: dict = {key: ""}
+    with _quiet():
+        dcp.load(box, checkpoint_id=str(p), no_dist=True)
+    return json.loads(box[key])
 
 
 def check_model(path: str | os.PathLike, units: Iterable[nn.Module]) -> None:
@@ -229,9 +219,33 @@ def save(pipe, path: str | os.PathLike, meta: dict | None = None) -> Path:
     no_dist = not (pipe.backend == "dist" and dist.is_initialized())
     sd.update({k: get() for k, (get, _) in _rng(_process(no_dist)).items()})
     sd[_META] = json.dumps(meta or {})
-    with _quiet():
+    with _quiet(), _named_failure("writing", Path(path), sd):
         dcp.save(sd, checkpoint_id=str(path), no_dist=no_dist)
     return Path(path)
+
+
+@contextlib.contextmanager
+def _named_failure(doing: str, path: Path, sd: dict):
+    """DCP's failures (a CheckpointException is a BaseException, which error files miss) as a
+    CheckpointError naming the folder, the files of the entries in ``sd`` and the cause; a
+    truncated or missing file is named by :func:`pipert.ckptfolder.check_files`."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    try:
+        yield
+    except CheckpointException as e:
+        if doing == "reading":
+            check_files(path)
+        causes = [f"{type(exc).__name__}: {exc}".rstrip(": ") for exc, _ in e.failures.values()]
+        files = ""
+        if (path / ".metadata").is_file():
+            names = sorted({s.relative_path for i, s in _storage(path).items() if i.fqn in sd})
+            files = f" (files {', '.join(names[:4])}{' ...' if len(names) > 4 else ''})"
+        raise CheckpointError(f"{doing} checkpoint {str(path)!r}{files} failed: "
+                              f"{'; '.join(causes) or type(e).__name__}") from None
+
+
+def _storage(path: Path) -> dict:
+    return dcp.FileSystemReader(str(path)).read_metadata().storage_data
 
 
 def _placeholders(md: dict, prefix: str) -> dict[str, Any]:
@@ -244,9 +258,11 @@ def _placeholders(md: dict, prefix: str) -> dict[str, Any]:
 
 
 def _load_state(modules: dict[int, nn.Module], optimizers: list[tuple[Any, dict]], path: Path,
-                no_dist: bool, extra: dict[str, Any] | None = None) -> tuple[dict, dict[str, Any]]:
-    """Load the entries of ``modules`` (in place), ``optimizers``, the random state and ``extra``
-    (placeholders, filled in the returned state dict); returns (meta, state dict)."""
+                no_dist: bool, extra: dict[str, Any] | None = None,
+                hyper: dict | None = None) -> tuple[dict, dict[str, Any]]:
+    """Load the entries of ``modules`` (in place), ``optimizers`` (their hyper-parameters the
+    checkpoint's, then ``hyper``'s), the random state and ``extra`` (placeholders, filled in
+    the returned state dict); returns (meta, state dict)."""
     md = _metadata(path)
     sd: dict[str, Any] = {f"model.unit{u}.{k}": v for u, m in modules.items() for k, v in m.state_dict().items()}
     sd.update(extra or {})
@@ -266,16 +282,16 @@ def _load_state(modules: dict[int, nn.Module], optimizers: list[tuple[Any, dict]
         if src in md:
             rng[src], sd[src] = put, get()
     sd[_META] = ""
-    with _quiet():
+    with _quiet(), _named_failure("reading", path, sd):
         dcp.load(sd, checkpoint_id=str(path), no_dist=no_dist)
     for src, put in rng.items():
         put(sd[src])
     for opt, names in optimizers:
-        _apply_optim(opt, names, sd)
+        _apply_optim(opt, names, sd, hyper or {})
     return json.loads(sd[_META]), sd
 
 
-def _apply_optim(opt, names: dict[int, str], sd: dict[str, Any]) -> None:
+def _apply_optim(opt, names: dict[int, str], sd: dict[str, Any], override: dict) -> None:
     inner, stepped, params = _inner(opt)
     state: dict[int, dict] = {}
     for idx, p in enumerate(params):
@@ -289,7 +305,7 @@ def _apply_optim(opt, names: dict[int, str], sd: dict[str, Any]) -> None:
         ids = list(range(idx, idx + len(g["params"])))
         idx += len(g["params"])
         hyper = json.loads(sd[f"optim.{names[id(params[ids[0]])]}.hyper"]) if ids else {}
-        groups.append({**{k: v for k, v in g.items() if k != "params"}, **hyper, "params": ids})
+        groups.append({**{k: v for k, v in g.items() if k != "params"}, **hyper, **override, "params": ids})
     inner.load_state_dict({"state": state, "param_groups": groups})
     if stepped is not params:
         with torch.no_grad():
@@ -297,57 +313,33 @@ def _apply_optim(opt, names: dict[int, str], sd: dict[str, Any]) -> None:
                 p.data = m.detach().to(p.dtype)
 
 
-def load(pipe, path: str | os.PathLike) -> dict:
+def load(pipe, path: str | os.PathLike, hyper: dict | None = None) -> dict:
     """Read the units this process of ``pipe`` holds, their optimizer state and this process's
     random state from the checkpoint at ``path`` (a DCP folder, or a folder of ``step-N`` ones:
-    the newest); every process of a torch.distributed job calls this. Returns its ``meta``."""
+    the newest); every process of a torch.distributed job calls this. The optimizers take the
+    checkpoint's hyper-parameters, then ``hyper``'s (e.g. ``{"lr": 1e-4}``). Returns its ``meta``."""
     p = resolve(path)
+    check_files(p)
     modules, optimizers, sharded, copies = _holdings(pipe)
     _check_held(p, {**modules, **{u: pipe.modules[r][u] for r, u in sharded}}, [])
     no_dist = not (pipe.backend == "dist" and dist.is_initialized())
-    meta, sd = _load_state(modules, optimizers, p, no_dist, _zero_placeholders(pipe, sharded, _metadata(p)))
-    _apply_zero(pipe, sharded, sd)
+    meta, sd = _load_state(modules, optimizers, p, no_dist, _zero_placeholders(pipe, sharded, _metadata(p)), hyper)
+    _apply_zero(pipe, sharded, sd, hyper or {})
     _copy_replicas(pipe, copies)
     return meta
 
 
-def load_units(units: list[nn.Module], optimizer: torch.optim.Optimizer | None, path: str | os.PathLike) -> dict:
+def load_units(units: list[nn.Module], optimizer: torch.optim.Optimizer | None, path: str | os.PathLike,
+               hyper: dict | None = None) -> dict:
     """Read a pipeline checkpoint into the whole model in this process alone: ``units`` (the
-    model partitioned as when it was saved) and ``optimizer`` over their parameters (or None).
-    Returns its ``meta``."""
+    model partitioned as when it was saved) and ``optimizer`` over their parameters (or None;
+    hyper-parameters as :func:`load`). Returns its ``meta``."""
     p = resolve(path)
+    check_files(p)
     modules = dict(enumerate(units))
     optimizers = [(optimizer, _param_names(modules))] if optimizer is not None else []
     _check_held(p, modules, [])
-    return _load_state(modules, optimizers, p, no_dist=True)[0]
-
-
-# --- pipert train ----------------------------------------------------------------------------
-_SAME = ("model", "dtype", "seq", "batch_size", "seed")
-"""Settings a resumed ``pipert train`` run must share with the checkpoint: the model and the
-data stream (batch ``k`` is a pure function of seed, k, batch size and sequence length)."""
-
-
-def train_meta(cfg, step: int) -> dict:
-    """The ``meta`` of a ``pipert train`` checkpoint taken after ``step`` steps."""
-    return {"step": step, **{k: getattr(cfg, k) for k in _SAME},
-            "schedule": cfg.schedule, "stages": cfg.stages, "microbatches": cfg.microbatches}
-
-
-def check_resume(cfg, units: Iterable[nn.Module]) -> Path:
-    """The checkpoint ``cfg.resume`` names, after checking it fits the run: the same model
-    (``units``, on the meta device, give its shapes), data settings, and a step below ``cfg.steps``."""
-    p = resolve(cfg.resume)
-    meta = read_meta(p)
-    for k in _SAME:
-        if meta.get(k) != getattr(cfg, k):
-            raise CheckpointError(f"--{k.replace('_', '-')} {getattr(cfg, k)} differs from the checkpoint's "
-                                  f"{meta.get(k)!r} ({str(p)!r}); a resumed run keeps the model and the data stream")
-    if meta["step"] >= cfg.steps:
-        raise CheckpointError(f"--steps {cfg.steps}: the checkpoint {str(p)!r} is already at step {meta['step']}; "
-                              f"give --steps > {meta['step']} (the total, counting the steps already run)")
-    check_model(p, units)
-    return p
+    return _load_state(modules, optimizers, p, no_dist=True, hyper=hyper)[0]
 
 
 # --- ZeRO-sharded units ----------------------------------------------------------------------
@@ -432,16 +424,16 @@ def _zero_placeholders(pipe, sharded: list[tuple[int, int]], md: dict) -> dict[s
     return out
 
 
-def _apply_zero(pipe, sharded: list[tuple[int, int]], sd: dict[str, Any]) -> None:
-    """Each holder's shard of the whole entries: weights, optimizer state; ZeRO-1/2 holders also
-    keep the whole weights in the module."""
+def _apply_zero(pipe, sharded: list[tuple[int, int]], sd: dict[str, Any], override: dict) -> None:
+    """Each holder's shard of the whole entries: weights, optimizer state (hyper-parameters the
+    checkpoint's, then ``override``'s); ZeRO-1/2 holders also keep the whole weights in the module."""
     for r, u in sharded:
         st, module = pipe._executors[r].state, pipe.modules[r][u]
         for zc, z in st.parts[u]:
-            _apply_part(st, module, u, zc, z, sd)
+            _apply_part(st, module, u, zc, z, sd, override)
 
 
-def _apply_part(st, module: nn.Module, u: int, zc: int | None, z: int, sd: dict[str, Any]) -> None:
+def _apply_part(st, module: nn.Module, u: int, zc: int | None, z: int, sd: dict[str, Any], override: dict) -> None:
     names = _names(st, module, u, zc)
     if not names:
         return
@@ -477,5 +469,5 @@ def _apply_part(st, module: nn.Module, u: int, zc: int | None, z: int, sd: dict[
         # every holder gets its own tensors: optimizers update their state in place
         state[key] = shard(f"optim.unit{u}.{{name}}.{key}").clone() if whole else copy.deepcopy(first)
     hyper = json.loads(sd[prefix + "hyper"])
-    group = {**{a: b for a, b in opt.param_groups[0].items() if a != "params"}, **hyper, "params": [0]}
+    group = {**{a: b for a, b in opt.param_groups[0].items() if a != "params"}, **hyper, **override, "params": [0]}
     opt.load_state_dict({"state": {0: state} if state else {}, "param_groups": [group]})

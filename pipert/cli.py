@@ -22,6 +22,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .scenario import load_or_build
     from .sim import simulate
     from .sim.engine import paused_gc
+    if args.grid and args.json:
+        raise ValueError("--grid prints a text grid, but --json prints one JSON object only: give one of them")
     with paused_gc():  # building allocates one object per action and frees none of them cyclically
         sc, sched = load_or_build(args, args.schedule)
     if args.passes:
@@ -100,12 +102,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .ir.files import dump_schedule
     from .scenario import load_or_build
+    if args.receives is not None and not args.comms:
+        raise ValueError(f"--receives {args.receives} applies with --comms only: a compute-only order holds no "
+                         f"receives")
     _, sched = load_or_build(args, args.schedule)
     if args.passes:
         from .ir.passes import apply_passes
         sched = apply_passes(sched, [n for n in args.passes.split(",") if n])
-    if args.receives is not None and not args.comms:
-        raise ValueError("--receives applies with --comms only: a compute-only order holds no receives")
     text = dump_schedule(sched, args.format, comms=args.comms, receives=args.receives or "program")
     if args.output:
         with open(args.output, "w", newline="") as f:
@@ -159,7 +162,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def _add_simulate(sub: Any) -> None:
-    from .scenario import add_scenario_args
+    from .scenario_flags import add_scenario_args
     s = sub.add_parser("simulate", help="simulate one schedule on one scenario")
     s.add_argument("schedule", help="registered schedule name, or a schedule file: pipert's .json, torch.pipelining's "
                    ".csv (_dump_csv) or its orders as .json; the file's shape (ranks, units, micro-batches) is kept")
@@ -180,7 +183,7 @@ def _add_simulate(sub: Any) -> None:
 
 
 def _add_compare(sub: Any) -> None:
-    from .scenario import add_scenario_args
+    from .scenario_flags import add_scenario_args
     c = sub.add_parser("compare", help="simulate every applicable schedule on one scenario, ranked")
     c.add_argument("file", nargs="?", default=None, help="a schedule file (as for simulate), ranked against the "
                    "registered schedules on its shape")
@@ -192,7 +195,7 @@ def _add_compare(sub: Any) -> None:
 
 
 def _add_export(sub: Any) -> None:
-    from .scenario import add_scenario_args
+    from .scenario_flags import add_scenario_args
     from .ir.files import EXPORT_FORMATS, RECEIVES
     e = sub.add_parser("export", help="write a schedule as pipert JSON, a text grid, or torch.pipelining's CSV/JSON")
     e.add_argument("schedule", help="registered schedule name, or a schedule file (converted)")
@@ -211,9 +214,11 @@ def _add_export(sub: Any) -> None:
 
 
 def _add_train(sub: Any) -> None:
+    from .linkflags import duration_arg
     from .train import TrainConfig
     t = sub.add_parser("train", help="train the built-in model with a pipeline schedule")
     defaults = TrainConfig()
+    types = {"lr": float, "timeout": duration_arg("s")}  # the others: their default's type, else int
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
@@ -221,7 +226,7 @@ def _add_train(sub: Any) -> None:
         if isinstance(default, bool):
             t.add_argument(flag, action="store_true", help=doc)
         else:
-            kind = type(default) if default is not None else int
+            kind = types.get(f.name) or (type(default) if default is not None else int)
             names = (flag, _SHORT_FLAGS[f.name]) if f.name in _SHORT_FLAGS else (flag,)
             t.add_argument(*names, type=kind, default=None if f.name in _FILE_SHAPED else default,
                            help=doc + (" or a schedule file's" if f.name in _FILE_SHAPED else ""))
@@ -257,20 +262,23 @@ _TRAIN_HELP = {
     "mlp_recompute": "chunked MLP: save only its input, recompute pre-activations in backward",
     "recompute": "recompute inside units: none, no_attention (keep attention output + softmax stats), full",
     "dtype": "float32, float64 or bfloat16",
-    "lr": "AdamW learning rate", "backend": "auto, gloo, nccl, nccl-sim (gloo processes that follow NCCL's rules) or local", "seed": "initialisation and data seed",
+    "lr": "AdamW learning rate (default 3e-3; on --resume the checkpoint's, which a given --lr replaces)",
+    "backend": "auto, gloo, nccl, nccl-sim (gloo processes that follow NCCL's rules) or local", "seed": "initialisation and data seed",
     "check": "also run the single-process reference step; report relative errors",
     "json": "one JSON object per step instead of a progress bar",
-    "timeout": "seconds any communication may wait before the run fails",
+    "timeout": "time any communication may wait before the run fails: 90s, 2min, or a bare number of seconds",
     "dcs": "datacenters: ranks split into equal consecutive blocks, messages between them delayed",
-    "dc_latency": "latency between datacenters, with a unit (20ms, 150us)",
-    "dc_bandwidth": "bandwidth between datacenters (10Gbps, 400MB/s; default unlimited)",
-    "node_latency": "latency between nodes of a datacenter (with --ranks-per-node)",
-    "node_bandwidth": "bandwidth between nodes of a datacenter (with --ranks-per-node)",
+    "dc_latency": "latency between datacenters (with --dcs), with a unit: 20ms, 150us (a bare number is refused)",
+    "dc_bandwidth": "bandwidth between datacenters (with --dcs), with a unit: 10Gbps, 400MB/s (default unlimited)",
+    "node_latency": "latency between nodes of a datacenter (with --ranks-per-node), with a unit: 10us",
+    "node_bandwidth": "bandwidth between nodes of a datacenter (with --ranks-per-node), with a unit: 200Gbps",
     "profile": "measure each unit's compute times on the running job; print the simulator's step time beside "
                "the measured one",
-    "save": "folder of checkpoints (DCP, one step-N folder each); one is written after the last step",
+    "save": "folder of checkpoints (DCP, one step-N folder each); one is written after the last step; the folder "
+            "belongs to one run (DIR/run.json): another run's folder is refused",
     "save_every": "also write a checkpoint every N steps (with --save)",
-    "resume": "resume from a checkpoint folder (or a --save folder: its newest); --steps is the total",
+    "resume": "resume from a checkpoint folder (or a --save folder: its newest, which must be complete); --steps is "
+              "the total; --model, --dtype, --seq, --batch-size, --seed must be the checkpoint's",
 }
 
 

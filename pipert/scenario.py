@@ -1,11 +1,11 @@
 """A scenario: schedule config + cost model + topology + links, built from CLI-style flags.
 
-Shared by ``simulate``, ``compare``, ``emulate`` and ``plan`` so they read flags the same way.
+Shared by ``simulate``, ``compare``, ``export``, ``emulate`` and ``plan`` so they read flags the same
+way (declared and checked in :mod:`pipert.scenario_flags`).
 """
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -13,9 +13,9 @@ from .cost.topology import Links, Topology
 from .cost.uniform import UniformCost
 from .ir import Schedule
 from .schedules import build_schedule, family
+from .scenario_flags import DEFAULT_MICROBATCHES, DEFAULT_STAGES, check_scenario_flags, check_size, dc_link
 
-__all__ = ["Scenario", "add_scenario_args", "scenario_from_args", "file_shape", "shape_flags", "load_or_build",
-           "DEFAULT_STAGES", "DEFAULT_MICROBATCHES", "check_scenario_flags", "LAYER_PER_CHUNK"]
+__all__ = ["Scenario", "scenario_from_args", "file_shape", "shape_flags", "load_or_build", "LAYER_PER_CHUNK"]
 
 LAYER_PER_CHUNK = ("helixpipe", "helixpipe-2fold")
 """Families whose ``chunks`` is the number of layers per stage (their units are pieces of layers)."""
@@ -75,6 +75,10 @@ class Scenario:
                 raise ValueError(f"{name} puts layers/P layers on each stage: the model's {self.layers} layers "
                                  f"do not split over P={self.stages} stages; allowed P: divisors of {self.layers}")
             chunks = self.layers // self.stages
+        v = chunks or fam.default_chunks
+        units = self.stages * v * (2 if name in LAYER_PER_CHUNK else 1)  # HelixPipe: 2 pieces per layer, + 1
+        check_size(self.stages, units, self.microbatches, [name],
+                   f"{name} --stages {self.stages} --microbatches {self.microbatches} --chunks {v}")
         return build_schedule(name, stages=self.stages, microbatches=self.microbatches, chunks=chunks,
                               **self.options_for(name, chunks or fam.default_chunks))
 
@@ -85,38 +89,6 @@ class Scenario:
                     memory_limit=self.memory_limit)
         accepted = family(name).options()
         return opts if accepted is None else {k: v for k, v in opts.items() if k in accepted}
-
-
-DEFAULT_STAGES = 4
-DEFAULT_MICROBATCHES = 8
-
-
-def add_scenario_args(p: argparse.ArgumentParser) -> None:
-    """The scenario flags. The shape flags default to None: a schedule file's own shape, else
-    DEFAULT_STAGES and DEFAULT_MICROBATCHES (see :func:`scenario_from_args`)."""
-    g = p.add_argument_group("pipeline")
-    g.add_argument("--stages", "-P", type=int, default=None,
-                   help=f"pipeline stages (ranks); default {DEFAULT_STAGES}, or a schedule file's")
-    g.add_argument("--microbatches", "-M", type=int, default=None,
-                   help=f"micro-batches per step; default {DEFAULT_MICROBATCHES}, or a schedule file's")
-    g.add_argument("--chunks", "-V", type=int, default=None,
-                   help="units per rank for interleaved schedules (a schedule file's: its units / ranks)")
-    u = p.add_argument_group("uniform costs (time of one unit for one micro-batch)")
-    u.add_argument("--tf", type=float, default=None, help="forward time (default 1.0)")
-    u.add_argument("--tb", type=float, default=None, help="full backward time (default 2.0)")
-    u.add_argument("--td", type=float, default=None, help="input-gradient time (default tb/2)")
-    u.add_argument("--tw", type=float, default=None, help="weight-gradient time (default tb/2)")
-    m = p.add_argument_group("analytic transformer costs (instead of uniform)")
-    m.add_argument("--model", default=None, help="model preset: tiny, 1b, 7b, 13b, 70b")
-    m.add_argument("--seq", type=int, default=None, help="sequence length")
-    m.add_argument("--micro-batch-size", type=int, default=None, help="sequences per micro-batch")
-    m.add_argument("--device", default="h100", help="device preset for the analytic model")
-    t = p.add_argument_group("topology and links")
-    t.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: all on one node)")
-    t.add_argument("--dcs", type=int, default=1, help="datacenters; stages split into equal consecutive blocks")
-    t.add_argument("--dc-latency", type=float, default=0.0, help="latency of a cross-DC message (time unit of --tf)")
-    t.add_argument("--dc-transfer", type=float, default=0.0, help="link occupancy of a cross-DC message")
-    p.add_argument("--memory-limit", type=float, default=None, help="per-rank memory limit (cost-model units)")
 
 
 def file_shape(schedule: Schedule, given: dict[str, int | None], path: str | None = None
@@ -140,85 +112,41 @@ def shape_flags(args: argparse.Namespace) -> dict[str, int | None]:
     return {"--stages": args.stages, "--microbatches": args.microbatches, "--chunks": args.chunks}
 
 
-_AT_LEAST_ONE = ("stages", "microbatches", "chunks", "ranks_per_node", "dcs", "seq", "micro_batch_size")
-_POSITIVE = ("tf", "tb", "td", "tw", "memory_limit")
-_NON_NEGATIVE = ("dc_latency", "dc_transfer")
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def check_scenario_flags(args: argparse.Namespace) -> None:
-    """Every scenario flag in constant time, before any schedule is built: ValueError naming the
-    flag, its value and what is allowed."""
-    for name in _AT_LEAST_ONE:
-        v = getattr(args, name)
-        if v is not None and v < 1:
-            raise ValueError(f"{_flag(name)} must be >= 1, got {v}")
-    for name in _POSITIVE:
-        v = getattr(args, name)
-        if v is not None and not 0 < v < math.inf:
-            raise ValueError(f"{_flag(name)} must be a finite number > 0, got {v}")
-    for name in _NON_NEGATIVE:
-        v = getattr(args, name)
-        if not 0 <= v < math.inf:
-            raise ValueError(f"{_flag(name)} must be a finite number >= 0, got {v}")
-    if args.model is not None:
-        from .cost.devices import DEVICE_PRESETS
-        from .cost.transformer import MODEL_PRESETS
-        if args.model not in MODEL_PRESETS:
-            raise ValueError(f"--model {args.model!r} unknown; allowed: {', '.join(MODEL_PRESETS)}")
-        if args.device not in DEVICE_PRESETS:
-            raise ValueError(f"--device {args.device!r} unknown; allowed: {', '.join(DEVICE_PRESETS)}")
-
-
 def _check_topology_flags(args: argparse.Namespace, stages: int) -> None:
     """--dcs and --ranks-per-node against the stage count (the flag's or a schedule file's)."""
-    if stages % args.dcs:
-        raise ValueError(f"--dcs {args.dcs} does not divide the {stages} stages into equal blocks; allowed: a "
+    dcs = args.dcs or 1
+    if stages % dcs:
+        raise ValueError(f"--dcs {dcs} does not divide the {stages} stages into equal blocks; allowed: a "
                          f"divisor of {stages}")
     rpn = args.ranks_per_node
-    if rpn is not None and (stages // args.dcs) % rpn:
-        raise ValueError(f"--ranks-per-node {rpn} does not divide the {stages // args.dcs} ranks of each "
-                         f"datacenter; allowed: a divisor of {stages // args.dcs}")
+    if rpn is not None and (stages // dcs) % rpn:
+        raise ValueError(f"--ranks-per-node {rpn} does not divide the {stages // dcs} ranks of each "
+                         f"datacenter; allowed: a divisor of {stages // dcs}")
 
 
 def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = None,
                        path: str | None = None) -> Scenario:
     """The scenario of the flags; with ``schedule`` (a loaded file, read from ``path``) its rank
-    count, micro-batches and chunks, flags that contradict them rejected (:func:`file_shape`)."""
+    count, micro-batches and chunks, flags that contradict them rejected (:func:`file_shape`).
+    Every flag is checked before anything is built, the shape against the size limits
+    (:func:`pipert.scenario_flags.check_size`; one unit per stage at least)."""
     check_scenario_flags(args)
     if schedule is not None:
         stages, microbatches, chunks = file_shape(schedule, shape_flags(args), path)
+        check_size(stages, schedule.num_units, microbatches, what=f"schedule file {path or schedule.name!r}")
     else:
         stages = args.stages if args.stages is not None else DEFAULT_STAGES
         microbatches = args.microbatches if args.microbatches is not None else DEFAULT_MICROBATCHES
         chunks = args.chunks
+        check_size(stages, stages * (chunks or 1), microbatches,
+                   what=f"--stages {stages}{f' x --chunks {chunks}' if chunks else ''} --microbatches {microbatches}")
     _check_topology_flags(args, stages)
-    topo = Topology(stages, ranks_per_node=args.ranks_per_node, num_dcs=args.dcs)
+    topo = Topology(stages, ranks_per_node=args.ranks_per_node, num_dcs=args.dcs or 1)
     options: dict = {}
     if args.ranks_per_node:
         options["ranks_per_node"] = args.ranks_per_node
     if args.model:
-        from .cost.devices import DeviceSpec
-        from .cost.transformer import ModelSpec, TransformerCost, partition_helix, partition_layers
-        for flag, v in (("--seq", args.seq), ("--micro-batch-size", args.micro_batch_size)):
-            if v is not None and v < 1:
-                raise ValueError(f"{flag} must be >= 1, got {v}")
-        overrides = {k: v for k, v in (("seq", args.seq), ("micro_batch", args.micro_batch_size)) if v is not None}
-        spec = ModelSpec.preset(args.model, **overrides)
-        device = DeviceSpec.preset(args.device)
-
-        def cost(num_units: int) -> TransformerCost:
-            if num_units == 2 * spec.layers + 1:
-                return TransformerCost(spec, device, partition_helix(spec))
-            if num_units > spec.layers:
-                raise ValueError(f"{num_units} units: the {spec.layers}-layer model has at most {spec.layers} "
-                                 f"units of whole layers, or {2 * spec.layers + 1} HelixPipe units")
-            return TransformerCost(spec, device, partition_layers(spec, num_units))
-        links = Links.preset(topo)
-        layers = spec.layers
+        cost, links, layers = _analytic(args, topo)
     else:
         tf = args.tf if args.tf is not None else 1.0
         tb = args.tb
@@ -228,10 +156,35 @@ def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = Non
 
         def cost(num_units: int) -> UniformCost:
             return uniform
-        links = Links.uniform_dc(topo, args.dc_latency, args.dc_transfer) if (args.dc_latency or args.dc_transfer) else None
+        dc = dc_link(args)
+        links = Links(topo, {"inter_dc": dc}) if dc is not None else None
         layers = None
     return Scenario(stages, microbatches, chunks, cost, topo, links, args.memory_limit, options,
                     layers=layers)
+
+
+def _analytic(args: argparse.Namespace, topo: Topology) -> tuple[Callable[[int], Any], Links, int]:
+    """(cost of a partition into n units, links, layers) of the analytic model: preset links, the
+    cross-DC one replaced by what the flags give."""
+    from .cost.devices import DeviceSpec
+    from .cost.topology import default_link_specs
+    from .cost.transformer import ModelSpec, TransformerCost, partition_helix, partition_layers
+    overrides = {k: v for k, v in (("seq", args.seq), ("micro_batch", args.micro_batch_size)) if v is not None}
+    spec = ModelSpec.preset(args.model, **overrides)
+    device = DeviceSpec.preset(args.device or "h100")
+
+    def cost(num_units: int) -> TransformerCost:
+        if num_units == 2 * spec.layers + 1:
+            return TransformerCost(spec, device, partition_helix(spec))
+        if num_units > spec.layers:
+            raise ValueError(f"{num_units} units: the {spec.layers}-layer model has at most {spec.layers} "
+                             f"units of whole layers, or {2 * spec.layers + 1} HelixPipe units")
+        return TransformerCost(spec, device, partition_layers(spec, num_units))
+    specs = default_link_specs()
+    dc = dc_link(args, specs["inter_dc"])
+    if dc is not None:
+        specs["inter_dc"] = dc
+    return cost, Links(topo, specs), spec.layers
 
 
 def load_or_build(args: argparse.Namespace, name: str) -> tuple[Scenario, Schedule]:

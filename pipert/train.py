@@ -25,9 +25,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TrainConfig", "run_train", "resolve_backend", "process_group_backend"]
+__all__ = ["TrainConfig", "run_train", "resolve_backend", "process_group_backend", "DEFAULT_LR"]
 
 _DTYPES = ("float32", "float64", "bfloat16")
+DEFAULT_LR = 3e-3
+"""AdamW's learning rate when --lr is left out (and no checkpoint gives one)."""
 BACKENDS = ("auto", "gloo", "nccl", "nccl-sim", "local")
 """``--backend``: auto (NCCL processes on several GPUs, the local transport on one, gloo processes
 on a CPU), gloo, nccl, nccl-sim (gloo processes that follow NCCL's rules: pipert.comm.ncclsim), local."""
@@ -76,8 +78,9 @@ class TrainConfig:
     softmax statistics), full (keep the unit's inputs only)."""
     dtype: str = "float32"
     """Parameter and activation dtype: float32, float64, bfloat16."""
-    lr: float = 3e-3
-    """AdamW learning rate."""
+    lr: float | None = None
+    """AdamW learning rate (None: DEFAULT_LR, or on --resume the checkpoint's; given on --resume,
+    it replaces the checkpoint's from the first resumed step on)."""
     backend: str = "auto"
     """auto, gloo, nccl, nccl-sim (gloo processes with NCCL's rules) or local."""
     seed: int = 0
@@ -87,7 +90,8 @@ class TrainConfig:
     json: bool = False
     """Print one JSON object per step instead of a progress bar."""
     timeout: float = 120.0
-    """Seconds any communication may wait before the run fails."""
+    """Seconds any communication may wait before the run fails (the command line also takes a unit:
+    90s, 2min)."""
     dcs: int = 1
     """Datacenters the ranks split into (equal consecutive blocks); messages between them are delayed."""
     dc_latency: str = ""
@@ -102,7 +106,8 @@ class TrainConfig:
     """Measure every unit's compute times on the running job and print the simulator's step time beside the
     measured one."""
     save: str = ""
-    """Folder of checkpoints (``DIR/step-N``, pipert.checkpoint); one after the last step."""
+    """Folder of checkpoints (``DIR/step-N``, pipert.checkpoint); one after the last step. The
+    folder belongs to one run (``DIR/run.json``, pipert.ckptfolder): another run's is refused."""
     save_every: int | None = None
     """Also write a checkpoint after every N steps (with --save)."""
     resume: str = ""
@@ -125,7 +130,7 @@ class TrainConfig:
         self._validate_model()
         self.option_dict()
         self._validate_schedule()
-        if not 0 < self.lr < math.inf:
+        if self.lr is not None and not 0 < self.lr < math.inf:
             raise ValueError(f"--lr must be a finite number > 0, got {self.lr}")
         if not 0 < self.timeout < math.inf:
             raise ValueError(f"--timeout must be a finite number of seconds > 0, got {self.timeout}")
@@ -167,6 +172,11 @@ class TrainConfig:
         links.links(self.world)
         if self.save_every is not None and (self.save_every < 1 or not self.save):
             raise ValueError(f"--save-every {self.save_every}: give a step count >= 1 and a --save folder")
+        from .trainchecks import check_batch_fits, check_checkpoint_dtype, check_folder_writable
+        if self.save:
+            check_folder_writable("--save", self.save)
+        check_checkpoint_dtype(self)
+        check_batch_fits(self)
 
     def link_options(self):
         """The emulated links (``pipert.linkflags.LinkOptions``) of the link flags."""
@@ -405,8 +415,8 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
         if rank == 0:
             _report(cfg, step, loss, cfg.batch_size * cfg.seq / dt, extra, bar)
         if cfg.save and (step + 1 == cfg.steps or cfg.save_every and (step + 1) % cfg.save_every == 0):
-            from . import checkpoint
-            checkpoint.save(pipe, checkpoint.step_dir(cfg.save, step + 1), checkpoint.train_meta(cfg, step + 1))
+            from . import checkpoint, resume
+            checkpoint.save(pipe, checkpoint.step_dir(cfg.save, step + 1), resume.train_meta(cfg, step + 1))
     if bar is not None:
         bar.close()
         if cfg.profile and len(timed) > 1:
@@ -460,9 +470,10 @@ def _resume(cfg: TrainConfig, pipe, ref_units, ref_opt) -> int:
     if not cfg.resume:
         return 0
     from . import checkpoint
+    hyper = {"lr": cfg.lr}  # this run's: the checkpoint's unless --lr was given
     if ref_units is not None:
-        checkpoint.load_units(ref_units, ref_opt, cfg.resume)
-    return checkpoint.load(pipe, cfg.resume)["step"]
+        checkpoint.load_units(ref_units, ref_opt, cfg.resume, hyper)
+    return checkpoint.load(pipe, cfg.resume, hyper)["step"]
 
 
 def _gather(pipe, fn) -> dict:
@@ -508,17 +519,23 @@ def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, schedule) -> No
 
 
 def _prepare(cfg: TrainConfig):
-    """The program every rank runs; a config that does not fit (unit count, checkpoint) is a
-    ValueError before any rank starts training. Resolves ``cfg.resume`` to a step folder."""
-    import torch
+    """The program every rank runs; a config that does not fit (unit count, checkpoint, save
+    folder) is a ValueError before any rank starts training. Resolves ``cfg.resume`` to a step
+    folder and ``cfg.lr`` (``pipert.resume.prepare_resume``), then claims the save folder."""
     from .models import model_config
     from .models.partition import check_unit_count
     layers = model_config(cfg.model).layers
     schedule = build_program(cfg)
     check_unit_count(cfg.schedule, schedule.num_units, cfg.model, layers, schedule.meta.get("cut"))
     if cfg.resume:
-        from .checkpoint import check_resume
-        cfg.resume = str(check_resume(cfg, _rank_units(cfg, schedule, torch.device("meta"), keep=[])))
+        import torch
+        from .resume import prepare_resume
+        prepare_resume(cfg, _rank_units(cfg, schedule, torch.device("meta"), keep=[]))
+    if cfg.lr is None:
+        cfg.lr = DEFAULT_LR
+    if cfg.save:
+        from .resume import claim_save
+        claim_save(cfg)
     return schedule
 
 
@@ -531,13 +548,13 @@ def _as_launched_rank(cfg: TrainConfig, backend: str) -> None:
     box: list = [None]
     if rank == 0:
         try:
-            box[0] = (_prepare(cfg), cfg.resume)
+            box[0] = (_prepare(cfg), cfg.resume, cfg.lr)
         except ValueError as e:
             box[0] = str(e)
     dist.broadcast_object_list(box, src=0)
     if isinstance(box[0], str):
         raise ValueError(box[0])
-    schedule, cfg.resume = box[0]
+    schedule, cfg.resume, cfg.lr = box[0]
     _proc(rank, dist.get_world_size(), cfg, backend, schedule)
     dist.destroy_process_group()  # after a failure none: a peer may be gone, torchrun ends the job
 

@@ -15,7 +15,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     sc, sched = load_or_build(args, args.schedule)
     if args.real:
         return _real(args, sc, sched)
-    unit = args.time_unit if args.time_unit is not None else (1.0 if args.model else 2e-3)
+    unit = _time_unit(args) if args.time_unit is not None else (1.0 if args.model else 2e-3)
     res = emulate(sched, sc.cost_for(sched), sc.links, time_unit=unit)
     if args.trace:
         from ..sim.export import write_chrome_trace
@@ -44,20 +44,30 @@ def cmd_emulate(args: argparse.Namespace) -> int:
 
 def check_emulate_flags(args: argparse.Namespace) -> None:
     """The flags only emulate has, in constant time (the scenario's are checked with it)."""
-    from ..scenario import check_scenario_flags
+    from ..scenario_flags import check_scenario_flags, refuse_given
     check_scenario_flags(args)
-    if args.time_unit is not None and not 0 < args.time_unit < math.inf:
-        raise ValueError(f"--time-unit must be a finite number of seconds > 0, got {args.time_unit}")
-    if args.steps < 1:
+    if args.time_unit is not None and not 0 < _time_unit(args) < math.inf:
+        raise ValueError(f"--time-unit must be a finite time > 0, got {args.time_unit!r}")
+    if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
-    if args.real:
-        from ..models import model_names
-        if args.real_model not in model_names():
-            raise ValueError(f"--real-model {args.real_model!r} unknown; allowed: {', '.join(model_names())}")
+    if not args.real:
+        refuse_given(args, ("real_model", "steps"), "applies to the model's real units: give --real too")
+        return
+    refuse_given(args, ("time_unit", "trace", "plot"), "applies to timed compute, but --real runs the model's "
+                                                       "real units and records no timeline: leave one of them out")
+    from ..models import model_names
+    if args.real_model is not None and args.real_model not in model_names():
+        raise ValueError(f"--real-model {args.real_model!r} unknown; allowed: {', '.join(model_names())}")
+
+
+def _time_unit(args: argparse.Namespace) -> float:
+    """Seconds of one time unit (--time-unit: a time with a unit, or a bare number of seconds)."""
+    from ..linkflags import parse_duration
+    return parse_duration(args.time_unit, "--time-unit", bare="s")
 
 
 def _real(args: argparse.Namespace, sc, sched) -> int:
-    """Real units of the built-in model; link flags are in seconds."""
+    """Real units of the built-in model; link flags take units (seconds, bytes per second)."""
     import torch
     from ..models import model_config, model_from_config, partition
     from ..models.partition import check_unit_count
@@ -65,13 +75,14 @@ def _real(args: argparse.Namespace, sc, sched) -> int:
     cut = sched.meta.get("cut")
     # a helix schedule fixes the layer count (2L+1 units): the preset is built with L layers
     extra = {"layers": sched.meta["layers"]} if cut == "helix" else {}
-    cfg = model_config(args.real_model, max_seq=max(args.seq or 128, 16), **extra)
-    check_unit_count(sched.name, sched.num_units, args.real_model, cfg.layers, cut)
+    name = args.real_model or "tiny"
+    cfg = model_config(name, max_seq=max(args.seq or 128, 16), **extra)
+    check_unit_count(sched.name, sched.num_units, name, cfg.layers, cut)
     units = partition(model_from_config(cfg, seed=0), sched.num_units, cut=cut)
     seq, mbs = args.seq or 128, args.micro_batch_size or 2
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, cfg.vocab, (sched.num_microbatches * mbs, seq + 1), generator=g)
-    r = emulate_real(sched, units, tokens[:, :-1], tokens[:, 1:], sc.links, steps=args.steps)
+    r = emulate_real(sched, units, tokens[:, :-1], tokens[:, 1:], sc.links, steps=args.steps or 5)
     out = {"schedule": sched.name, "measured_step_s": r.step_seconds, "predicted_step_s": r.predicted,
            "relative_error": r.error, "predicted_shared_step_s": r.predicted_shared,
            "relative_error_shared": r.error_shared, "device_capacity": r.capacity,
@@ -81,16 +92,18 @@ def _real(args: argparse.Namespace, sc, sched) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..scenario import add_scenario_args
+    from ..scenario_flags import add_scenario_args
     p = sub.add_parser("emulate", help="run a schedule in one process with calibrated compute and delayed links")
     p.add_argument("schedule", help="registered schedule name, or a schedule file (.json, torch's .csv)")
     add_scenario_args(p)
-    p.add_argument("--time-unit", type=float, default=None,
-                   help="seconds per time unit of the costs (default 0.002 for uniform costs, 1 for --model)")
+    p.add_argument("--time-unit", default=None,
+                   help="wall time of one time unit of the costs: 2ms, or a bare number of seconds (default 2ms "
+                        "for uniform costs, 1s for --model; not with --real)")
     p.add_argument("--real", action="store_true",
-                   help="run the built-in model's real units (local transport, delayed links; link flags in seconds)")
-    p.add_argument("--real-model", default="tiny", help="model preset for --real (LLaMA or gpt-*)")
-    p.add_argument("--steps", type=int, default=5, help="measured steps for --real")
+                   help="run the built-in model's real units (local transport, delayed links; link flags with units: "
+                        "--dc-latency 2ms --dc-bandwidth 1Gbps)")
+    p.add_argument("--real-model", default=None, help="model preset for --real (LLaMA or gpt-*; default tiny)")
+    p.add_argument("--steps", type=int, default=None, help="measured steps for --real (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", help="write the measured timeline as a Chrome trace")
     p.add_argument("--plot", help="write the measured timeline as a PNG")

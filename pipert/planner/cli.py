@@ -21,12 +21,13 @@ def add_pipemesh_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pipemesh", action="store_true", help="plan PipeMesh (q, ZeRO mix, recomputation) for a model")
     g.add_argument("--paper", default=None, help="a Table IV configuration with the paper's measured times: "
                    "gpt3-a100, gpt3-v100, llama2-v100, falcon-v100")
-    g.add_argument("--dp", type=int, default=3, help="data-parallel replicas D")
-    g.add_argument("--tp", type=int, default=8, help="tensor-parallel size T (inside a node)")
+    g.add_argument("--dp", type=int, default=None, help="data-parallel replicas D (default 3)")
+    g.add_argument("--tp", type=int, default=None, help="tensor-parallel size T (inside a node; default 8)")
     g.add_argument("--batch", type=int, default=None, help="global batch in sequences; B = batch / D "
                    "(default: D x --microbatches)")
     g.add_argument("--memory-budget", type=float, default=None, help="GiB per device (default: the device's memory)")
-    g.add_argument("--inter-node-gbps", type=float, default=100.0, help="network bandwidth of one node, Gbit/s")
+    g.add_argument("--inter-node-gbps", type=float, default=None,
+                   help="network bandwidth of one node, Gbit/s (default 100)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -62,26 +63,33 @@ def build_problem(args: argparse.Namespace) -> tuple[Components, int, list, floa
             budget = 12 * mt.params / mt.dp + 4 * mt.params + megatron_activation(cfg)
         return c, base, ops, budget, (f"{cfg.model.name} on {cfg.cluster.upper()} (Table IV: B={cfg.batch}, "
                                       f"T,P,D={cfg.tp},{cfg.stages},{cfg.dp}); times in ms")
+    from ..scenario_flags import DEFAULT_MICROBATCHES, DEFAULT_STAGES
     name = args.model or "gpt3-58b"
     if name not in PAPER_MODELS:
         raise ValueError(f"--model {name!r} unknown with --pipemesh; allowed: {', '.join(PAPER_MODELS)}")
     m = PAPER_MODELS[name]
-    dev = DeviceSpec.preset(args.device)
-    if args.inter_node_gbps <= 0:
-        raise ValueError(f"--inter-node-gbps {args.inter_node_gbps}: must be > 0")
-    cluster = Cluster(dev, args.ranks_per_node or 8, args.inter_node_gbps)
-    if args.batch is not None and (args.batch < 1 or args.batch % args.dp):
-        raise ValueError(f"--batch {args.batch}: must be a positive multiple of --dp {args.dp}")
-    B = args.batch // args.dp if args.batch is not None else args.microbatches
+    dev = DeviceSpec.preset(args.device or "h100")
+    gbps = args.inter_node_gbps if args.inter_node_gbps is not None else 100.0
+    if not gbps > 0:
+        raise ValueError(f"--inter-node-gbps {gbps}: must be > 0")
+    dp, tp = args.dp or 3, args.tp or 8
+    stages = args.stages or DEFAULT_STAGES
+    for flag, v in (("--dp", args.dp), ("--tp", args.tp)):
+        if v is not None and v < 1:
+            raise ValueError(f"{flag} must be >= 1, got {v}")
+    cluster = Cluster(dev, args.ranks_per_node or 8, gbps)
+    if args.batch is not None and (args.batch < 1 or args.batch % dp):
+        raise ValueError(f"--batch {args.batch}: must be a positive multiple of --dp {dp}")
+    B = args.batch // dp if args.batch is not None else (args.microbatches or DEFAULT_MICROBATCHES)
 
     def make(M: int) -> tuple:
-        return workload(m, cluster, tp=args.tp, stages=args.stages, dp=args.dp, chunks=M, microbatches=B)
+        return workload(m, cluster, tp=tp, stages=stages, dp=dp, chunks=M, microbatches=B)
 
-    M = args.chunks or choose_chunks(m.layers, args.stages, lambda k: make(k)[0])
+    M = args.chunks or choose_chunks(m.layers, stages, lambda k: make(k)[0])
     c, base, ops = make(M)
     budget = (args.memory_budget * GiB) if args.memory_budget is not None else dev.memory
     return c, base, ops, budget, (f"{m.name} on {dev.name}, {cluster.gpus_per_node} GPUs/node, "
-                                  f"{cluster.inter_node_gbps:g} Gb/s per node; T={args.tp}; times in s")
+                                  f"{cluster.inter_node_gbps:g} Gb/s per node; T={tp}; times in s")
 
 
 def _line(p: Plan) -> str:

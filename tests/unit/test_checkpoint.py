@@ -94,9 +94,14 @@ def test_bf16_master_weights_and_their_optimizer_round_trip(tmp_path):
 def test_missing_empty_and_incomplete_folders_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist or is not a folder"):
         checkpoint.load(_pipe("1f1b"), tmp_path / "nope")
-    (tmp_path / "step-00000003").mkdir()  # a save that never finished: no .metadata
+    (tmp_path / "other").mkdir()
     with pytest.raises(CheckpointError, match="holds no checkpoint"):
         checkpoint.resolve(tmp_path)
+    (tmp_path / "step-3").mkdir()  # a save that never finished: no .metadata
+    with pytest.raises(CheckpointError, match="its newest checkpoint step-3 is partial .*no complete one is left"):
+        checkpoint.resolve(tmp_path)
+    with pytest.raises(CheckpointError, match="step-3' is partial: it has no .metadata"):
+        checkpoint.resolve(tmp_path / "step-3")
 
 
 def test_a_checkpoint_of_another_model_is_refused_naming_the_entries(tmp_path):
@@ -185,10 +190,10 @@ def test_the_random_state_is_restored(tmp_path):
 def test_train_resumes_from_a_save_folder_with_another_schedule(tmp_path, capsys):
     base = dict(stages=2, microbatches=M, batch_size=BATCH, seq=SEQ, dtype="float64", backend="local", json=True)
     losses = run_train(TrainConfig(**base, steps=3, save=str(tmp_path), save_every=1))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001", "step-00000002", "step-00000003"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "step-1", "step-2", "step-3"]
     capsys.readouterr()
     again = run_train(TrainConfig(**base, steps=3, schedule="zb-h1", check=True,
-                                  resume=str(tmp_path / "step-00000001")))
+                                  resume=str(tmp_path / "step-1")))
     assert again == pytest.approx(losses[1:], rel=1e-10, abs=0)
     steps = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [s["step"] for s in steps] == [1, 2]

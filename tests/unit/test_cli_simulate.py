@@ -76,7 +76,7 @@ def test_plan_json_ranks_the_schedules_the_table_ranks(capsys):
 
 
 def test_plan_pp_vs_dp_json(capsys):
-    assert main(["plan", "--pp-vs-dp", "--latencies", "4", "--bandwidths", "64", "--json"]) == 0
+    assert main(["plan", "--pp-vs-dp", "--latencies", "4ms", "--bandwidths", "64GB/s", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)["rows"]
     assert row["latency_s"] == 0.004 and row["bandwidth_Bps"] == 64e9
     assert row["pp_vs_dp_speedup"] == row["dp_step"] / row["pp_step"]

@@ -7,7 +7,8 @@ from pipert.linkflags import LinkOptions, format_bandwidth, format_duration, par
 
 
 @pytest.mark.parametrize("text,seconds", [("20ms", 0.02), ("150us", 150e-6), ("150 µs", 150e-6), ("0.5s", 0.5),
-                                          ("2e-3", 2e-3), ("40ns", 40e-9), (0.25, 0.25)])
+                                          ("2e-3s", 2e-3), ("40ns", 40e-9), ("2min", 120.0), ("0", 0.0),
+                                          (0.25, 0.25)])
 def test_durations_parse_to_seconds(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds, rel=1e-12)
 
@@ -26,6 +27,20 @@ def test_bad_values_name_flag_value_and_allowed_units(fn, text, needle):
     with pytest.raises(ValueError, match=needle) as e:
         fn(text, "--dc-x")
     assert "--dc-x" in str(e.value) and repr(text) in str(e.value)
+
+
+@pytest.mark.parametrize("fn,text,allowed", [(parse_duration, "20", "allowed units: h, min, s, ms, us, ns"),
+                                             (parse_bandwidth, "10", "allowed units: bps, Kbps")])
+def test_a_bare_number_is_refused_naming_the_units(fn, text, allowed):
+    with pytest.raises(ValueError, match="has no unit") as e:
+        fn(text, "--dc-x")
+    assert f"--dc-x {text!r}" in str(e.value) and allowed in str(e.value)
+
+
+def test_a_bare_number_means_the_unit_its_caller_names():
+    assert parse_duration("30", "--timeout", bare="s") == 30.0
+    assert parse_duration("30", "--x", bare="ms") == pytest.approx(0.03)
+    assert parse_duration("30ms", "--timeout", bare="s") == pytest.approx(0.03)
 
 
 def test_human_forms():

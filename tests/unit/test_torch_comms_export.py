@@ -146,7 +146,7 @@ def test_refusals_are_named(capsys):
                                                   r"before its consumer"):
         receives_for_torch(s)
     assert main(["export", "gpipe", "-P", "2", "-M", "4", "--format", "torch-csv", "--receives", "consumer"]) == 2
-    assert "--receives applies with --comms only" in capsys.readouterr().err
+    assert "--receives consumer applies with --comms only" in capsys.readouterr().err
 
 
 def test_reduce_grad_is_read_checked_and_dropped():

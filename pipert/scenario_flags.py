@@ -1,0 +1,181 @@
+"""The scenario flags of simulate, compare, export, emulate and plan: declared once, checked in
+constant time before any schedule is built (ValueError naming the flag, its value and what is
+allowed).
+
+Units of time. With uniform costs (no ``--model``) every time (``--tf``, ``--tb``, ``--td``,
+``--tw``, ``--dc-latency``, ``--dc-transfer``) is a bare number in one abstract unit, the unit
+of ``--tf`` (``emulate`` maps it to seconds by ``--time-unit``); a value with a unit (``20ms``)
+is refused there, since those costs have no seconds. With ``--model`` (analytic costs, in
+seconds) and with ``emulate --real`` (the model's real units) the link flags take units
+(``--dc-latency 20ms``, ``--dc-bandwidth 10Gbps``, as in ``pipert train``) and a bare number
+other than 0 is refused. A flag that only works with another one is refused without it,
+naming both.
+
+Size. Building and simulating a schedule takes time and memory that grow with its ranks and
+with its (unit, micro-batch) pairs (each pair is several actions): shapes beyond
+:data:`MAX_RANKS` ranks or :data:`MAX_PAIRS` pairs are refused before anything is built.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any, Iterable
+
+__all__ = ["add_scenario_args", "check_scenario_flags", "seconds_mode", "dc_link", "check_size", "refuse_given",
+           "flag", "DEFAULT_STAGES", "DEFAULT_MICROBATCHES", "MAX_RANKS", "MAX_PAIRS", "PAIR_LIMITS"]
+
+DEFAULT_STAGES = 4
+DEFAULT_MICROBATCHES = 8
+MAX_RANKS = 1024
+"""Most ranks a scenario may have (the engine's set-up per rank grows with the rank count)."""
+MAX_PAIRS = 1 << 15
+"""Most (unit, micro-batch) pairs of one schedule: P=64 x M=512 of 1F1B fits."""
+PAIR_LIMITS = {"crosspipe-greedy": 1 << 13, "crosspipe-wave": 1 << 13}
+"""Families whose builders search at every step, with their own (lower) limit of pairs."""
+
+_AT_LEAST_ONE = ("stages", "microbatches", "chunks", "ranks_per_node", "dcs", "seq", "micro_batch_size")
+_POSITIVE = ("tf", "tb", "td", "tw", "memory_limit")
+_UNIFORM_ONLY = ("tf", "tb", "td", "tw", "dc_transfer")
+_MODEL_ONLY = ("seq", "micro_batch_size", "device")
+_DC_LINK = ("dc_latency", "dc_transfer", "dc_bandwidth")
+SCENARIO_FLAGS = ("stages", "microbatches", "chunks", "tf", "tb", "td", "tw", "model", "seq", "micro_batch_size",
+                  "device", "ranks_per_node", "dcs", "dc_latency", "dc_transfer", "dc_bandwidth", "memory_limit")
+"""Every flag :func:`add_scenario_args` declares (all default to None: given or not)."""
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a flag's destination name."""
+    return "--" + name.replace("_", "-")
+
+
+def add_scenario_args(p: argparse.ArgumentParser) -> None:
+    """The scenario flags; every one defaults to None (not given): the shape flags fall back to a
+    schedule file's shape, else DEFAULT_STAGES and DEFAULT_MICROBATCHES."""
+    g = p.add_argument_group("pipeline")
+    g.add_argument("--stages", "-P", type=int, default=None,
+                   help=f"pipeline stages (ranks, at most {MAX_RANKS}); default {DEFAULT_STAGES}, or a schedule file's")
+    g.add_argument("--microbatches", "-M", type=int, default=None,
+                   help=f"micro-batches per step; default {DEFAULT_MICROBATCHES}, or a schedule file's (units x "
+                        f"micro-batches at most {MAX_PAIRS})")
+    g.add_argument("--chunks", "-V", type=int, default=None,
+                   help="units per rank for interleaved schedules (a schedule file's: its units / ranks)")
+    u = p.add_argument_group("uniform costs: bare numbers in one time unit, that of --tf (not with --model)")
+    u.add_argument("--tf", type=float, default=None, help="forward time of one unit and micro-batch (default 1.0)")
+    u.add_argument("--tb", type=float, default=None, help="full backward time (default 2.0)")
+    u.add_argument("--td", type=float, default=None, help="input-gradient time (default tb/2)")
+    u.add_argument("--tw", type=float, default=None, help="weight-gradient time (default tb/2)")
+    m = p.add_argument_group("analytic transformer costs, in seconds (instead of uniform)")
+    m.add_argument("--model", default=None, help="model preset: tiny, 1b, 7b, 13b, 70b")
+    m.add_argument("--seq", type=int, default=None, help="sequence length (with --model)")
+    m.add_argument("--micro-batch-size", type=int, default=None, help="sequences per micro-batch (with --model)")
+    m.add_argument("--device", default=None, help="device preset (with --model; default h100)")
+    t = p.add_argument_group("topology and links")
+    t.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: all on one node)")
+    t.add_argument("--dcs", type=int, default=None, help="datacenters; stages split into equal consecutive blocks")
+    t.add_argument("--dc-latency", default=None,
+                   help="latency of a cross-DC message (with --dcs): uniform costs: a bare number in the time unit "
+                        "of --tf (2); --model: with a unit (20ms)")
+    t.add_argument("--dc-transfer", default=None,
+                   help="link occupancy of each cross-DC message (with --dcs, uniform costs): a bare number in the "
+                        "time unit of --tf")
+    t.add_argument("--dc-bandwidth", default=None,
+                   help="bandwidth of the cross-DC link (with --dcs and --model): with a unit (10Gbps, 400MB/s)")
+    p.add_argument("--memory-limit", type=float, default=None, help="per-rank memory limit (cost-model units)")
+
+
+def seconds_mode(args: argparse.Namespace) -> bool:
+    """Whether times are seconds: the analytic model's costs, or ``emulate --real``'s real units."""
+    return args.model is not None or bool(getattr(args, "real", False))
+
+
+def refuse_given(args: argparse.Namespace, names: Iterable[str], reason: str) -> None:
+    """ValueError naming the first of ``names`` given on the command line (not None), its value
+    and ``reason``, a predicate that says what it needs or contradicts ("needs --model")."""
+    for name in names:
+        v = getattr(args, name, None)
+        if v is not None and v is not False:
+            shown = "" if v is True else " " + (" ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v))
+            raise ValueError(f"{flag(name)}{shown} {reason}")
+
+
+def check_scenario_flags(args: argparse.Namespace) -> None:
+    """Every scenario flag and combination, in constant time."""
+    for name in _AT_LEAST_ONE:
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise ValueError(f"{flag(name)} must be >= 1, got {v}")
+    for name in _POSITIVE:
+        v = getattr(args, name)
+        if v is not None and not 0 < v < math.inf:
+            raise ValueError(f"{flag(name)} must be a finite number > 0, got {v}")
+    if args.stages is not None and args.stages > MAX_RANKS:
+        raise ValueError(f"--stages {args.stages}: at most {MAX_RANKS} ranks can be simulated; allowed: "
+                         f"1..{MAX_RANKS}")
+    if args.model is not None:
+        refuse_given(args, _UNIFORM_ONLY, f"sets a uniform cost, but --model {args.model} times every unit in "
+                                          f"seconds with the analytic model: give one of them (its links: "
+                                          f"--dc-latency, --dc-bandwidth with units)")
+        from .cost.devices import DEVICE_PRESETS
+        from .cost.transformer import MODEL_PRESETS
+        if args.model not in MODEL_PRESETS:
+            raise ValueError(f"--model {args.model!r} unknown; allowed: {', '.join(MODEL_PRESETS)}")
+        if args.device is not None and args.device not in DEVICE_PRESETS:
+            raise ValueError(f"--device {args.device!r} unknown; allowed: {', '.join(DEVICE_PRESETS)}")
+    else:
+        real = bool(getattr(args, "real", False))  # emulate --real reads --seq and --micro-batch-size
+        refuse_given(args, ("device",) if real else _MODEL_ONLY, "applies to the analytic model only: give --model too")
+    if (args.dcs or 1) < 2:
+        refuse_given(args, _DC_LINK, "describes the link between datacenters: give --dcs >= 2 as well")
+    dc_link(args)
+
+
+def _abstract_time(args: argparse.Namespace, name: str) -> float:
+    """A time of uniform costs: a bare number in the time unit of --tf, >= 0."""
+    text = getattr(args, name)
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"{flag(name)} {text!r}: uniform costs have no seconds; give a bare number in the time "
+                         f"unit of --tf (e.g. {flag(name)} 2), or --model for costs in seconds") from None
+    if not 0 <= v < math.inf:
+        raise ValueError(f"{flag(name)} must be a finite number >= 0, got {v}")
+    return v
+
+
+def dc_link(args: argparse.Namespace, preset: Any = None) -> Any:
+    """The cross-DC :class:`pipert.cost.LinkSpec` the flags give (None: none given): in the time
+    unit of --tf with uniform costs, in seconds and bytes per second otherwise; what is not given
+    comes from ``preset`` (a LinkSpec) or is free."""
+    given = {k: getattr(args, k) for k in _DC_LINK if getattr(args, k) is not None}
+    if not given:
+        return None
+    from .cost.topology import LinkSpec
+    if not seconds_mode(args):
+        if "dc_bandwidth" in given:
+            raise ValueError(f"--dc-bandwidth {given['dc_bandwidth']}: a bandwidth needs message sizes in bytes, "
+                             f"which uniform costs do not have; give --dc-transfer (each message's occupancy in the "
+                             f"time unit of --tf), or --model")
+        latency, transfer = (_abstract_time(args, k) if k in given else 0.0 for k in ("dc_latency", "dc_transfer"))
+        return LinkSpec(latency, math.inf, transfer)
+    from .linkflags import parse_bandwidth, parse_duration
+    base = preset or LinkSpec()
+    return LinkSpec(parse_duration(given["dc_latency"], "--dc-latency") if "dc_latency" in given else base.latency,
+                    parse_bandwidth(given["dc_bandwidth"], "--dc-bandwidth") if "dc_bandwidth" in given
+                    else base.bandwidth,
+                    parse_duration(given["dc_transfer"], "--dc-transfer") if "dc_transfer" in given
+                    else base.per_message)
+
+
+def check_size(stages: int, units: int, microbatches: int, names: Iterable[str] = (), what: str = "") -> None:
+    """Refuse a shape too large to build and simulate: more than :data:`MAX_RANKS` ranks, or more
+    (unit, micro-batch) pairs than the limit of every family in ``names`` (:data:`PAIR_LIMITS`,
+    else :data:`MAX_PAIRS`). ``what`` says how the counts came about (flags, a file)."""
+    if stages > MAX_RANKS:
+        raise ValueError(f"{what or f'--stages {stages}'}: {stages} ranks; at most {MAX_RANKS} can be simulated")
+    pairs = units * microbatches
+    limit, by = min(((PAIR_LIMITS.get(n, MAX_PAIRS), n) for n in names), default=(MAX_PAIRS, ""))
+    if pairs > limit:
+        who = f" for {by} (its builder searches at every step)" if limit < MAX_PAIRS else ""
+        raise ValueError(f"{what or f'--stages {stages} --microbatches {microbatches}'}: {units} units x "
+                         f"{microbatches} micro-batches = {pairs} (unit, micro-batch) pairs, each several actions "
+                         f"to build and simulate; allowed: at most {limit} pairs{who}")
