@@ -1,11 +1,13 @@
 """What the ranks of a failed job said, root cause first (no torch import: the CLI reads these)."""
 from __future__ import annotations
 
+import os
 import re
 import signal
+import tempfile
 from dataclasses import dataclass
 
-__all__ = ["RankEnd", "LaunchError", "LaunchInterrupted", "root_cause_order", "headline"]
+__all__ = ["RankEnd", "LaunchError", "LaunchInterrupted", "root_cause_order", "headline", "raised_at"]
 
 _BLAMED = re.compile(r"\b(?:from|to|peer) rank (\d+)\b")
 """The peer a runtime error names as the one it waited for or lost (pipert.exec.executor's wording)."""
@@ -14,6 +16,8 @@ _LIBRARY_TEXT = re.compile(r"\s*\(\[[^\]\n]*\.(?:c|cc|cpp|cu|h|hpp):\d+\][^\n]*"
 _SOURCE_PLACE = re.compile(r"\[[^\]\s]*\.(?:c|cc|cpp|cu|h|hpp):\d+\]\s*")
 """A C++ library's source location, e.g. "[/__w/pytorch/.../unbound_buffer.cc:78] "."""
 _TIMED_OUT = re.compile(r"\btimed out\b", re.IGNORECASE)
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.MULTILINE)
+"""A frame of a Python traceback."""
 
 
 @dataclass
@@ -33,6 +37,20 @@ def headline(message: str) -> str:
     """The first line of ``message`` without the C++ libraries' own text."""
     lines = message.strip().splitlines() or ["failed"]
     return _SOURCE_PLACE.sub("", _LIBRARY_TEXT.sub("", lines[0])).strip()
+
+
+def raised_at(text: str) -> str | None:
+    """Where the last exception of a Python traceback was raised, as ``file:line in function``
+    (the file relative to the folder that holds the pipert package when it is inside it); None
+    when ``text`` holds no traceback."""
+    frames = _FRAME.findall(text)
+    if not frames:
+        return None
+    path, line, fn = frames[-1]
+    base = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if path.startswith(base + os.sep):
+        path = os.path.relpath(path, base)
+    return f"{path}:{line} in {fn}"
 
 
 def root_cause_order(ends: dict[int, RankEnd]) -> list[int]:
@@ -62,7 +80,8 @@ def root_cause_order(ends: dict[int, RankEnd]) -> list[int]:
 
 class LaunchError(RuntimeError):
     """One or more ranks failed; ``errors`` maps rank -> that rank's full error text, ``order``
-    lists them root cause first; the message is one line per rank in that order."""
+    lists them root cause first; the message is one line per rank in that order: its error's
+    first line without the libraries' own text, and where it was raised."""
 
     def __init__(self, errors: dict[int, str], order: list[int] | None = None,
                  messages: dict[int, str] | None = None) -> None:
@@ -70,13 +89,30 @@ class LaunchError(RuntimeError):
         self.order = order if order is not None else sorted(errors)
         self.messages = messages if messages is not None else {
             r: (t.strip().splitlines() or ["failed"])[-1] for r, t in errors.items()}
-        lines = [f"rank {r}: {headline(self.messages[r])}" for r in self.order]
+        lines = []
+        for r in self.order:
+            where = raised_at(self.errors.get(r, ""))
+            lines.append(f"rank {r}: {headline(self.messages[r])}" + (f" (at {where})" if where else ""))
         super().__init__("pipeline ranks failed, root cause first:\n  " + "\n  ".join(lines))
 
-    def report(self) -> str:
-        """Every failed rank's full error, then the summary (the part a terminal keeps in view)."""
-        parts = [f"--- rank {r} ---\n{self.errors[r].rstrip()}" for r in sorted(self.errors)]
-        return "\n".join(parts + [str(self)])
+    def log(self) -> str:
+        """The summary, then every failed rank's full error, root cause first."""
+        parts = [f"--- rank {r} ---\n{self.errors[r].rstrip()}" for r in self.order]
+        return "\n".join([str(self), *parts]) + "\n"
+
+    def report(self, log_dir: str | None = None) -> str:
+        """The summary and the file that now holds :meth:`log`: the few lines a terminal shows
+        after a failed run. The file goes to ``log_dir`` (default: the current folder, else the
+        temporary folder when the current one is not writable)."""
+        for folder in ([log_dir] if log_dir is not None else [os.getcwd(), tempfile.gettempdir()]):
+            try:
+                fd, path = tempfile.mkstemp(prefix="pipert-failed-", suffix=".log", dir=folder)
+            except OSError:
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(self.log())
+            return f"{self}\nfull errors of every rank: {path}"
+        return self.log()
 
 
 class LaunchInterrupted(KeyboardInterrupt):

@@ -33,7 +33,7 @@ def _training(tmp_path: Path, stages: int) -> Iterator[tuple[subprocess.Popen, l
     out, err = open(tmp_path / "stdout", "w"), open(tmp_path / "stderr", "w")
     proc = subprocess.Popen([sys.executable, "-m", "pipert.cli", "train", "--stages", str(stages), "--steps", "100000",
                              "--json", "--timeout", str(TIMEOUT)], stdout=out, stderr=err, env=_env(tmp_path),
-                            start_new_session=True)
+                            start_new_session=True, cwd=tmp_path)
     try:
         end = time.monotonic() + 240
         while not (tmp_path / "stdout").read_text().startswith("{"):
@@ -125,9 +125,12 @@ def test_a_stopped_rank_ends_the_job_naming_it(tmp_path):
         # rank 0 waited for rank 1 in a pipeline action (its error names rank 1) or in the step's loss
         # all-reduce (gloo's timeout, no peer named)
         assert re.match(r"  rank 0: (PipelineTimeout: rank 0 stalled at action \d+ .* from rank 1, which did not "
-                        r"respond|RuntimeError: Timed out waiting \d+ms for recv operation to complete)$", summary[2]), \
-            summary
-        assert len(summary) == 3 and "gloo" not in err[err.index("root cause first"):], summary
+                        r"respond|RuntimeError: Timed out waiting \d+ms for recv operation to complete)( \(at \S+:\d+ in \S+\))?$",
+                        summary[2]), summary
+        assert len(summary) == 4 and "gloo" not in err[err.index("root cause first"):], summary
+        log = summary[3].removeprefix("full errors of every rank: ")
+        assert "--- rank 0 ---\nTraceback" in open(log).read()  # the full errors are in the log file
+        assert "Traceback" not in err  # and not on the terminal
 
 
 def test_ctrl_c_ends_cleanly(tmp_path):

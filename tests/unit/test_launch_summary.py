@@ -47,7 +47,7 @@ def test_the_first_failure_is_the_root_cause_when_its_peer_did_not_fail():
     assert root_cause_order(cycle) == [1, 0]
 
 
-def test_launch_error_summary_and_report():
+def test_launch_error_summary_and_report(tmp_path):
     ends = {2: RankEnd(2, "exited with code 3", "exited with code 3", 1.0),
             1: _failed(1, 1.1, f"PipelineError: rank 1 failed at action 9 (SEND act u1 m2 ->2): peer rank 2 went away "
                                f"{GLOO}")}
@@ -56,9 +56,12 @@ def test_launch_error_summary_and_report():
     assert str(err).splitlines() == ["pipeline ranks failed, root cause first:", "  rank 2: exited with code 3",
                                      "  rank 1: PipelineError: rank 1 failed at action 9 (SEND act u1 m2 ->2): peer "
                                      "rank 2 went away"]
-    report = err.report()
-    assert "--- rank 1 ---\nTraceback" in report and "pair.cc:553" in report  # the full error, noise included
-    assert report.endswith(str(err))
+    report = err.report(str(tmp_path))
+    summary, _, path = report.rpartition("\nfull errors of every rank: ")
+    assert summary == str(err) and "pair.cc" not in summary  # a few lines, root cause first, no gloo text
+    log = open(path).read()
+    assert log.startswith(str(err)) and "--- rank 1 ---\nTraceback" in log and "pair.cc:553" in log  # all of it
+    assert log.index("--- rank 2 ---") < log.index("--- rank 1 ---")
     assert LaunchError({0: "Traceback ...\nValueError: bad"}).errors == {0: "Traceback ...\nValueError: bad"}
     assert str(LaunchError({0: "Traceback ...\nValueError: bad"})).endswith("rank 0: ValueError: bad")
 
@@ -76,3 +79,11 @@ def test_a_collective_timeout_leads_to_the_rank_still_running():
     assert root_cause_order(ends) == [2, 0, 1]
     crashed = {0: _failed(0, 4.0, "RuntimeError: out of memory"), 1: ends[1]}
     assert root_cause_order(crashed) == [0, 1]
+
+
+def test_the_summary_names_where_each_rank_raised():
+    trace = ('Traceback (most recent call last):\n  File "/x/train.py", line 10, in main\n    step()\n'
+             '  File "/x/ckpt.py", line 42, in read_shard\n    raise EOFError("short read")\nEOFError: short read')
+    err = LaunchError({0: trace, 1: "killed by signal SIGKILL"}, [0, 1])
+    assert str(err).splitlines()[1:] == ["  rank 0: EOFError: short read (at /x/ckpt.py:42 in read_shard)",
+                                         "  rank 1: killed by signal SIGKILL"]
