@@ -31,8 +31,8 @@ def runs(tmp_path_factory):
 def test_each_rank_writes_the_units_it_owns(runs):
     from torch.distributed.checkpoint import FileSystemReader
     d, _ = runs["1f1b"]
-    assert sorted(p.name for p in d.iterdir()) == ["step-00000002", "step-00000004"]
-    md = FileSystemReader(str(d / "step-00000002")).read_metadata()
+    assert sorted(p.name for p in d.iterdir()) == ["run.json", "step-2", "step-4"]
+    md = FileSystemReader(str(d / "step-2")).read_metadata()
     files = {i.fqn.split(".")[1]: s.relative_path for i, s in md.storage_data.items() if i.fqn.startswith("model.")}
     assert files == {"unit0": "__0_0.distcp", "unit1": "__1_0.distcp"}
 
@@ -40,7 +40,7 @@ def test_each_rank_writes_the_units_it_owns(runs):
 @pytest.mark.parametrize("saved, resumed", [("1f1b", "1f1b"), ("1f1b", "zb-h1")])
 def test_resume_gives_the_losses_of_an_uninterrupted_run(runs, saved, resumed):
     d, _ = runs[saved]
-    again = _train("--schedule", resumed, "--resume", str(d / "step-00000002"), "--check")
+    again = _train("--schedule", resumed, "--resume", str(d / "step-2"), "--check")
     assert [s["step"] for s in again] == [2, 3]
     uninterrupted = runs[resumed][1]
     for s in again:
@@ -57,9 +57,9 @@ def test_zero_sharded_units_resume_under_another_zero_stage(tmp_path):
     zero = ("--dp", "2", "--steps", "3")
     full = {s["step"]: s["loss"] for s in _train(*zero, "--zero", "0:norm,3:mlp,2:attn,1", "--save", str(tmp_path),
                                                   "--save-every", "1")}
-    again = _train(*zero, "--zero", "3", "--resume", str(tmp_path / "step-00000001"), "--check")
+    again = _train(*zero, "--zero", "3", "--resume", str(tmp_path / "step-1"), "--check")
     again_mixed = _train(*zero, "--zero", "p=0.5,g=0.8", "--zero3-buffers", "2", "--resume",
-                         str(tmp_path / "step-00000002"), "--check")
+                         str(tmp_path / "step-2"), "--check")
     assert [s["step"] for s in again] == [1, 2] and [s["step"] for s in again_mixed] == [2]
     for s in again + again_mixed:
         assert s["loss"] == pytest.approx(full[s["step"]], rel=1e-10, abs=0)
