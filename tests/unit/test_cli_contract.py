@@ -158,7 +158,9 @@ def test_the_batch_bound_counts_every_process(capsys):
     (["compare", "-P", "64", "-M", "4096"], ["--microbatches 4096", "at most 32768 pairs"]),
     (["plan", "-P", "64", "-M", "4096"], ["--microbatches 4096", "at most"]),
     (["emulate", "1f1b", "-P", "64", "-M", "100000"], ["--microbatches 100000", "at most 32768 pairs"]),
-], ids=["simulate-pairs", "simulate-ranks", "simulate-chunks", "compare", "plan", "emulate"])
+    (["simulate", "crosspipe-optimal", "-P", "8", "-M", "32"],
+     ["crosspipe-optimal --stages 8 --microbatches 32", "allowed: at most 128 pairs for crosspipe-optimal"]),
+], ids=["simulate-pairs", "simulate-ranks", "simulate-chunks", "compare", "plan", "emulate", "solver"])
 def test_huge_shapes_are_refused_naming_the_limit(capsys, argv, needles):
     refused(capsys, argv, *needles)
 
@@ -258,3 +260,21 @@ def test_step_folders_are_named_as_the_readme_says(saved):
     (padded / "step-00000004").mkdir()
     (padded / "step-3").mkdir()
     assert [s for s, _, _ in steps(padded)] == [3, 4]  # a zero-padded name is the same step
+
+
+def test_a_corrupt_shard_fails_naming_the_folder_and_its_files(tmp_path, saved):
+    """Bytes that are all there but not what DCP wrote: DCP's own failure (a BaseException that
+    error files miss) becomes a CheckpointError naming the checkpoint and its files."""
+    import shutil
+
+    import torch
+    from pipert.models import build_units
+    d = tmp_path / "ckpt"
+    shutil.copytree(saved, d)
+    for shard in (d / "step-2").glob("*.distcp"):
+        shard.write_bytes(b"\0" * shard.stat().st_size)
+    units = build_units("tiny", 2, dtype="float64", max_seq=SEQ)
+    opt = torch.optim.AdamW([p for u in units for p in u.parameters()])
+    with pytest.raises(checkpoint.CheckpointError, match=rf"reading checkpoint '{d / 'step-2'}' \(files "
+                                                         rf"__0_0\.distcp.*\) failed: \w+"):
+        checkpoint.load_units(units, opt, d)
