@@ -55,8 +55,11 @@ def check_resume(cfg, units: Iterable[nn.Module]) -> Path:
     """The checkpoint ``cfg.resume`` names, after checking it fits the run: complete, every file
     whole, the same model (``units``, on the meta device, give its shapes), data settings, and a
     step below ``cfg.steps``."""
-    p = resolve(cfg.resume)
-    check_files(p)
+    try:
+        p = resolve(cfg.resume)
+        check_files(p)
+    except CheckpointError as e:
+        raise CheckpointError(f"--resume {cfg.resume}: {e}") from None
     meta = read_meta(p)
     for k in _SAME:
         if meta.get(k) != getattr(cfg, k):
@@ -65,7 +68,10 @@ def check_resume(cfg, units: Iterable[nn.Module]) -> Path:
     if meta["step"] >= cfg.steps:
         raise CheckpointError(f"--steps {cfg.steps}: the checkpoint {str(p)!r} is already at step {meta['step']}; "
                               f"give --steps > {meta['step']} (the total, counting the steps already run)")
-    check_model(p, units)
+    try:
+        check_model(p, units)
+    except CheckpointError as e:
+        raise CheckpointError(f"--resume {cfg.resume}: {e}") from None
     return p
 
 

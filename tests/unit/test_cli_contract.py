@@ -165,10 +165,9 @@ def test_huge_shapes_are_refused_naming_the_limit(capsys, argv, needles):
     refused(capsys, argv, *needles)
 
 
-def test_the_largest_allowed_shape_simulates_quickly(capsys):
-    t0 = time.monotonic()
+def test_the_largest_allowed_shape_is_accepted(capsys):
+    """The limit is inclusive: P=64 M=512 of 1F1B (its time is the benchmarks' to measure)."""
     assert main(["simulate", "1f1b", "-P", "64", "-M", "512", "--json"]) == 0
-    assert time.monotonic() - t0 < 10.0  # the 1 s target is a benchmark's; this bounds a loaded machine
     assert json.loads(capsys.readouterr().out)["microbatches"] == 512
 
 
@@ -237,7 +236,7 @@ def test_a_partial_newest_checkpoint_is_reported(capsys, tmp_path, saved):
     shutil.copytree(saved, d)
     (d / "step-2" / ".metadata").unlink()  # a save that did not finish
     refused(capsys, ["train", *LOCAL, "--steps", "3", "--resume", str(d)],
-            "its newest checkpoint step-2 is partial", f"resume from {str(d / 'step-1')!r}, the newest complete one")
+            f"--resume {d}: ", "its newest checkpoint step-2 is partial", f"resume from {str(d / 'step-1')!r}, the newest complete one")
 
 
 def test_a_truncated_shard_is_named_before_any_process_starts(capsys, tmp_path, saved):
@@ -246,8 +245,14 @@ def test_a_truncated_shard_is_named_before_any_process_starts(capsys, tmp_path, 
     shutil.copytree(saved, d)
     shard = max((d / "step-2").glob("*.distcp"), key=lambda p: p.stat().st_size)
     shard.write_bytes(shard.read_bytes()[:100])
-    refused(capsys, ["train", *LOCAL, "--steps", "3", "--resume", str(d)], f"file {str(shard)!r} has 100 bytes",
+    refused(capsys, ["train", *LOCAL, "--steps", "3", "--resume", str(d)], f"--resume {d}: ",
+            f"file {str(shard)!r} has 100 bytes",
             "it is truncated")
+
+
+def test_a_missing_resume_folder_is_refused_naming_the_flag(capsys, tmp_path):
+    refused(capsys, ["train", *LOCAL, "--resume", str(tmp_path / "none")], f"--resume {tmp_path / 'none'}: ",
+            "does not exist or is not a folder")
 
 
 def test_step_folders_are_named_as_the_readme_says(saved):
