@@ -53,7 +53,7 @@ def compile(schedule: Schedule | str, *, stages: int | None = None, microbatches
     1 or 2 gathered ZeRO-3 copies; ``replication``: the replication policy (auto: the family's).
     ``rules``: "gloo" or "nccl", the communication rules it is validated under and runs under.
     ``units`` (optional) must number the schedule's units. ``check=False`` skips validation (a test
-    hook, ``pipert.tools.instrument.Instrumentation``): the Program then runs only where the
+    hook, ``pipert.exec.instrument.Instrumentation``): the Program then runs only where the
     instrumentation allows it.
     """
     if isinstance(schedule, Program):
