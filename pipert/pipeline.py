@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -146,6 +147,9 @@ class Pipeline:
         # Built once: runners and the executor's per-program tables do not depend on the step.
         # The local backend gives each step a fresh hub (set as the executor's transport).
         self._executors = {r: self._executor(r, transport) for r in self.ranks}
+        # the queues' worker threads and nccl-sim's streams end with the Pipeline (close(), or when
+        # it is garbage-collected), not at interpreter exit
+        self._finalizer = weakref.finalize(self, _close_each, self._closers)
 
     @property
     def rules(self) -> str:
@@ -232,6 +236,17 @@ class Pipeline:
             return transport
         from .comm.staging import StagedTransport
         return StagedTransport(transport, self.pool)
+
+    def close(self) -> None:
+        """End the worker threads this Pipeline started (its queues and communicators); it cannot
+        step afterwards. Also done when the Pipeline is garbage-collected."""
+        self._finalizer()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ queries
     def links_delayed(self) -> int:
@@ -423,3 +438,7 @@ class Pipeline:
             raise report[root_cause(report)]
         return results
 
+
+def _close_each(closers: list) -> None:
+    for close in closers:
+        close()
