@@ -100,7 +100,8 @@ class RankExecutor:
         instrument = instrument or NONE
         program.verify(unchecked=not instrument.check)
         self.rank = rank
-        self.schedule = program
+        self.compiled = program
+        """The whole Program (every rank's actions); ``program`` is this rank's."""
         self.program: tuple[Action, ...] = program.actions[rank]
         self.runners = runners
         self.transport = transport
