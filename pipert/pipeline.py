@@ -440,5 +440,14 @@ class Pipeline:
 
 
 def _close_each(closers: list) -> None:
-    for close in closers:
-        close()
+    """Run ``closers`` (a Pipeline's finalizer). The garbage collector may run it on any thread
+    that allocates, a ``pipert._C`` worker included, and such a worker cannot join itself (its
+    stream would be destroyed with its thread still joinable: std::terminate): on a thread that
+    Python did not start, the closers run on a thread of their own."""
+    def run() -> None:
+        for close in closers:
+            close()
+    if isinstance(threading.current_thread(), threading._DummyThread):  # started outside Python
+        threading.Thread(target=run, name="pipert-close", daemon=True).start()
+    else:
+        run()
