@@ -142,14 +142,14 @@ class Pipeline:
         self._boundary: dict[tuple[int, int], BoundarySpec] = {}
         self.last_results: dict[int, StepResult] = {}
         self._closers: list = []
+        # the queues' worker threads and nccl-sim's streams end with the Pipeline (close(), or when
+        # it is garbage-collected, also one whose construction failed), not at interpreter exit
+        self._finalizer = weakref.finalize(self, _close_each, self._closers)
         self._comms: Any = None
         transport = self._dist_transport() if backend == "dist" else None
         # Built once: runners and the executor's per-program tables do not depend on the step.
         # The local backend gives each step a fresh hub (set as the executor's transport).
         self._executors = {r: self._executor(r, transport) for r in self.ranks}
-        # the queues' worker threads and nccl-sim's streams end with the Pipeline (close(), or when
-        # it is garbage-collected), not at interpreter exit
-        self._finalizer = weakref.finalize(self, _close_each, self._closers)
 
     @property
     def rules(self) -> str:
