@@ -12,6 +12,10 @@ executor is built), where receives are posted is where they stand. Six verbs rea
 - ``wait``: completes an earlier SEND or RECV;
 - ``memory``: FREE, OFFLOAD, PREFETCH of a value, a unit's weights or a stash.
 
+The executor runs a ``pipert.ir.program.Program`` only if it is what the validator accepted
+(``Program.verify``): ``pipert.compile`` makes one. Test and measurement hooks come in one
+``pipert.exec.instrument.Instrumentation`` (``instrument``; None in production).
+
 Every host wait has a timeout and, when it expires, raises ``PipelineTimeout`` naming this
 rank, the action and the peer it waited for. A handle with stream semantics
 (``pipert.comm.base.stream_waits``: NCCL on a GPU) completes on the stream instead: the
@@ -32,25 +36,18 @@ from ..comm.nccl import first_uses
 from ..device.queues import HostQueues
 from ..device.tensors import tensor_key
 from ..errors import CommTimeout, PeerFailure, PipelineError, PipelineTimeout
-from ..ir import Action, Op, Payload, Schedule
+from ..ir import Action, Op, Payload
+from ..ir.program import Program
 from ..ir.semantics import BWD_COPY_READERS, Queue, Value, op_queue, reads, recomputed, writes
 from .buffers import BoundarySpec
 from .collectives import run_collective, run_memory_op
+from .instrument import NONE, Instrumentation, digest
 from .state import UnitState
 
-__all__ = ["RankExecutor", "StepResult", "Fault", "SUPPORTED_OPS", "digest"]
+__all__ = ["RankExecutor", "StepResult", "SUPPORTED_OPS"]
 
 SUPPORTED_OPS = frozenset(Op)
 """Every op of the IR runs on every transport (gloo's missing collectives are emulated)."""
-
-
-@dataclass
-class Fault:
-    """Deliberate failure for tests: rank ``rank`` stops before its action ``at_action``."""
-
-    rank: int
-    at_action: int
-    mode: str = "hang"  # "hang": sleep forever; "exit": leave the process; "raise": raise here
 
 
 @dataclass
@@ -89,29 +86,36 @@ _PAYLOAD_KIND = {Payload.ACT: Value.ACT, Payload.GRAD: Value.GRAD}
 
 
 class RankExecutor:
-    """Executes ``schedule.actions[rank]`` against ``runners`` (unit -> UnitRunner)."""
+    """Executes ``program.actions[rank]`` against ``runners`` (unit -> UnitRunner).
 
-    def __init__(self, rank: int, schedule: Schedule, runners: dict, transport: Transport,
+    ``instrument``: a ``pipert.exec.instrument.Instrumentation`` (None: no hook); an unvalidated
+    program runs only when its ``check`` is False."""
+
+    def __init__(self, rank: int, program: Program, runners: dict, transport: Transport,
                  optimizers: dict[int, torch.optim.Optimizer], boundary: Callable[[int, int], BoundarySpec],
-                 timeout: float = 60.0, loss_scale: float | None = None, fault: Fault | None = None,
-                 trace: bool = False, state: UnitState | None = None, measure_memory: bool = False,
-                 record: bool = False, queues: Any = None, comms: Any = None) -> None:
+                 timeout: float = 60.0, loss_scale: float | None = None, state: UnitState | None = None,
+                 queues: Any = None, comms: Any = None, instrument: Instrumentation | None = None) -> None:
+        if not isinstance(program, Program):
+            raise TypeError(f"RankExecutor runs a Program (pipert.compile), got {type(program).__name__}")
+        instrument = instrument or NONE
+        program.verify(unchecked=not instrument.check)
         self.rank = rank
-        self.schedule = schedule
-        self.program: list[Action] = schedule.actions[rank]
+        self.compiled = program
+        """The whole Program (every rank's actions); ``program`` is this rank's."""
+        self.program: tuple[Action, ...] = program.actions[rank]
         self.runners = runners
         self.transport = transport
         self.boundary = boundary
         self.timeout = timeout
-        per_update = schedule.meta.get("update_every") or schedule.num_microbatches
+        per_update = program.meta.get("update_every") or program.num_microbatches
         self.loss_scale = loss_scale if loss_scale is not None else 1.0 / per_update
-        self.fault = fault if fault is not None and fault.rank == rank else None
+        self.fault = instrument.fault_of(rank)
         self._aborted = threading.Event()
-        self.trace = trace
-        self.measure = measure_memory
-        self.record = record
-        self.last_unit = schedule.num_units - 1
-        self.state = state if state is not None else UnitState(rank, schedule, runners, optimizers)
+        self.trace = instrument.trace
+        self.measure = instrument.measure_memory
+        self.record = instrument.record
+        self.last_unit = program.num_units - 1
+        self.state = state if state is not None else UnitState(rank, program, runners, optimizers)
         self.queues = queues if queues is not None else HostQueues()
         self.comms = comms
         """Where communicators are created (``connect``) when they are made at first use (NCCL,
@@ -121,10 +125,10 @@ class RankExecutor:
         self._in_flight: list[tuple[Handle, int, Action]] = []
         """Handles completed on the stream since the queues last finished, in that order (what a
         step that does not finish may still wait for on the device)."""
-        cq = schedule.meta.get("collective_queue", "group")
+        cq = program.meta.get("collective_queue", "group")
         self.blocking_collectives = cq == "compute"
         keep = recomputed(self.program)
-        U = schedule.num_units
+        U = program.num_units
         verbs = {Queue.COMPUTE: self._compute, Queue.SEND: self._send, Queue.RECV: self._recv,
                  Queue.GROUP: self._collective}
         # per action: (verb, activation/gradient values it reads, those it writes, flag, queue, every
@@ -149,7 +153,7 @@ class RankExecutor:
             wk = [k for k, _ in writes(a, U, rank)]
             qn = Queue.COMPUTE if a.op is Op.WAIT or op_queue(a.op, cq) is Queue.COMPUTE else op_queue(a.op)
             self.plan.append((verb, rd, wr, graph, qn, rk, wk, _wait_target(self.program, len(self.plan))))
-        held = sorted(u for u in runners if rank in schedule.placement.holders(u))
+        held = sorted(u for u in runners if rank in program.placement.holders(u))
         # units whose weights or gradients each compute-queue action may change
         self.touches = [([a.unit] if a.unit is not None else held) if op_queue(a.op, cq) is Queue.COMPUTE else []
                         for a in self.program]
@@ -257,14 +261,7 @@ class RankExecutor:
         return run
 
     def _trip(self) -> None:
-        mode = self.fault.mode
-        if mode == "exit":
-            import os
-            os._exit(3)
-        if mode == "raise":
-            raise PipelineError(f"rank {self.rank}: injected fault at action {self.fault.at_action}")
-        self._aborted.wait()  # "hang": until the Pipeline gives up on the step (abort)
-        raise PipelineError(f"rank {self.rank}: injected hang at action {self.fault.at_action} aborted")
+        self.fault.trip(self._aborted, PipelineError)  # a hang lasts until the Pipeline gives up (abort)
 
     def abort(self) -> None:
         """End an injected hang (the Pipeline calls this on ranks still running after it gave
@@ -515,19 +512,6 @@ def _wait_target(program: list[Action], i: int) -> int | None:
         return None
     target = Action(a.waits, unit=a.unit, mb=a.mb, payload=a.payload, peer=a.peer, tag=a.tag)
     return next((j for j in range(i - 1, -1, -1) if program[j] == target), None)
-
-
-def digest(v: Any) -> str | None:
-    """A fingerprint of a value's bytes (a tensor or tuple of tensors; None for none)."""
-    if v is None:
-        return None
-    import hashlib
-    h = hashlib.sha1()
-    for t in (v if isinstance(v, (tuple, list)) else (v,)):
-        if isinstance(t, torch.Tensor):
-            h.update(str(tuple(t.shape)).encode())
-            h.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def peer_text(a: Action) -> str:
