@@ -16,7 +16,10 @@ _EXPORTS = {
     "Pipeline": "pipert.pipeline", "compile": "pipert.compiler", "Program": "pipert.ir.program",
     "Schedule": "pipert.ir", "Action": "pipert.ir",
     "Placement": "pipert.ir", "build_schedule": "pipert.schedules", "available": "pipert.schedules",
-    "simulate": "pipert.sim", "validate": "pipert.sim",
+    "simulate": "pipert.sim", "validate": "pipert.sim", "partition": "pipert.models",
+    "build_units": "pipert.models", "units_needed": "pipert.pipeline", "split_microbatches": "pipert.pipeline",
+    "launch": "pipert.launch", "init_from_env": "pipert.launch", "LRSchedulers": "pipert.loop",
+    "SplitError": "pipert.ir.phases", "PipelineError": "pipert.errors", "PipelineTimeout": "pipert.errors",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

@@ -39,6 +39,7 @@ from .exec.unit import UnitRunner
 from .ir import COMPUTE_OPS, Op, Payload, Schedule
 from .ir.program import Program
 from .exec.instrument import NONE, Instrumentation
+from .loop import TrainingLoop
 
 __all__ = ["Pipeline", "default_optimizer", "split_microbatches", "units_needed", "RuntimeOptions", "LinkEmulation"]
 
@@ -80,7 +81,7 @@ def _stage0(module: nn.Module, placement: Any, u: int) -> list[nn.Parameter]:
     return [p for p, z in zip(params, placement.param_zero(u, len(params))) if z == 0]
 
 
-class Pipeline:
+class Pipeline(TrainingLoop):
     """Pipeline-parallel training of ``units`` (a partitioned model) with one program.
 
     ``units`` is the list of unit modules (see ``pipert.models.partition``); the last one
@@ -140,6 +141,7 @@ class Pipeline:
         self._bind_units(units, optimizer)
         self.staging, self.pool = self._staging(runtime)
         self._boundary: dict[tuple[int, int], BoundarySpec] = {}
+        self._boundary_of: tuple = ()  # (shape, dtype) of the micro-batch the boundaries are for
         self.last_results: dict[int, StepResult] = {}
         self._closers: list = []
         # the queues' worker threads and nccl-sim's streams end with the Pipeline (close(), or when
@@ -314,21 +316,31 @@ class Pipeline:
 
     def _infer_boundaries(self, inputs: Sequence[torch.Tensor]) -> None:
         """Shapes of every unit's output per micro-batch, from micro-batch 0 run on the meta
-        device (``pipert.exec.boundaries``): no unit is computed for real."""
-        if self._boundary:
+        device (``pipert.exec.boundaries``): no unit is computed for real. Derived again, before
+        any message, when the micro-batch's shape or dtype changes (a longer sequence, a bigger
+        batch): every rank of a job must then be given a batch of the same new shape."""
+        signature = (tuple(inputs[0].shape), inputs[0].dtype)
+        if self._boundary and signature == self._boundary_of:
             return
         specs = infer_boundaries(self._all_units, inputs[0], self._compute_device(inputs[0]))
         for u, spec in enumerate(specs):
             for m in range(self.program.num_microbatches):
                 self._boundary[(u, m)] = spec
-        self._all_units = []  # keep only the units this process needs
+        self._boundary_of = signature
 
-    def _executor(self, rank: int, transport) -> RankExecutor:
-        program = self.program
-        runners = {u: UnitRunner(mod, is_first=(u == 0), is_last=(u == program.num_units - 1))
-                   for u, mod in self.modules[rank].items()}
-        state = UnitState(rank, program, runners, self.optimizers[rank],
-                          lambda ps: _owner_optimizer(ps, self._optimizer_factory), pool=self.pool)
+    def _executor(self, rank: int, transport, program: Program | None = None,
+                  like: RankExecutor | None = None) -> RankExecutor:
+        """Rank ``rank``'s executor of ``program`` (default: the training program); ``like``: an
+        executor whose unit runners and model state it shares (the evaluation program reads the
+        training program's current weights and ZeRO shards)."""
+        program = program or self.program
+        if like is not None:
+            runners, state = like.runners, like.state
+        else:
+            runners = {u: UnitRunner(mod, is_first=(u == 0), is_last=(u == program.num_units - 1))
+                       for u, mod in self.modules[rank].items()}
+            state = UnitState(rank, program, runners, self.optimizers[rank],
+                              lambda ps: _owner_optimizer(ps, self._optimizer_factory), pool=self.pool)
         from .device.queues import make_queues
         queues = make_queues(self.queues, units_device(self.modules[rank].values()), name=f"rank{rank}")
         self._closers.append(queues.close)
@@ -337,28 +349,40 @@ class Pipeline:
                             comms=self._comms, instrument=self.instrument)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-        """One training step on the batch; returns the mean loss over all micro-batches."""
+        """One training step on the batch (forward, backward and the optimizer, as the program
+        orders them); returns the mean loss over all micro-batches."""
+        results = self._execute(self._executors, *self._batch(inputs, targets))
+        return self._mean_loss(results, self._compute_device(inputs))
+
+    def _batch(self, inputs: torch.Tensor, targets: torch.Tensor | None, clear_grads: bool = True) -> tuple:
+        """The batch as micro-batches, with the boundaries for their shape; gradients cleared
+        unless ``clear_grads`` is False (an evaluation)."""
         M = self.program.num_microbatches
-        xs, ys = split_microbatches(inputs, M), split_microbatches(targets, M)
+        xs = split_microbatches(inputs, M)
+        ys = split_microbatches(targets, M) if targets is not None else None
         self._infer_boundaries(xs)
-        for r in self.ranks:
+        for r in self.ranks if clear_grads else ():
             for mod in self.modules[r].values():
                 for p in mod.parameters():
                     p.grad = None
+        return xs, ys
+
+    def _execute(self, executors: dict[int, RankExecutor], xs: Any, ys: Any,
+                 parts: dict[int, tuple[int, int]] | None = None) -> dict[int, StepResult]:
+        """Run ``executors`` (this process's ranks) once, or their actions ``parts[rank]``."""
         cpu0 = time.process_time()
         if self.backend == "local":
-            results = self._run_local(xs, ys)
+            results = self._run_local(executors, xs, ys, parts)
         else:
-            results = {self.ranks[0]: self._executors[self.ranks[0]].run(xs, ys)}
+            r = self.ranks[0]
+            results = {r: executors[r].run(xs, ys, None if parts is None else parts[r])}
         self.last_process_cpu = time.process_time() - cpu0  # every thread of this process, in the run
         self.last_results = results
-        return self._mean_loss(results, self._compute_device(inputs))
+        return results
 
-    def _mean_loss(self, results: dict[int, StepResult], device: torch.device) -> float:
-        """The mean loss over the step's micro-batches, read from the devices once: every rank's
-        losses go into one vector (per micro-batch: loss, count) on their device, summed over the
-        job (torch.distributed: on the device the backend reduces), read by the host in one copy.
-        Fills each result's ``losses`` from it."""
+    def _loss_vector(self, results: dict[int, StepResult], device: torch.device) -> torch.Tensor:
+        """Per micro-batch the loss, then per micro-batch the count of ranks that computed it,
+        summed over the job (torch.distributed: on the device the backend reduces); no host read."""
         M = self.program.num_microbatches
         found = [t for r in results.values() for t in r.loss_values.values()]
         vec = torch.zeros(2 * M, dtype=torch.float64, device=found[0].device if found else device)
@@ -370,7 +394,15 @@ class Pipeline:
             # on a device the process group's backend reduces: the CPU for gloo, the GPU for NCCL
             vec = vec.to(reduction_device(dist.get_backend(), vec.device))
             dist.all_reduce(vec)
-        values = vec.tolist()  # the step's one read of the device
+        return vec
+
+    def _mean_loss(self, results: dict[int, StepResult], device: torch.device) -> float:
+        """The mean loss over the step's micro-batches, read from the devices once: every rank's
+        losses go into one vector (per micro-batch: loss, count) on their device, summed over the
+        job (torch.distributed: on the device the backend reduces), read by the host in one copy.
+        Fills each result's ``losses`` from it."""
+        M = self.program.num_microbatches
+        values = self._loss_vector(results, device).tolist()  # the step's one read of the device
         losses, counts = values[:M], values[M:]
         for r in results.values():
             r.losses = {m: losses[m] for m in r.loss_values}
@@ -379,30 +411,38 @@ class Pipeline:
             raise PipelineError(f"step produced {count} losses for {M} micro-batches")
         return sum(losses) / M
 
-    def _run_local(self, xs, ys) -> dict[int, StepResult]:
-        hub = LocalHub(self.program.num_ranks)
+    def _run_local(self, executors: dict[int, RankExecutor], xs: Any, ys: Any,
+                   parts: dict[int, tuple[int, int]] | None) -> dict[int, StepResult]:
+        """Every rank as a thread. A step gets a new hub (and, under NCCL's rules, new
+        communicators) at its first part; later parts of the step go on over the same ones."""
+        begins = parts is None or all(p[0] == 0 for p in parts.values())
+        ends = parts is None or all(p[1] == len(executors[r].program) for r, p in parts.items())
+        if begins:
+            self._hub = LocalHub(self.program.num_ranks)
+            self._rendezvous = None
+            if self.simulated_nccl:
+                from .comm.ncclsim import LocalRendezvous
+                self._rendezvous = LocalRendezvous()
+                self._hub.on_fail.append(self._rendezvous.fail)
+        hub, rendezvous = self._hub, self._rendezvous
         results: dict[int, StepResult] = {}
         errors: dict[int, BaseException] = {}
 
-        rendezvous = None
-        if self.simulated_nccl:
-            from .comm.ncclsim import LocalRendezvous
-            rendezvous = LocalRendezvous()
-            hub.on_fail.append(rendezvous.fail)
-
         def work(rank: int) -> None:
-            executor = self._executors[rank]
+            executor = executors[rank]
             try:
-                base = hub.transport(rank)
-                if rendezvous is not None:  # the hub is new every step: so are its communicators
-                    from .comm.ncclsim import NcclSim
-                    base = executor.comms = NcclSim(base, rendezvous, self.timeout)
-                    if self.warmup:
-                        warm_up(base, self.program, rank)
-                executor.transport = self._staged(base)
-                if self.links is not None:
-                    executor.transport = DelayedTransport(executor.transport, self.links, path=self.link_emulation.path)
-                results[rank] = executor.run(xs, ys)
+                if begins:
+                    base = hub.transport(rank)
+                    if rendezvous is not None:  # the hub is new every step: so are its communicators
+                        from .comm.ncclsim import NcclSim
+                        base = executor.comms = NcclSim(base, rendezvous, self.timeout)
+                        if self.warmup:
+                            warm_up(base, executor.compiled, rank)
+                    executor.transport = self._staged(base)
+                    if self.links is not None:
+                        executor.transport = DelayedTransport(executor.transport, self.links,
+                                                              path=self.link_emulation.path)
+                results[rank] = executor.run(xs, ys, None if parts is None else parts[rank])
             except BaseException as e:  # noqa: BLE001 - reported below, after all threads stop
                 errors[rank] = e
                 if not isinstance(e, PipelineTimeout):
@@ -410,7 +450,7 @@ class Pipeline:
                     # its own peer, so the report can name the rank that stalled.
                     hub.fail(f"rank {rank} failed: {e}")
             finally:
-                if rendezvous is not None:
+                if rendezvous is not None and (ends or rank in errors):
                     executor.comms.close()
 
         threads = [threading.Thread(target=work, args=(r,), daemon=True, name=f"pipert-rank{r}") for r in self.ranks]
@@ -431,7 +471,7 @@ class Pipeline:
         if stuck:  # ranks still running after the others failed: end them before reporting
             hub.fail("the step was abandoned after another rank failed")
             for r in self.ranks:
-                self._executors[r].abort()
+                executors[r].abort()
             for t in stuck:
                 t.join(timeout=self.timeout + 1.0)
         if report:

@@ -37,6 +37,7 @@ from ..device.queues import HostQueues
 from ..device.tensors import tensor_key
 from ..errors import CommTimeout, PeerFailure, PipelineError, PipelineTimeout
 from ..ir import Action, Op, Payload
+from ..ir.phases import forward_only_program
 from ..ir.program import Program
 from ..ir.semantics import BWD_COPY_READERS, Queue, Value, op_queue, reads, recomputed, writes
 from .buffers import BoundarySpec
@@ -59,6 +60,8 @@ class StepResult:
     with one read of the device per step."""
     loss_values: dict[int, torch.Tensor] = field(default_factory=dict)
     """Micro-batch -> loss as a 0-d tensor on its device, detached (last-unit ranks only)."""
+    outputs: dict[int, Any] = field(default_factory=dict)
+    """Micro-batch -> the last unit's output, of an evaluation program run without targets."""
     sent_bytes: dict[str, int] = field(default_factory=dict)  # payload (or op:payload) -> bytes this rank sent
     trace: list[tuple[str, float, float]] = field(default_factory=list)  # (action, start, end) if traced
     op_times: list[tuple[str, int | None, float, float]] = field(default_factory=list)
@@ -128,6 +131,8 @@ class RankExecutor:
         cq = program.meta.get("collective_queue", "group")
         self.blocking_collectives = cq == "compute"
         keep = recomputed(self.program)
+        self.evaluation = forward_only_program(program)
+        """An evaluation program (``pipert.ir.phases``): forwards without graphs or stashes."""
         U = program.num_units
         verbs = {Queue.COMPUTE: self._compute, Queue.SEND: self._send, Queue.RECV: self._recv,
                  Queue.GROUP: self._collective}
@@ -159,26 +164,33 @@ class RankExecutor:
                         for a in self.program]
 
     # ------------------------------------------------------------------ step
-    def run(self, inputs: Sequence[torch.Tensor] | None, targets: Sequence[torch.Tensor] | None) -> StepResult:
-        """Run the whole program once. ``inputs[m]``/``targets[m]`` are needed on the ranks
-        that compute the first/last unit of micro-batch m."""
+    def run(self, inputs: Sequence[torch.Tensor] | None, targets: Sequence[torch.Tensor] | None,
+            part: tuple[int, int] | None = None) -> StepResult:
+        """Run the program once, or its actions ``part = (start, stop)``: a part that starts at 0
+        begins a step, a later one goes on with the step's state (``pipert.ir.phases``: the
+        update after forward and backward). ``inputs[m]``/``targets[m]`` are needed on the ranks
+        that compute the first/last unit of micro-batch m; ``targets=None`` on an evaluation
+        program keeps the last unit's outputs (``StepResult.outputs``)."""
         t_start = time.perf_counter()
-        self.inputs, self.targets = inputs, targets
-        self.state.begin_step()
-        self.values: dict[tuple, Any] = {}         # (kind, unit, mb) -> tensor or tuple present here
-        self.pending: dict[tuple, tuple] = {}      # value key -> (handle, buffer, slot, index, action)
-        self.sends: list[tuple[Handle, Any, int, Action]] = []
-        self.result = StepResult()
-        self._link_index: dict[tuple[str, int], int] = {}  # (SEND|RECV, peer) -> messages posted
-        self._recv_index: dict[int, int] = {}  # action index of a posted RECV -> its k on the link
+        start, stop = part if part is not None else (0, len(self.program))
+        if start == 0:
+            self.inputs, self.targets = inputs, targets
+            self.state.begin_step()
+            self.values: dict[tuple, Any] = {}     # (kind, unit, mb) -> tensor or tuple present here
+            self.pending: dict[tuple, tuple] = {}  # value key -> (handle, buffer, slot, index, action)
+            self.sends: list[tuple[Handle, Any, int, Action]] = []
+            self.result = StepResult()
+            self._link_index: dict[tuple[str, int], int] = {}  # (SEND|RECV, peer) -> messages posted
+            self._recv_index: dict[int, int] = {}  # action index of a posted RECV -> its k on the link
         self._error: BaseException | None = None
         q = self.queues
         posted: dict[tuple, Any] = {}    # value key -> event of the post that brings it
         at: dict[int, Any] = {}          # action index -> event of its post (SEND, RECV, collective)
         taken: dict[int, Any] = {}       # unit -> event of the last post that read its weights or gradient
-        lazy = self._unconnected()
+        lazy = [(i, c) for i, c in self._unconnected() if start <= i < stop]
         nxt, used = (lazy[0][0] if lazy else -1), 0
-        for i, a in enumerate(self.program):
+        for i in range(start, stop):
+            a = self.program[i]
             if i == nxt:  # a communicator's first use: its creation blocks this (issuing) thread
                 self._connect(i, a, lazy[used][1])
                 used += 1
@@ -399,6 +411,12 @@ class RankExecutor:
         if op is Op.F:
             if u == 0:
                 x = self.inputs[m]
+            if self.evaluation:
+                out = runner.evaluate(x, None if self.targets is None else self.targets[m])
+                if u != self.last_unit:
+                    return out
+                (self.result.outputs if self.targets is None else self.result.loss_values)[m] = out
+                return None
             with self.state.stash.capture(u, m):
                 if u == self.last_unit:  # no host read here: the step reads its losses once
                     self.result.loss_values[m] = runner.forward(m, x, self.targets[m], keep_graph=graph).detach()
