@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 from .action import Action, Op, ScheduleFormatError, parse_action
 
-__all__ = ["Placement", "Schedule", "FORMAT_NAME", "FORMAT_VERSION"]
+__all__ = ["Placement", "Schedule", "ScheduleQueries", "FORMAT_NAME", "FORMAT_VERSION"]
 
 FORMAT_NAME = "pipert.schedule"
 FORMAT_VERSION = 1
@@ -182,31 +182,18 @@ class Placement:
             raise ScheduleFormatError(f"placement needs 'kind', 'ranks' and 'weight_owner': {e}") from None
 
 
-@dataclass
-class Schedule:
-    """A complete pipeline program: ``actions[r]`` is rank r's ordered action list.
-
-    Units ``0..num_units-1`` form one chain per micro-batch: unit u consumes the output
-    activation of unit u-1 (unit 0 reads the batch, the last unit computes the loss).
-    ``meta`` holds generator facts consumers may use (e.g. ``chunks``, ``stages``,
-    ``update_every`` for schedules that step the optimizer more than once per batch).
-    """
+class ScheduleQueries:
+    """Read-only queries and forms shared by :class:`Schedule` and ``pipert.ir.program.Program``
+    (both have ``name``, ``num_ranks``, ``num_units``, ``num_microbatches``, ``placement``,
+    ``actions`` (per rank, in order) and ``meta``)."""
 
     name: str
     num_ranks: int
     num_units: int
     num_microbatches: int
     placement: Placement
-    actions: list[list[Action]]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if len(self.actions) != self.num_ranks:
-            raise ScheduleFormatError(f"schedule {self.name!r}: {len(self.actions)} action lists for "
-                                      f"{self.num_ranks} ranks")
-        if len(self.placement.weight_owner) != self.num_units:
-            raise ScheduleFormatError(f"schedule {self.name!r}: weight_owner has {len(self.placement.weight_owner)}"
-                                      f" entries for {self.num_units} units")
+    actions: Any
+    meta: Any
 
     # --- queries ---------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[int, int, Action]]:
@@ -230,11 +217,57 @@ class Schedule:
             "format": FORMAT_NAME, "version": FORMAT_VERSION, "name": self.name,
             "num_ranks": self.num_ranks, "num_units": self.num_units,
             "num_microbatches": self.num_microbatches, "placement": self.placement.to_dict(),
-            "actions": [[str(a) for a in acts] for acts in self.actions], "meta": self.meta,
+            "actions": [[str(a) for a in acts] for acts in self.actions], "meta": dict(self.meta),
         }
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent)
+
+    def grid(self, compute_only: bool = True, width: int = 14) -> str:
+        """Step x rank table: row k holds the k-th (compute) action of every rank."""
+        cols = [[a for a in acts if a.is_compute or not compute_only] for acts in self.actions]
+        rows = max((len(c) for c in cols), default=0)
+        head = "step " + "".join(f"{'rank ' + str(r):<{width}}" for r in range(self.num_ranks))
+        lines = [head.rstrip()]
+        for k in range(rows):
+            cells = "".join(f"{(str(c[k]) if k < len(c) else ''):<{width}}" for c in cols)
+            lines.append(f"{k:<5}{cells}".rstrip())
+        return "\n".join(lines)
+
+    def with_actions(self, actions: list[list[Action]], name: str | None = None) -> "Schedule":
+        """A new Schedule with these per-rank lists (and a copy of the meta)."""
+        return Schedule(name or self.name, self.num_ranks, self.num_units, self.num_microbatches,
+                        self.placement, [a if isinstance(a, list) else list(a) for a in actions], dict(self.meta))
+
+    def count(self, op: Op) -> int:
+        return sum(1 for _, _, a in self if a.op is op)
+
+
+@dataclass
+class Schedule(ScheduleQueries):
+    """A complete pipeline program: ``actions[r]`` is rank r's ordered action list.
+
+    Units ``0..num_units-1`` form one chain per micro-batch: unit u consumes the output
+    activation of unit u-1 (unit 0 reads the batch, the last unit computes the loss).
+    ``meta`` holds generator facts consumers may use (e.g. ``chunks``, ``stages``,
+    ``update_every`` for schedules that step the optimizer more than once per batch).
+    """
+
+    name: str
+    num_ranks: int
+    num_units: int
+    num_microbatches: int
+    placement: Placement
+    actions: list[list[Action]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.actions) != self.num_ranks:
+            raise ScheduleFormatError(f"schedule {self.name!r}: {len(self.actions)} action lists for "
+                                      f"{self.num_ranks} ranks")
+        if len(self.placement.weight_owner) != self.num_units:
+            raise ScheduleFormatError(f"schedule {self.name!r}: weight_owner has {len(self.placement.weight_owner)}"
+                                      f" entries for {self.num_units} units")
 
     @staticmethod
     def from_dict(d: Any, source: str = "schedule") -> "Schedule":
@@ -282,21 +315,3 @@ class Schedule:
         if not p.is_file():
             raise ScheduleFormatError(f"schedule file {str(p)!r} does not exist")
         return Schedule.from_json(p.read_text(), source=str(p))
-
-    def grid(self, compute_only: bool = True, width: int = 14) -> str:
-        """Step x rank table: row k holds the k-th (compute) action of every rank."""
-        cols = [[a for a in acts if a.is_compute or not compute_only] for acts in self.actions]
-        rows = max((len(c) for c in cols), default=0)
-        head = "step " + "".join(f"{'rank ' + str(r):<{width}}" for r in range(self.num_ranks))
-        lines = [head.rstrip()]
-        for k in range(rows):
-            cells = "".join(f"{(str(c[k]) if k < len(c) else ''):<{width}}" for c in cols)
-            lines.append(f"{k:<5}{cells}".rstrip())
-        return "\n".join(lines)
-
-    def with_actions(self, actions: list[list[Action]], name: str | None = None) -> "Schedule":
-        return Schedule(name or self.name, self.num_ranks, self.num_units, self.num_microbatches,
-                        self.placement, actions, dict(self.meta))
-
-    def count(self, op: Op) -> int:
-        return sum(1 for _, _, a in self if a.op is op)
