@@ -29,8 +29,9 @@ from .exec.executor import Fault, RankExecutor, StepResult
 from .exec.optim import MasterWeightOptimizer, needs_master_weights
 from .exec.state import UnitState
 from .exec.unit import UnitRunner
-from .ir import COMPUTE_OPS, Op, Payload, Schedule
+from .ir import COMPUTE_OPS, Payload, Schedule
 from .ir.passes import merge_sub_blocks
+from .ir.semantics import HOST_OPS
 from .schedules import build_schedule
 from .sim import validate
 
@@ -82,7 +83,7 @@ def program_digest(program: Schedule) -> str:
     import json
     d = program.to_dict()
     d = {k: d[k] for k in ("num_ranks", "num_units", "num_microbatches", "placement", "actions")}
-    d["meta"] = {k: program.meta.get(k) for k in ("update_every", "collective_queue")}
+    d["meta"] = {"update_every": program.meta.get("update_every")}   # the queue of collectives: the placement's
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
@@ -282,7 +283,7 @@ class Pipeline:
                 dist.get_backend(), _device_of(units[u] for u in units_needed(schedule, self.ranks[0])))
         self.staging = staging
         """Whether point-to-point messages go through host buffers of ``pool`` (pipert.comm.staging)."""
-        if pool is None and (staging or any(a.op in (Op.OFFLOAD, Op.PREFETCH) for _, _, a in self.program)):
+        if pool is None and (staging or any(a.op in HOST_OPS for _, _, a in self.program)):
             from .device.pinned import PinnedPool
             pool = PinnedPool()
         self.pool = pool
