@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..errors import PipelineError
 from ..ir import Action, Op, Payload
 from ..ir.semantics import DROPPING_OPS, Value
 
@@ -101,6 +102,13 @@ def run_memory_op(ex: Any, i: int, a: Action) -> None:
     st, op, u, pl, zc = ex.state, a.op, a.unit, a.payload, a.zclass
     if pl is Payload.STASH:
         for m in a.mb:
+            # the stash is on the device from its F (or RECOMPUTE) to its first backward; PREFETCH
+            # reads the host copy an OFFLOAD left (pipert.ir.semantics: STASH and its host copy)
+            on_host = st.stash.is_offloaded(u, m)
+            if on_host != (op is Op.PREFETCH) or not on_host and not ex.runners[u].has_stash(m):
+                where = "in host memory" if op is Op.PREFETCH else "on the device"
+                raise PipelineError(f"rank {ex.rank}: action {i} ({a}): no stash of unit {u} micro-batch {m} "
+                                    f"{where} (was the schedule validated?)", ex.rank)
             if op is Op.FREE:
                 ex.runners[u].drop(m)
                 st.stash.drop(u, m)

@@ -33,7 +33,7 @@ from ..device.queues import HostQueues
 from ..device.tensors import tensor_key
 from ..errors import CommTimeout, PeerFailure, PipelineError, PipelineTimeout
 from ..ir import Action, Op, Payload, Schedule
-from ..ir.semantics import MEMORY_OPS, P2P_OPS, TABLE, Queue, Semantics, Value, recomputed
+from ..ir.semantics import MEMORY_OPS, P2P_OPS, STASH_READERS, TABLE, Queue, Semantics, Value, recomputed
 from .buffers import BoundarySpec
 from .collectives import run_collective, run_memory_op
 from .state import UnitState
@@ -137,6 +137,9 @@ class RankExecutor:
                 verb = self._wait
             elif a.op in MEMORY_OPS:
                 verb = self._memory
+            bad = sem.field_error(a) if a.unit is not None and a.unit < sem.num_units else None
+            if bad is not None:
+                raise PipelineError(f"rank {rank}: action {a}: {bad}", rank)
             keeps = a.op is Op.F and any((a.unit, m) in keep for m in a.mb)
             p = sem.plan(a, rank, keeps)
             rk = [k for e in p.reads for k in e.keys(a.mb)]
@@ -367,6 +370,11 @@ class RankExecutor:
             self.state.ready(u, flag)
         runner = self.runners[u]
         first = a.sub is None or a.sub[0] == 0
+        if first and op in STASH_READERS:
+            for m in a.mb:
+                if self.state.stash.is_offloaded(u, m):
+                    raise PipelineError(f"rank {self.rank}: action {i} ({a}) reads the stash of micro-batch {m}, "
+                                        f"which is offloaded (was the schedule validated?)", self.rank)
         reads_by_mb = {k[2]: k for k in rd} if first else {}
         writes_by_mb = {k[2]: k for k in wr}
         for m in a.mb:

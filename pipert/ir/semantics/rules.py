@@ -10,7 +10,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 from ..ops import Op, Payload
-from .opsets import SIDED_OPS
+from .opsets import HOST_OPS, SIDED_OPS
 from .table import F_RECOMPUTED, MEMORY_KIND, PAYLOAD_VALUE, PER_UNIT, TABLE, Queue, Ref, Role, Value
 
 if TYPE_CHECKING:
@@ -229,7 +229,8 @@ class Semantics:
         """Why ``a``'s ZeRO class or side does not fit the placement (None: it fits): a class names
         one of a unit with several stages, and such a unit's weight or gradient messages,
         collectives and memory ops name one; a side names a gathered copy of ZeRO-3 weights kept
-        apart (``zero3_buffers=2``), and their ALLGATHER and FREE name one."""
+        apart (``zero3_buffers=2``), and their ALLGATHER and FREE name one; those two copies are not
+        moved to host memory (OFFLOAD and PREFETCH name no side)."""
         u, z = a.unit, a.zclass
         if z is None and a.side is None and a.payload is not Payload.WEIGHT and a.payload is not Payload.WGRAD:
             return None   # names neither: only the weights or gradient of a unit are split into classes
@@ -245,6 +246,9 @@ class Semantics:
         if gathered and a.side is None:
             return ("the schedule keeps separate forward and backward copies of gathered ZeRO-3 weights "
                     "(placement zero3_buffers=2): name one (fwd or bwd)")
+        if self.split and stage == 3 and a.payload is Payload.WEIGHT and a.op in HOST_OPS:
+            return (f"{a.op.value} of gathered ZeRO-3 weights kept apart (placement zero3_buffers=2): the fwd "
+                    f"and bwd copies are FREEd, not moved to host memory")
         if a.side is not None and not gathered:
             return (f"side {a.side} names a copy of gathered ZeRO-3 weights, which this schedule does not keep "
                     f"apart (placement zero3_buffers={2 if self.split else 1}, stage {stage})")
