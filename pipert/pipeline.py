@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -329,6 +330,9 @@ class Pipeline:
         # Built once: runners and the executor's per-program tables do not depend on the step.
         # The local backend gives each step a fresh hub (set as the executor's transport).
         self._executors = {r: self._executor(r, dist_transport) for r in self.ranks}
+        # the queues' worker threads and nccl-sim's streams end with the Pipeline (close(), or when
+        # it is garbage-collected), not at interpreter exit
+        self._finalizer = weakref.finalize(self, _close_each, self._closers)
 
     def _delayed(self, transport: Any, device: torch.device, link_clock: str) -> DelayedTransport:
         """``transport`` behind the emulated links; on the stream path with this rank's clock offsets
@@ -344,6 +348,17 @@ class Pipeline:
             return transport
         from .comm.staging import StagedTransport
         return StagedTransport(transport, self.pool)
+
+    def close(self) -> None:
+        """End the worker threads this Pipeline started (its queues and communicators); it cannot
+        step afterwards. Also done when the Pipeline is garbage-collected."""
+        self._finalizer()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ queries
     def links_delayed(self) -> int:
@@ -539,6 +554,11 @@ class Pipeline:
 RULES = ("native", "nccl")
 """``Pipeline(rules=...)``: the backend's own communication rules, or NCCL's (on gloo and the local
 hub emulated by ``pipert.comm.ncclsim``; on NCCL itself the same as native)."""
+
+
+def _close_each(closers: list) -> None:
+    for close in closers:
+        close()
 
 
 def warmup_enabled() -> bool:

@@ -38,8 +38,8 @@ class HostQueues:
     def recv(self, fn: Callable[[], None], waits: Iterable[Any] = ()) -> None:
         fn()
 
-    def finish(self) -> None:
-        return None
+    def finish(self, timeout: float | None = None) -> bool:
+        return True
 
     def after(self, fn: Callable[[], None]) -> None:
         fn()
@@ -76,13 +76,17 @@ class StreamQueues:
     def recv(self, fn: Callable[[], None], waits: Iterable[Any] = ()) -> Any:
         return self._on(self.set.recv, fn, waits, posted=True)
 
-    def finish(self) -> None:
+    def finish(self, timeout: float | None = None) -> bool:
         """Wait for every queue, with one host wait (module doc); errors of items surface through
         the executor (it keeps the first exception an item raised), so the streams' own error
-        text is not needed here."""
+        text is not needed here. On a GPU, False when the queues have not finished after
+        ``timeout`` seconds (the host polls the one event, once per step); CPU streams time out
+        their own waits, so there this returns when they have finished."""
         s = self.set
         s.compute.wait(s.send.record())
         s.compute.wait(s.recv.record())
+        if timeout is not None and s.backend == "cuda" and not _done_within(s.compute.record(), timeout):
+            return False
         try:
             s.compute.synchronize()
         except RuntimeError:  # a failed stream skips its waits: wait for each stream in turn
@@ -91,6 +95,7 @@ class StreamQueues:
             except RuntimeError:
                 pass
         self.last = None
+        return True
 
     def after(self, fn: Callable[[], None]) -> None:
         if self.set.backend == "cuda":
@@ -100,6 +105,17 @@ class StreamQueues:
 
     def close(self) -> None:
         self.set.close()
+
+
+def _done_within(event: Any, timeout: float) -> bool:
+    """Whether ``event`` completes within ``timeout`` seconds (polled every millisecond)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while not event.query():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1e-3)
+    return True
 
 
 def make_queues(kind: str, device: torch.device | str, name: str = "") -> HostQueues | StreamQueues:

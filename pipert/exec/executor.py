@@ -118,6 +118,9 @@ class RankExecutor:
         ``pipert.comm.nccl``): each first use connects on the issuing thread, in program order."""
         self._first_uses: list | None = None  # (action index, communicator) of each first use, once needed
         self._sends_lock = threading.Lock()
+        self._in_flight: list[tuple[Handle, int, Action]] = []
+        """Handles completed on the stream since the queues last finished, in that order (what a
+        step that does not finish may still wait for on the device)."""
         sem = Semantics.of(schedule)
         self.blocking_collectives = sem.collective_queue is Queue.COMPUTE
         keep = recomputed(self.program)
@@ -202,7 +205,9 @@ class RankExecutor:
                 if k[0] is Value.WEIGHT or k[0] is Value.WGRAD:
                     taken[k[1]] = ev
         self.result.issue_s = time.perf_counter() - t_start
-        q.finish()
+        if not q.finish(self.timeout):
+            raise self._stalled()
+        self._in_flight.clear()  # everything the queues waited for on the device is done
         if self._error is not None:
             raise self._error
         # what is still in flight (sends; weights or gradients a held unit keeps for the next step):
@@ -283,6 +288,7 @@ class RankExecutor:
         try:
             if stream_waits(handle):
                 handle.wait_stream()  # the current stream waits; no host wait, no timeout here
+                self._in_flight.append((handle, i, a))
             else:
                 handle.wait(self.timeout)
             if k is not None:
@@ -297,6 +303,19 @@ class RankExecutor:
         except PeerFailure as e:
             raise PipelineError(f"rank {self.rank} failed at action {i} ({a}): peer rank {peer_text(a)} "
                                 f"went away ({e})", self.rank, a.peer) from None
+
+    def _stalled(self) -> PipelineTimeout:
+        """The error of a step whose queues did not finish in time: the first communication the
+        device still waits for (in the order they were completed on the stream), named."""
+        for handle, i, a in self._in_flight:
+            if not handle.done():
+                verb = "to" if a.op is Op.SEND or a.waits is Op.SEND else "from"
+                return PipelineTimeout(
+                    f"rank {self.rank} stalled at action {i} ({a}): the step did not finish in {self.timeout:g} s; "
+                    f"its first communication still in flight is {a.payload} {verb} rank {peer_text(a)}",
+                    self.rank, a.peer)
+        return PipelineTimeout(f"rank {self.rank}: the step did not finish in {self.timeout:g} s, though every "
+                               f"communication it waited for is done", self.rank)
 
     def _post(self, post: Callable[[], Handle], i: int, a: Action, nbytes: int = 0) -> Handle:
         if self.trace and a.op in P2P_OPS:

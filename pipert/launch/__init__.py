@@ -67,6 +67,10 @@ def check_gpus(needed: int, local_rank: int | None = None) -> None:
                      f"(CPU), fewer ranks, or a machine with more GPUs")
 
 
+NCCL_WATCHDOG_MARGIN_S = 30.0
+"""Seconds NCCL's process-group timeout exceeds pipert's (``timeout`` of ``init_from_env``)."""
+
+
 def init_from_env(backend: str | None = None, timeout: float = 120.0) -> int:
     """Initialise torch.distributed from torchrun's environment (env://); returns this rank.
     Under NCCL the process uses ``cuda:LOCAL_RANK``."""
@@ -74,6 +78,9 @@ def init_from_env(backend: str | None = None, timeout: float = 120.0) -> int:
         backend = backend or default_backend()
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            # NCCL's watchdog ends a job whose operation outlives the group's timeout; pipert's own
+            # end-of-step wait (timeout) names the stalled rank, action and peer first
+            timeout += NCCL_WATCHDOG_MARGIN_S
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
     return dist.get_rank()
 

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-__all__ = ["SAVE_GROUPS", "RECOMPUTE_MODES", "save_set", "recompute_save_set", "save_policy",
+__all__ = ["stochastic", "SAVE_GROUPS", "RECOMPUTE_MODES", "save_set", "recompute_save_set", "save_policy",
            "selective_context", "selective_checkpoint", "collect_caches", "cached_tensors", "selective_recompute"]
 
 SAVE_GROUPS: dict[str, frozenset[str]] = {
@@ -125,10 +125,30 @@ def selective_context(save: Iterable[str]) -> Callable[[], tuple[Any, Any]]:
     return context_fn
 
 
-def selective_checkpoint(fn: Callable[..., Any], *args: Any, save: Iterable[str]) -> Any:
+def selective_checkpoint(fn: Callable[..., Any], *args: Any, save: Iterable[str], rng: bool | None = None) -> Any:
     """``fn(*args)`` keeping only the outputs of the op groups ``save`` (and the inputs) for
-    backward; everything else is recomputed when backward first needs it."""
-    return checkpoint(fn, *args, use_reentrant=False, context_fn=selective_context(save))
+    backward; everything else is recomputed when backward first needs it.
+
+    ``rng``: whether the recomputation must replay the random numbers of the forward (None: when
+    ``fn`` is a module's method and the module draws random numbers, see :func:`stochastic`).
+    A deterministic region does not save and restore the generator's state: besides its cost,
+    torch's get/set of that state deadlocks when two threads of one process do it at once (the
+    generator's mutex against the GIL), which ranks run as threads (the local backend) would."""
+    if rng is None:
+        rng = _replays_rng(fn)
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=selective_context(save), preserve_rng_state=rng)
+
+
+def _replays_rng(fn: Callable[..., Any]) -> bool:
+    """A region running ``fn`` replays the generator unless ``fn`` is a deterministic module's method."""
+    owner = getattr(fn, "__self__", None)
+    return stochastic(owner) if isinstance(owner, nn.Module) else True
+
+
+def stochastic(module: nn.Module) -> bool:
+    """Whether ``module`` draws random numbers in its forward (a dropout with p > 0 in training
+    mode); pipert's built-in models do not."""
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and m.training for m in module.modules())
 
 
 @contextlib.contextmanager
@@ -192,7 +212,7 @@ class _Checkpointed:
             it = iter(others)
             return forward(tuple(stand_in[i] if i in stand_in else next(it) for i in range(len(stand_in) + len(others))))
 
-        outs = list(selective_checkpoint(region, *rest, save=self.save))
+        outs = list(selective_checkpoint(region, *rest, save=self.save, rng=_replays_rng(forward)))
         for i, j in relays.items():
             outs[j] = xs[i]
         return tuple(outs)

@@ -100,3 +100,38 @@ def test_fine_cut_pipeline_with_selective_recompute_equals_the_reference():
     from pipert.testing import Case, assert_exact, run_case
     case = Case("pipemesh", 2, 4, chunks=1, fine=True, save_ops=("projection",), options=(("units_per_chunk", 3),))
     assert_exact([run_case(case).as_dict()])
+
+
+def test_a_deterministic_region_leaves_the_generator_alone_and_a_random_one_replays_it(monkeypatch):
+    """torch's get/set of the generator's state deadlocks between threads (its mutex against the
+    GIL): deterministic regions (every built-in unit) never touch it; a unit with dropout replays
+    the forward's random numbers in its recomputation."""
+    import torch
+    from torch import nn
+
+    from pipert.models.recompute import selective_checkpoint, stochastic
+
+    class Unit(nn.Module):
+        def __init__(self, p: float) -> None:
+            super().__init__()
+            self.lin, self.drop = nn.Linear(8, 8), nn.Dropout(p)
+
+        def forward(self, x):
+            return self.drop(torch.relu(self.lin(x))).sum()
+
+    calls = []
+    real_get = torch.get_rng_state
+    monkeypatch.setattr(torch, "get_rng_state", lambda: calls.append(1) or real_get())
+    plain = Unit(0.0)
+    assert not stochastic(plain) and stochastic(Unit(0.5)) and not stochastic(Unit(0.5).eval())
+    selective_checkpoint(plain.forward, torch.randn(4, 8, requires_grad=True), save=()).backward()
+    assert calls == []
+    random = Unit(0.5)
+    x = torch.randn(4, 8, requires_grad=True)
+    torch.manual_seed(0)
+    selective_checkpoint(random.forward, x, save=()).backward()
+    grad = x.grad.clone()
+    x.grad = None
+    torch.manual_seed(0)
+    random(x).backward()  # the same draws without recomputation
+    assert calls and torch.equal(grad, x.grad)

@@ -44,3 +44,31 @@ def test_every_ir_op_trains_exactly_on_the_local_transport(case):
     W pieces and torch's IZB programs: the same cases as on gloo (test_gloo_ir_ops.py)."""
     r = run_case(case)
     assert r.loss_err <= 1e-12 and r.grad_err <= 1e-10 and r.param_err <= 1e-10, r
+
+
+def test_pipelines_end_their_worker_threads_when_closed_or_collected():
+    """Each rank's queues run on worker threads: a closed or garbage-collected Pipeline ends them,
+    so a process that builds many pipelines (a test suite, a sweep) does not accumulate threads."""
+    import gc
+    import os
+
+    from pipert.pipeline import Pipeline
+    from pipert.testing import make_batch, sgd, tiny_units
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    def one() -> None:
+        Pipeline(tiny_units(2, "float64"), "1f1b", microbatches=2, optimizer=sgd).step(*make_batch(2))
+
+    one()  # lazily started shared threads (pools, timers) are not the Pipeline's
+    gc.collect()
+    before = threads()
+    for _ in range(4):
+        one()
+        gc.collect()
+    assert threads() == before
+    with Pipeline(tiny_units(2, "float64"), "1f1b", microbatches=2, optimizer=sgd) as pipe:
+        pipe.step(*make_batch(2))
+        during = threads()
+    assert threads() < during

@@ -150,3 +150,60 @@ def _host_reads(monkeypatch, microbatches: int) -> int:
 
 def test_a_step_reads_its_losses_once_whatever_the_micro_batch_count(monkeypatch):
     assert _host_reads(monkeypatch, 2) == _host_reads(monkeypatch, 8) == 1
+
+
+class _Stuck:
+    """A stream-semantics handle whose operation never completes on the device."""
+
+    stream_waits = True
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def wait(self, timeout: float) -> None:
+        raise AssertionError("a stream-semantics handle is never waited on the host")
+
+    def wait_stream(self) -> None:
+        return None
+
+    def done(self) -> bool:
+        return False
+
+
+class _Unfinished:
+    """Host queues whose device work never finishes (what a GPU stuck in a receive looks like)."""
+
+    def compute(self, fn, waits=()):
+        fn()
+
+    send = recv = compute
+
+    def finish(self, timeout=None):
+        return timeout is None
+
+    def after(self, fn):
+        fn()
+
+    def close(self):
+        return None
+
+
+def test_a_step_whose_device_work_does_not_finish_names_its_first_communication_in_flight(monkeypatch):
+    """With stream semantics the host never waits per message; when the step's one wait times out,
+    the error names the rank, the first communication the device still waits for and its peer."""
+    from pipert.errors import PipelineTimeout
+    from pipert.exec.executor import RankExecutor
+
+    class StuckRecv(_Recording):
+        def irecv(self, t, peer):
+            return _Stuck(self.inner.irecv(t, peer)) if self.inner.rank == 1 else self.inner.irecv(t, peer)
+
+    monkeypatch.setattr(local.LocalHub, "transport", lambda hub, rank: StuckRecv(local.LocalTransport(hub, rank), [],
+                                                                               False))
+    pipe = Pipeline(tiny_units(2, "float64"), "1f1b", microbatches=2, optimizer=sgd, timeout=1.0)
+    pipe._executors[1].queues = _Unfinished()  # rank 1's device waits for the receive forever
+    with pytest.raises(PipelineTimeout) as err:
+        pipe.step(*make_batch(2))
+    msg = str(err.value)
+    assert msg.startswith("rank 1 stalled at action ") and "(RECV act u0 m0 <-0)" in msg, msg
+    assert "did not finish in 1 s" in msg and "act from rank 0" in msg, msg
