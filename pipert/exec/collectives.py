@@ -120,6 +120,9 @@ def run_memory_op(ex: Any, i: int, a: Action) -> None:
     if pl is Payload.WEIGHT:
         if op is not Op.PREFETCH:
             st.settle_weights(u)
+            if not st.has_weights(u, zc, a.side):
+                raise PipelineError(f"rank {ex.rank}: action {i} ({a}): unit {u}'s weights are not on the device "
+                                    f"(freed, offloaded, stale or never gathered; was the schedule validated?)", ex.rank)
         if op is Op.OFFLOAD:
             st.offload(("weight", u, zc), st.flat(u, Payload.WEIGHT, zc))
         if a.side is not None:
