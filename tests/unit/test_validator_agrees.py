@@ -29,6 +29,8 @@ BASES = [("1f1b", 2), ("zb-h1", 2), ("interleaved-1f1b", 2), ("1f1b", 4), ("zb-h
 """(family, stages): replicated over dp=2 when stages is 2."""
 TIMEOUT = 3.0
 """Seconds the executor waits for a message (a rejected program may deadlock)."""
+PASSES_4 = [lambda s: s, P.offload_weights, P.offload_stashes]
+"""What a P=4 base gets before its mutations: nothing, or offloads of weights or of stashes."""
 
 
 def _base(draw: st.DrawFn) -> Schedule:
@@ -40,9 +42,6 @@ def _base(draw: st.DrawFn) -> Schedule:
     return PASSES_4[draw(st.integers(0, len(PASSES_4) - 1))](s)
 
 
-PASSES_4 = [lambda s: s, P.offload_weights, P.offload_stashes]
-
-
 def _move(draw: st.DrawFn, acts: list[Action]) -> None:
     movable = [i for i, a in enumerate(acts) if a.op in MEMORY_OPS or a.op in COLLECTIVE_OPS]
     if movable:
@@ -50,7 +49,7 @@ def _move(draw: st.DrawFn, acts: list[Action]) -> None:
         acts.insert(draw(st.integers(0, len(acts))), a)
 
 
-def _offload(draw: st.DrawFn, acts: list[Action], rank: int, s: Schedule) -> None:
+def _offload(draw: st.DrawFn, acts: list[Action]) -> None:
     """An OFFLOAD of a stash this rank's F leaves or of weights it reads, at a drawn place, and
     (mostly) a PREFETCH at a later one."""
     computes = [a for a in acts if a.op is Op.F]
@@ -76,7 +75,7 @@ def mutated(draw: st.DrawFn) -> Schedule:
         if draw(st.integers(0, 2)):
             _move(draw, acts[r])
         else:
-            _offload(draw, acts[r], r, s)
+            _offload(draw, acts[r])
     return s.with_actions(acts)
 
 
