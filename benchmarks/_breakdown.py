@@ -5,7 +5,7 @@ backward, optimizer step) and everything else: the step's wall time less the com
 rest holds the waits for messages and peers, the pipeline's bubbles and the runtime's own work;
 a compute's wait for a core counts inside the compute (its CPU seconds are recorded beside it).
 
-pipert records its computes itself when traced (``Pipeline(trace=True)`` ->
+pipert records its computes itself when traced (``Instrumentation(trace=True)`` ->
 ``StepResult.op_times``: wall and thread-CPU seconds of every compute, waits for received values
 excluded), also those that run on ``pipert._C`` worker threads, which a profiler of the calling
 thread cannot see. torch.distributed.pipelining records none: its stages' ``forward_one_chunk`` and

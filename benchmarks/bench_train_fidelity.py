@@ -66,9 +66,8 @@ def row(schedule: str, label: str, recs: list[dict], warmup: int, lat: float, bw
 def actions_per_rank(schedule: str) -> float:
     """Mean length of a rank's program (what the executor runs: pieces merged)."""
     sys.path.insert(0, str(ROOT))
-    from pipert.pipeline import program_for
-    from pipert.schedules import build_schedule
-    prog = program_for(build_schedule(schedule, stages=P, microbatches=M))
+    from pipert.compiler import compile
+    prog = compile(schedule, stages=P, microbatches=M)
     return sum(len(a) for a in prog.actions) / prog.num_ranks
 
 

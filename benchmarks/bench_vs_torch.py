@@ -219,7 +219,8 @@ def _multi_breakdown(s: Setup, schedule: str, microbatches: int, units: Callable
     from pipert.pipeline import Pipeline
     from _torch_pipelining import TorchPipe
     rank = dist.get_rank()
-    traced = Pipeline(units(), sched, backend="dist", optimizer=sgd, trace=True)
+    from pipert.exec.instrument import Instrumentation
+    traced = Pipeline(units(), sched, backend="dist", optimizer=sgd, instrument=Instrumentation(trace=True))
     _no_split_computes(traced)
     clock = Clock()
     tpipe = TorchPipe.build(units(), schedule, microbatches, LR, loss_fn=clock.wrap("forward", lm_loss))
@@ -249,14 +250,14 @@ def _sync_costs(reps: int = 20) -> dict[str, float]:
 
 def _pipert_order(pipe, rank: int) -> list[str]:
     """This rank's compute actions in torch's notation (``2F0``: stage 2, forward, micro-batch 0)."""
-    return [f"{a.unit}{a.op.value}{m}" for a in pipe.schedule.compute_actions(rank) if a.op.value in ("F", "B")
+    return [f"{a.unit}{a.op.value}{m}" for a in pipe.program.compute_actions(rank) if a.op.value in ("F", "B")
             for m in a.mb]
 
 
 def _param_diff(units_p, units_t, pipe) -> float:
     """Max relative difference of this rank's owned parameters after training."""
     worst = 0.0
-    for u in pipe.schedule.units_owned(dist.get_rank()):
+    for u in pipe.program.units_owned(dist.get_rank()):
         for (n, a), (_, b) in zip(units_p[u].named_parameters(), units_t[u].named_parameters()):
             d = (a.detach().double() - b.detach().double()).abs().max().item()
             worst = max(worst, d / max(b.detach().double().abs().max().item(), 1e-30))
@@ -312,9 +313,10 @@ def _single_pair(s: Setup, microbatches: int, trace: bool = False) -> tuple:
     """(pipert Pipeline with P = 1 on the local backend, the plain model, its optimizer), same weights."""
     from pipert.models import LlamaModel, partition
     from pipert.pipeline import Pipeline
+    from pipert.exec.instrument import Instrumentation
     cfg = model_config(s)
     pipe = Pipeline(partition(LlamaModel(cfg, seed=0), 1), "1f1b", stages=1, microbatches=microbatches,
-                    backend="local", optimizer=sgd, trace=trace)
+                    backend="local", optimizer=sgd, instrument=Instrumentation(trace=trace))
     model = LlamaModel(cfg, seed=0)
     return pipe, model, sgd(model.parameters())
 
@@ -531,7 +533,7 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
     if breakdown:
         L += ["", "## Where the time goes (ms per step, mean over ranks)", "",
               "Breakdown steps, after the timed ones and not timed with them: fresh pipelines of the same model, "
-              "the systems alternating as above. pipert runs traced (`Pipeline(trace=True)`: its executor records "
+              "the systems alternating as above. pipert runs traced (`Instrumentation(trace=True)`: its executor records "
               "each compute's wall and thread-CPU time, on whichever thread runs it); torch's `forward_one_chunk`, "
               "loss function, `backward_one_chunk` and optimizer, and the plain loop's model call, backward and "
               "optimizer, are timed around each call. step: barrier to barrier on each rank; forward, backward, "

@@ -204,7 +204,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<Stream, std::shared_ptr<Stream>>(m, "Stream")
       .def(py::init([](std::string name, int priority) {
-             return std::shared_ptr<Stream>(std::make_shared<PyStream>(std::move(name), priority));
+             // The last reference may drop inside one of the stream's own items (Python's garbage
+             // collector runs on whichever thread allocates): the worker cannot join itself, so a
+             // thread of its own deletes the stream, joining the worker once that item is done.
+             return std::shared_ptr<Stream>(new PyStream(std::move(name), priority), [](Stream* s) {
+               if (s->on_worker()) {
+                 std::thread([s] { delete s; }).detach();
+               } else {
+                 delete s;
+               }
+             });
            }), py::arg("name") = "stream", py::arg("priority") = 0)
       .def_property_readonly("name", &Stream::name)
       .def_property_readonly("priority", &Stream::priority)

@@ -133,9 +133,9 @@ def _holdings(pipe) -> tuple[dict[int, nn.Module], list[tuple[Any, dict]], list[
     optimizers: list[tuple[Any, dict]] = []
     sharded: list[tuple[int, int]] = []
     copies: list[tuple] = []
-    pl = pipe.schedule.placement
+    pl = pipe.program.placement
     for r in pipe.ranks:
-        for u in pipe.schedule.units_owned(r):
+        for u in pipe.program.units_owned(r):
             if any(z for _, z in pl.zero_parts(u)):
                 sharded.append((r, u))
                 if u not in pipe.optimizers[r]:

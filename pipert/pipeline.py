@@ -1,5 +1,9 @@
 """Pipeline: the user-facing object. One ``step(inputs, targets)`` = one training step.
 
+A Pipeline runs a ``pipert.ir.program.Program`` (``pipert.compile``; given a Schedule or a name it
+compiles one) and never transforms it: it keeps the units each of its ranks needs, binds
+transports, links and queues (``pipert.binding``) and builds one ``RankExecutor`` per rank.
+
 Backends:
 - ``"local"``: every rank in this process, one thread each (CPU) — tests and emulation;
 - ``"dist"``: this process is one rank of an initialised torch.distributed job (torchrun or
@@ -19,25 +23,26 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .binding import (BACKENDS, LinkEmulation, RuntimeOptions, check_materialized, check_same_program, emulates_nccl,
+                      program_of, root_cause, units_device, warm_up)
 from .comm.delayed import DelayedTransport
 from .comm.dist import DistTransport
 from .comm.local import LocalHub
-from .device.tensors import device_of, meta_tensors, reduction_device
+from .device.tensors import device_of, reduction_device
 from .errors import PipelineError, PipelineTimeout
 from .exec.boundaries import infer_boundaries
 from .exec.buffers import BoundarySpec
-from .exec.executor import Fault, RankExecutor, StepResult
+from .exec.executor import RankExecutor, StepResult
 from .exec.optim import MasterWeightOptimizer, needs_master_weights
 from .exec.state import UnitState
 from .exec.unit import UnitRunner
 from .ir import COMPUTE_OPS, Payload, Schedule
-from .ir.passes import merge_sub_blocks
+from .ir.program import Program
 from .ir.semantics import HOST_OPS
-from .schedules import build_schedule
-from .sim import validate
+from .exec.instrument import NONE, Instrumentation
+from .loop import TrainingLoop
 
-__all__ = ["Pipeline", "default_optimizer", "split_microbatches", "program_for", "check_same_program",
-           "program_digest", "units_needed"]
+__all__ = ["Pipeline", "default_optimizer", "split_microbatches", "units_needed", "RuntimeOptions", "LinkEmulation"]
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -56,20 +61,14 @@ def split_microbatches(t: torch.Tensor, num: int) -> tuple[torch.Tensor, ...]:
 _MODULE_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD, Payload.STASH})  # moved from/into a unit's module
 
 
-def units_needed(schedule: Schedule, rank: int) -> set[int]:
+def units_needed(program: Program | Schedule, rank: int) -> set[int]:
     """Units whose module must exist (be materialised) on ``rank``: the units it holds, computes,
     or moves weights, weight gradients or stashes of. Moving only a unit's activations or their
     gradients (``SEND act``, ``RECV grad``, ...) needs its boundary shape, not its module: every
     other unit may stay on the meta device in that process."""
-    units = {a.unit for a in schedule.actions[rank] if a.unit is not None and
+    units = {a.unit for a in program.actions[rank] if a.unit is not None and
              (a.op in COMPUTE_OPS or a.payload in _MODULE_PAYLOADS)}
-    return units | set(schedule.units_owned(rank))
-
-
-def program_for(schedule: Schedule) -> Schedule:
-    """The program the executor runs for ``schedule``: pieces of computes other than W merged
-    (``pipert.ir.passes.merge_sub_blocks``); everything else as given."""
-    return merge_sub_blocks(schedule)
+    return units | set(program.units_owned(rank))
 
 
 def _owner_optimizer(params: list, factory: OptimizerFactory):
@@ -77,270 +76,162 @@ def _owner_optimizer(params: list, factory: OptimizerFactory):
     return MasterWeightOptimizer(params, factory) if needs_master_weights(params) else factory(params)
 
 
-def program_digest(program: Schedule) -> str:
-    """A digest of what every rank runs: shape, placement, every action and the meta entries the
-    executor reads (generator statistics such as solve times are left out)."""
-    import hashlib
-    import json
-    d = program.to_dict()
-    d = {k: d[k] for k in ("num_ranks", "num_units", "num_microbatches", "placement", "actions")}
-    d["meta"] = {"update_every": program.meta.get("update_every")}   # the queue of collectives: the placement's
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+def _stage0(module: nn.Module, placement: Any, u: int) -> list[nn.Parameter]:
+    """The unit's parameters of ZeRO stage 0 (those the owner's optimizer steps)."""
+    params = list(module.parameters())
+    return [p for p, z in zip(params, placement.param_zero(u, len(params))) if z == 0]
 
 
-def _device_of(units: Iterable[nn.Module]) -> torch.device:
-    return device_of(units) or torch.device("cpu")
-
-
-def _check_materialized(units: Sequence[nn.Module], needed: Iterable[int], rank: int) -> None:
-    """Every unit ``rank`` computes or holds has real tensors (none on the meta device)."""
-    for u in needed:
-        on_meta = meta_tensors(units[u])
-        if on_meta:
-            more = ", ..." if len(on_meta) > 3 else ""
-            raise ValueError(f"unit {u} is needed on rank {rank} (it computes or holds it) but is on the meta device "
-                             f"({', '.join(on_meta[:3])}{more}); materialise it first "
-                             f"(pipert.models.materialize, or build_units(keep=units_needed(program, {rank})))")
-
-
-def check_same_program(program: Schedule) -> None:
-    """Every rank of a torch.distributed job must run the same program: compare a digest of it
-    across ranks and fail naming the ranks that disagree."""
-    digest = program_digest(program)
-    digests: list = [None] * dist.get_world_size()
-    dist.all_gather_object(digests, digest)
-    if len(set(digests)) > 1:
-        by: dict[str, list[int]] = {}
-        for r, d in enumerate(digests):
-            by.setdefault(d, []).append(r)
-        groups = "; ".join(f"ranks {rs} have program {d[:12]}" for d, rs in sorted(by.items(), key=lambda x: x[1]))
-        raise PipelineError(f"ranks disagree on the program to run ({groups}); build the schedule once and "
-                            f"share it (a solver must be deterministic)")
-
-
-def _built_once(name: str, options: dict) -> Schedule:
-    """The named schedule, built on rank 0 and sent to every rank (a solver's result is decided
-    once; a failure to build is raised on every rank)."""
-    if not dist.is_initialized():
-        raise RuntimeError("backend 'dist' needs torch.distributed initialised (torchrun or pipert.launch)")
-    box: list = [None]
-    if dist.get_rank() == 0:
-        try:
-            box[0] = build_schedule(name, **options).to_json()
-        except (ValueError, RuntimeError) as e:
-            box[0] = e
-    dist.broadcast_object_list(box, src=0)
-    if isinstance(box[0], BaseException):
-        raise box[0]
-    return Schedule.from_json(box[0])
-
-
-def _link_emulator(links: Any, num_ranks: int) -> Any:
-    """``links`` as a LinkEmulator of ``num_ranks`` ranks: a LinkEmulator, a ``pipert.cost.Links``
-    (the simulator's numbers) or a ``pipert.linkflags.LinkOptions``; None stays None."""
-    if links is None:
-        return None
-    from .cost.topology import Links
-    from .linkflags import LinkOptions
-    from .comm.links import LinkEmulator
-    if isinstance(links, LinkOptions):
-        links = links.links(num_ranks)
-    if isinstance(links, Links):
-        links = LinkEmulator.from_links(links)
-    if not isinstance(links, LinkEmulator):
-        raise TypeError(f"links must be a LinkEmulator, pipert.cost.Links or pipert.linkflags.LinkOptions, got "
-                        f"{type(links).__name__}")
-    if links.num_ranks != num_ranks:
-        raise ValueError(f"links cover {links.num_ranks} ranks but the schedule has {num_ranks}")
-    return links
-
-
-def _root_cause(errors: dict[int, BaseException]) -> int:
-    """The failed rank to report: one that waited on a peer which did not fail itself (that
-    peer is the stalled one); ranks waiting on other waiting ranks are echoes."""
-    for r in sorted(errors):
-        peer = getattr(errors[r], "peer", None)
-        if peer is not None and peer not in errors:
-            return r
-    return min(errors)
-
-
-class Pipeline:
-    """Pipeline-parallel training of ``units`` (a partitioned model) with one schedule.
+class Pipeline(TrainingLoop):
+    """Pipeline-parallel training of ``units`` (a partitioned model) with one program.
 
     ``units`` is the list of unit modules (see ``pipert.models.partition``); the last one
-    returns the loss given (x, targets). Parameters of unit u live on
-    ``schedule.placement.weight_owner[u]``, which also runs its optimizer.
+    returns the loss given (x, targets). ``program`` is a Program (``pipert.compile``), or a
+    Schedule or registered name that the Pipeline compiles with ``compile_options``
+    (``pipert.compile``'s keywords: ``stages`` (default: one per unit), ``microbatches`` (over
+    every replica), ``chunks``, ``schedule_options``, ``passes``, ``dp``, ``zero``,
+    ``zero3_buffers``, ``replication``, ``rules``; by default NCCL's rules on NCCL, else gloo's).
+    A program compiled under NCCL's rules runs under them: on NCCL itself, or on gloo and the local
+    hub through ``pipert.comm.ncclsim`` (communicators created by a blocking rendezvous, all of
+    them before the first step in one global order; a send complete only when its receive runs).
+    Parameters of unit u live on ``program.placement.weight_owner[u]``, which also runs its
+    optimizer (made by ``optimizer``; data-parallel replicas each step their own).
 
     With ``backend="dist"`` a process uses only the units it computes or holds
     (``units_needed(program, rank)``); every other entry of ``units`` may be a skeleton on the
     meta device (``pipert.models.build_units(..., keep=units_needed(...))``), read only for its
     boundary shapes, which are found by running micro-batch 0 on the meta device. A unit this
     rank needs that still has tensors on meta is an error naming the unit and the rank. The
-    local backend runs every rank, so it needs every unit materialised.
-
-    ``dp=D`` trains D data-parallel replicas of the pipeline (``stages * D`` ranks, laid out as a
-    ``(dp, pp)`` DeviceMesh under torch.distributed); ``zero`` is the ZeRO stage (0-3) of every
-    unit, one per unit, per parameter, or a rule or share spec such as ``"3:mlp,2:attn,1"``
-    (``pipert.schedules.zero_rules``; ``pipert.schedules.data_parallel``); ``zero3_buffers=2`` keeps
-    the gathered ZeRO-3 weights of forward and backward computes apart. ``microbatches`` counts all
-    replicas' micro-batches. ``measure_memory`` records the bytes each rank's program holds after
-    every action (``last_results[r].memory``); ``program`` is what the ranks run.
+    local backend runs every rank, so it needs every unit materialised. Every wait times out
+    after ``timeout`` seconds, naming the rank, action and peer.
 
     ``links`` delays every point-to-point message by an emulated link, on either backend: a
-    ``pipert.cost.Links`` (the simulator's numbers), a ``pipert.linkflags.LinkOptions`` or a
-    ``pipert.comm.links.LinkEmulator`` (rules: ``pipert.comm.delayed.DelayedTransport``).
-    ``link_path`` picks how (DelayedTransport's ``path``); ``link_clock`` is the clock rule of its
-    stream path under torch.distributed (``pipert.comm.linkframes.link_clock_offsets``).
-    ``rules="nccl"`` makes messages and collectives follow NCCL's rules on gloo or the local hub
-    (``pipert.comm.ncclsim``): communicators created by a blocking rendezvous (all of them before the
-    first step, in one global order), a send complete only when its receive runs. ``check=False``
-    runs a schedule the validator rejects (tests of what the transports then do).
-    ``staging`` moves messages through host buffers of ``pool`` (``pipert.comm.staging``;
-    None: when gloo carries GPU tensors). ``trace`` also records each compute's own time
-    (``StepResult.op_times``, read by ``pipert.tools.fidelity``).
+    ``pipert.binding.LinkEmulation`` (links, the path that applies delays, the clock rule), or
+    just its links (``pipert.cost.Links``, ``pipert.linkflags.LinkOptions``,
+    ``pipert.comm.links.LinkEmulator``). ``runtime`` (``pipert.binding.RuntimeOptions``): queues,
+    host staging of messages, the pinned pool. ``instrument``
+    (``pipert.exec.instrument.Instrumentation``): test and measurement hooks (fault injection,
+    records of computes, memory after every action, traces, no warm-up, running an unvalidated
+    program; default None: no hook).
     """
 
-    def __init__(self, units: Sequence[nn.Module], schedule: Schedule | str = "1f1b", *,
-                 stages: int | None = None, microbatches: int | None = None, chunks: int | None = None,
-                 optimizer: OptimizerFactory = default_optimizer, backend: str = "local",
-                 timeout: float = 60.0, schedule_options: dict | None = None, fault: Fault | None = None,
-                 trace: bool = False, links: Any = None, measure_memory: bool = False, record: bool = False,
-                 pool: Any = None, dp: int = 1, zero: int | str | Sequence = 0, queues: str = "streams",
-                 staging: bool | None = None, zero3_buffers: int = 1, link_path: str = "auto",
-                 link_clock: str = "auto", rules: str = "native", check: bool = True) -> None:
-        if backend not in ("local", "dist"):
-            raise ValueError(f"backend {backend!r} unknown; allowed: 'local', 'dist'")
-        if rules not in RULES:
-            raise ValueError(f"rules {rules!r} unknown; allowed: {', '.join(RULES)}")
+    def __init__(self, units: Sequence[nn.Module], program: Program | Schedule | str = "1f1b", *,
+                 optimizer: OptimizerFactory = default_optimizer, backend: str = "local", timeout: float = 60.0,
+                 links: Any = None, runtime: RuntimeOptions | None = None, instrument: Instrumentation | None = None,
+                 **compile_options: Any) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend {backend!r} unknown; allowed: {', '.join(BACKENDS)}")
         if backend == "dist" and not dist.is_initialized():
             raise RuntimeError("backend 'dist' needs torch.distributed initialised (torchrun or pipert.launch)")
-        native_nccl = backend == "dist" and dist.get_backend() == "nccl"
-        self.rules = "nccl" if rules == "nccl" or native_nccl else "gloo"
-        """The communication rules the program runs under: "nccl" (NCCL, or ``rules="nccl"``: NCCL's
-        rules on gloo or the local hub, ``pipert.comm.ncclsim``) or "gloo" (gloo, the local hub)."""
-        self.simulated_nccl = rules == "nccl" and not native_nccl
-        self.warmup = warmup_enabled()
+        self.backend, self.timeout = backend, timeout
+        self.instrument = instrument or NONE
+        """Test and measurement hooks (none in production)."""
+        self.program = program_of(program, units, backend, self.instrument.check, compile_options)
+        """What every rank runs: the compiled program, as validated."""
+        self.simulated_nccl = emulates_nccl(self.program, backend)
+        """Whether NCCL's rules are emulated on gloo or the local hub (``pipert.comm.ncclsim``)."""
+        self.warmup = self.instrument.warmup
         """Whether every communicator is created before the first step, in one global order
-        (``pipert.comm.nccl.warmup_order``); off only through PIPERT_NO_WARMUP=1, for tests that
-        show what happens without it."""
-        if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
-            raise ValueError(f"dp must be a positive integer (data-parallel replicas), got {dp!r}")
-        if isinstance(schedule, str):
-            if microbatches is None:
-                raise ValueError("microbatches is required when the schedule is given by name")
-            if microbatches % dp:
-                raise ValueError(f"{microbatches} micro-batches do not split over dp={dp} replicas; use a multiple "
-                                 f"of {dp}")
-            name, opts = schedule, dict(stages=stages or len(units), microbatches=microbatches // dp,
-                                        chunks=chunks, **(schedule_options or {}))
-            schedule = _built_once(name, opts) if backend == "dist" else build_schedule(name, **opts)
-        if dp > 1:
-            from .schedules.data_parallel import replicate
-            from .schedules.zero_rules import resolve_zero
-            zeros, numel = resolve_zero(zero, [[(n, p.numel()) for n, p in m.named_parameters()] for m in units])
-            schedule = replicate(schedule, dp, zeros, numel, zero3_buffers)
-        elif (zero not in (0, None, "0") or zero3_buffers != 1) and schedule.placement.replicas is None:
-            raise ValueError(f"zero={zero!r} needs data-parallel replicas (dp > 1)")
-        if check:
-            validate(schedule, transport=self.rules)
-        if schedule.num_units != len(units):
-            raise ValueError(f"schedule {schedule.name!r} has {schedule.num_units} units but the model was "
-                             f"partitioned into {len(units)}")
-        self.schedule = schedule
-        self.program = program_for(schedule)
-        """The program every rank runs (``schedule`` after the executor's lowering passes)."""
-        self.backend = backend
-        self.timeout = timeout
-        self.fault = fault
-        self.trace = trace
-        self.measure_memory = measure_memory
-        self.record = record
-        if queues not in ("streams", "host"):
-            raise ValueError(f"queues {queues!r} unknown; allowed: 'streams', 'host'")
-        # a snapshot after every action needs the actions to run one at a time
-        self.queues = "host" if (measure_memory or record) else queues
-        self.links = _link_emulator(links, schedule.num_ranks)
-        if link_path not in DelayedTransport.PATHS:
-            raise ValueError(f"link_path {link_path!r} unknown; allowed: {', '.join(DelayedTransport.PATHS)}")
-        self.link_path = link_path
-        if link_clock not in ("auto", "shared", "estimate"):
-            raise ValueError(f"link_clock {link_clock!r} unknown; allowed: auto, shared, estimate")
+        (``pipert.comm.nccl.warmup_order``); off only through instrumentation, for tests."""
+        runtime = runtime or RuntimeOptions()
+        self.queues = "host" if self.instrument.serial else runtime.queues
+        self.link_emulation = LinkEmulation.of(links)
+        self.links = self.link_emulation.emulator(self.program.num_ranks) if self.link_emulation else None
         """The LinkEmulator every point-to-point message crosses (None: messages are not delayed)."""
-        self._all_units = list(units)
+        self.ranks = self._local_ranks()
+        self._bind_units(units, optimizer)
+        self.staging, self.pool = self._staging(runtime)
         self._boundary: dict[tuple[int, int], BoundarySpec] = {}
+        self._boundary_of: tuple = ()  # (shape, dtype) of the micro-batch the boundaries are for
         self.last_results: dict[int, StepResult] = {}
-        if backend == "local":
-            self.ranks = list(range(schedule.num_ranks))
-        else:
-            if dist.get_world_size() != schedule.num_ranks:
-                raise ValueError(f"schedule {schedule.name!r} needs {schedule.num_ranks} ranks, "
-                                 f"the job has {dist.get_world_size()}")
-            self.ranks = [dist.get_rank()]
-            check_same_program(self.program)
-        if staging is None:  # gloo cannot read GPU memory: stage GPU tensors in host buffers
+        self._closers: list = []
+        # the queues' worker threads and nccl-sim's streams end with the Pipeline (close(), or when
+        # it is garbage-collected, also one whose construction failed), not at interpreter exit
+        self._finalizer = weakref.finalize(self, _close_each, self._closers)
+        self._comms: Any = None
+        transport = self._dist_transport() if backend == "dist" else None
+        # Built once: runners and the executor's per-program tables do not depend on the step.
+        # The local backend gives each step a fresh hub (set as the executor's transport).
+        self._executors = {r: self._executor(r, transport) for r in self.ranks}
+
+    @property
+    def rules(self) -> str:
+        """The communication rules the program runs under: "nccl" (NCCL, or emulated on gloo and the
+        local hub) or "gloo" (gloo, the local hub)."""
+        return self.program.rules
+
+    def _local_ranks(self) -> list[int]:
+        """The ranks this process runs (all of them on the local backend)."""
+        n = self.program.num_ranks
+        if self.backend == "local":
+            return list(range(n))
+        if dist.get_world_size() != n:
+            raise ValueError(f"program {self.program.name!r} needs {n} ranks, the job has {dist.get_world_size()}")
+        check_same_program(self.program)
+        return [dist.get_rank()]
+
+    def _bind_units(self, units: Sequence[nn.Module], optimizer: OptimizerFactory) -> None:
+        """Each local rank's modules (the owner keeps the given one, other local ranks get a copy)
+        and the owner's optimizer of each unit it holds."""
+        self.modules: dict[int, dict[int, nn.Module]] = {}
+        self.optimizers: dict[int, dict[int, torch.optim.Optimizer]] = {}
+        pl = self.program.placement
+        for r in self.ranks:
+            needed = sorted(units_needed(self.program, r))
+            check_materialized(units, needed, r)
+            self.modules[r] = {u: (units[u] if pl.weight_owner[u] == r or self.backend == "dist" else
+                                   copy.deepcopy(units[u])) for u in needed}
+            # the owner's optimizer steps the stage-0 parameters (ZeRO classes step their shards)
+            self.optimizers[r] = {u: _owner_optimizer(ps, optimizer) for u in sorted(self.program.units_owned(r))
+                                  if (ps := _stage0(self.modules[r][u], pl, u))}
+        self._optimizer_factory = optimizer
+        self._all_units = list(units)
+
+    def _staging(self, runtime: RuntimeOptions) -> tuple[bool, Any]:
+        """Whether messages go through host buffers (``pipert.comm.staging``; by default when gloo
+        carries GPU tensors), and the pinned pool of staging and OFFLOAD/PREFETCH (None: none needed)."""
+        staging = runtime.staging
+        if staging is None:
             from .comm.staging import needs_staging
-            staging = backend == "dist" and needs_staging(
-                dist.get_backend(), _device_of(units[u] for u in units_needed(schedule, self.ranks[0])))
-        self.staging = staging
-        """Whether point-to-point messages go through host buffers of ``pool`` (pipert.comm.staging)."""
+            staging = self.backend == "dist" and needs_staging(
+                dist.get_backend(), units_device(self.modules[self.ranks[0]].values()))
+        pool = runtime.pool
         if pool is None and (staging or any(a.op in HOST_OPS for _, _, a in self.program)):
             from .device.pinned import PinnedPool
             pool = PinnedPool()
-        self.pool = pool
-        """The pinned pool of OFFLOAD/PREFETCH and of staged messages (None when nothing needs one)."""
-        self.modules: dict[int, dict[int, nn.Module]] = {}
-        self.optimizers: dict[int, dict[int, torch.optim.Optimizer]] = {}
-        pl = schedule.placement
-        for r in self.ranks:
-            needed = sorted(units_needed(schedule, r))
-            _check_materialized(units, needed, r)
-            owned = set(schedule.units_owned(r))
-            # the owner keeps the given module; every other rank that names the unit gets a copy
-            self.modules[r] = {u: (units[u] if pl.weight_owner[u] == r or backend == "dist" else
-                                   copy.deepcopy(units[u])) for u in needed}
-            # the owner's optimizer steps the stage-0 parameters (ZeRO classes step their shards)
-            self.optimizers[r] = {u: _owner_optimizer(ps, optimizer) for u in sorted(owned)
-                                  if (ps := _stage0(self.modules[r][u], pl, u))}
-        self._optimizer_factory = optimizer
-        groups = sorted({tuple(sorted(a.group)) for _, _, a in self.program if a.group})
-        dist_transport = None
-        self._closers: list = []
-        self._comms: Any = None
-        if backend == "dist":
-            made = None
-            stages_ = schedule.meta.get("pp_stages")
-            if schedule.placement.replicas is not None and stages_:
-                from .comm.mesh import pipeline_mesh, replica_process_groups
-                local = self.modules[self.ranks[0]].values()
-                made = replica_process_groups(pipeline_mesh(stages_, schedule.num_ranks // stages_,
-                                                            _device_of(local).type))
-            base = DistTransport(groups, process_groups=made)
-            if self.simulated_nccl:
-                from .comm.ncclsim import NcclSim, StoreRendezvous
-                base = NcclSim(base, StoreRendezvous(), timeout)
-                self._closers.append(base.close)
-            self._comms = base
-            if self.warmup:
-                warm_up(base, self.program, self.ranks[0])
-            dist_transport = self._staged(base)
-            if self.links is not None:
-                dist_transport = self._delayed(dist_transport, _device_of(self.modules[self.ranks[0]].values()),
-                                               link_clock)
-        # Built once: runners and the executor's per-program tables do not depend on the step.
-        # The local backend gives each step a fresh hub (set as the executor's transport).
-        self._executors = {r: self._executor(r, dist_transport) for r in self.ranks}
-        # the queues' worker threads and nccl-sim's streams end with the Pipeline (close(), or when
-        # it is garbage-collected), not at interpreter exit
-        self._finalizer = weakref.finalize(self, _close_each, self._closers)
+        return staging, pool
 
-    def _delayed(self, transport: Any, device: torch.device, link_clock: str) -> DelayedTransport:
+    def _dist_transport(self) -> Any:
+        """This rank's transport in a torch.distributed job: process groups of the (dp, pp) mesh,
+        NCCL's rules emulated if the program runs under them, communicators warmed up, then
+        staging and emulated links."""
+        program, rank = self.program, self.ranks[0]
+        device = units_device(self.modules[rank].values())
+        made = None
+        stages = program.meta.get("pp_stages")
+        if program.placement.replicas is not None and stages:
+            from .comm.mesh import pipeline_mesh, replica_process_groups
+            made = replica_process_groups(pipeline_mesh(stages, program.num_ranks // stages, device.type))
+        groups = sorted({tuple(sorted(a.group)) for _, _, a in program if a.group})
+        base = DistTransport(groups, process_groups=made)
+        if self.simulated_nccl:
+            from .comm.ncclsim import NcclSim, StoreRendezvous
+            base = NcclSim(base, StoreRendezvous(), self.timeout)
+            self._closers.append(base.close)
+        self._comms = base
+        if self.warmup:
+            warm_up(base, program, rank)
+        transport = self._staged(base)
+        return transport if self.links is None else self._delayed(transport, device)
+
+    def _delayed(self, transport: Any, device: torch.device) -> DelayedTransport:
         """``transport`` behind the emulated links; on the stream path with this rank's clock offsets
         to every peer (every rank calls this at the same point)."""
-        delayed = DelayedTransport(transport, self.links, path=self.link_path)
+        delayed = DelayedTransport(transport, self.links, path=self.link_emulation.path)
         if delayed.takes_stream_path(device):
             from .comm.linkframes import dist_clock_offsets
-            delayed.clock_offsets.update(dist_clock_offsets(transport, delayed.ops(device), device, link_clock))
+            delayed.clock_offsets.update(dist_clock_offsets(transport, delayed.ops(device), device,
+                                                            self.link_emulation.clock))
         return delayed
 
     def _staged(self, transport: Any) -> Any:
@@ -381,7 +272,7 @@ class Pipeline:
         out = {}
         for r in self.ranks:
             st = self._executors[r].state
-            for u in self.schedule.units_owned(r):
+            for u in self.program.units_owned(r):
                 vals: dict[int, torch.Tensor] = {}
                 for zc, z in st.parts[u]:
                     # the shards are current (whole weights may be stale after OPT)
@@ -426,52 +317,74 @@ class Pipeline:
 
     def _infer_boundaries(self, inputs: Sequence[torch.Tensor]) -> None:
         """Shapes of every unit's output per micro-batch, from micro-batch 0 run on the meta
-        device (``pipert.exec.boundaries``): no unit is computed for real."""
-        if self._boundary:
+        device (``pipert.exec.boundaries``): no unit is computed for real. Derived again, before
+        any message, when the micro-batch's shape or dtype changes (a longer sequence, a bigger
+        batch): every rank of a job must then be given a batch of the same new shape."""
+        signature = (tuple(inputs[0].shape), inputs[0].dtype)
+        if self._boundary and signature == self._boundary_of:
             return
         specs = infer_boundaries(self._all_units, inputs[0], self._compute_device(inputs[0]))
         for u, spec in enumerate(specs):
-            for m in range(self.schedule.num_microbatches):
+            for m in range(self.program.num_microbatches):
                 self._boundary[(u, m)] = spec
-        self._all_units = []  # keep only the units this process needs
+        self._boundary_of = signature
 
-    def _executor(self, rank: int, transport) -> RankExecutor:
-        runners = {u: UnitRunner(mod, is_first=(u == 0), is_last=(u == self.schedule.num_units - 1))
-                   for u, mod in self.modules[rank].items()}
-        state = UnitState(rank, self.program, runners, self.optimizers[rank],
-                          lambda ps: _owner_optimizer(ps, self._optimizer_factory), pool=self.pool)
+    def _executor(self, rank: int, transport, program: Program | None = None,
+                  like: RankExecutor | None = None) -> RankExecutor:
+        """Rank ``rank``'s executor of ``program`` (default: the training program); ``like``: an
+        executor whose unit runners and model state it shares (the evaluation program reads the
+        training program's current weights and ZeRO shards)."""
+        program = program or self.program
+        if like is not None:
+            runners, state = like.runners, like.state
+        else:
+            runners = {u: UnitRunner(mod, is_first=(u == 0), is_last=(u == program.num_units - 1))
+                       for u, mod in self.modules[rank].items()}
+            state = UnitState(rank, program, runners, self.optimizers[rank],
+                              lambda ps: _owner_optimizer(ps, self._optimizer_factory), pool=self.pool)
         from .device.queues import make_queues
-        queues = make_queues(self.queues, _device_of(self.modules[rank].values()), name=f"rank{rank}")
+        queues = make_queues(self.queues, units_device(self.modules[rank].values()), name=f"rank{rank}")
         self._closers.append(queues.close)
-        return RankExecutor(rank, self.program, runners, transport, self.optimizers[rank],
-                            lambda u, m: self._boundary[(u, m)], timeout=self.timeout, fault=self.fault,
-                            trace=self.trace, state=state, measure_memory=self.measure_memory, record=self.record,
-                            queues=queues, comms=self._comms)
+        return RankExecutor(rank, program, runners, transport, self.optimizers[rank],
+                            lambda u, m: self._boundary[(u, m)], timeout=self.timeout, state=state, queues=queues,
+                            comms=self._comms, instrument=self.instrument)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-        """One training step on the batch; returns the mean loss over all micro-batches."""
-        M = self.schedule.num_microbatches
-        xs, ys = split_microbatches(inputs, M), split_microbatches(targets, M)
+        """One training step on the batch (forward, backward and the optimizer, as the program
+        orders them); returns the mean loss over all micro-batches."""
+        results = self._execute(self._executors, *self._batch(inputs, targets))
+        return self._mean_loss(results, self._compute_device(inputs))
+
+    def _batch(self, inputs: torch.Tensor, targets: torch.Tensor | None, clear_grads: bool = True) -> tuple:
+        """The batch as micro-batches, with the boundaries for their shape; gradients cleared
+        unless ``clear_grads`` is False (an evaluation)."""
+        M = self.program.num_microbatches
+        xs = split_microbatches(inputs, M)
+        ys = split_microbatches(targets, M) if targets is not None else None
         self._infer_boundaries(xs)
-        for r in self.ranks:
+        for r in self.ranks if clear_grads else ():
             for mod in self.modules[r].values():
                 for p in mod.parameters():
                     p.grad = None
+        return xs, ys
+
+    def _execute(self, executors: dict[int, RankExecutor], xs: Any, ys: Any,
+                 parts: dict[int, tuple[int, int]] | None = None) -> dict[int, StepResult]:
+        """Run ``executors`` (this process's ranks) once, or their actions ``parts[rank]``."""
         cpu0 = time.process_time()
         if self.backend == "local":
-            results = self._run_local(xs, ys)
+            results = self._run_local(executors, xs, ys, parts)
         else:
-            results = {self.ranks[0]: self._executors[self.ranks[0]].run(xs, ys)}
+            r = self.ranks[0]
+            results = {r: executors[r].run(xs, ys, None if parts is None else parts[r])}
         self.last_process_cpu = time.process_time() - cpu0  # every thread of this process, in the run
         self.last_results = results
-        return self._mean_loss(results, self._compute_device(inputs))
+        return results
 
-    def _mean_loss(self, results: dict[int, StepResult], device: torch.device) -> float:
-        """The mean loss over the step's micro-batches, read from the devices once: every rank's
-        losses go into one vector (per micro-batch: loss, count) on their device, summed over the
-        job (torch.distributed: on the device the backend reduces), read by the host in one copy.
-        Fills each result's ``losses`` from it."""
-        M = self.schedule.num_microbatches
+    def _loss_vector(self, results: dict[int, StepResult], device: torch.device) -> torch.Tensor:
+        """Per micro-batch the loss, then per micro-batch the count of ranks that computed it,
+        summed over the job (torch.distributed: on the device the backend reduces); no host read."""
+        M = self.program.num_microbatches
         found = [t for r in results.values() for t in r.loss_values.values()]
         vec = torch.zeros(2 * M, dtype=torch.float64, device=found[0].device if found else device)
         for r in results.values():
@@ -482,7 +395,15 @@ class Pipeline:
             # on a device the process group's backend reduces: the CPU for gloo, the GPU for NCCL
             vec = vec.to(reduction_device(dist.get_backend(), vec.device))
             dist.all_reduce(vec)
-        values = vec.tolist()  # the step's one read of the device
+        return vec
+
+    def _mean_loss(self, results: dict[int, StepResult], device: torch.device) -> float:
+        """The mean loss over the step's micro-batches, read from the devices once: every rank's
+        losses go into one vector (per micro-batch: loss, count) on their device, summed over the
+        job (torch.distributed: on the device the backend reduces), read by the host in one copy.
+        Fills each result's ``losses`` from it."""
+        M = self.program.num_microbatches
+        values = self._loss_vector(results, device).tolist()  # the step's one read of the device
         losses, counts = values[:M], values[M:]
         for r in results.values():
             r.losses = {m: losses[m] for m in r.loss_values}
@@ -491,30 +412,38 @@ class Pipeline:
             raise PipelineError(f"step produced {count} losses for {M} micro-batches")
         return sum(losses) / M
 
-    def _run_local(self, xs, ys) -> dict[int, StepResult]:
-        hub = LocalHub(self.schedule.num_ranks)
+    def _run_local(self, executors: dict[int, RankExecutor], xs: Any, ys: Any,
+                   parts: dict[int, tuple[int, int]] | None) -> dict[int, StepResult]:
+        """Every rank as a thread. A step gets a new hub (and, under NCCL's rules, new
+        communicators) at its first part; later parts of the step go on over the same ones."""
+        begins = parts is None or all(p[0] == 0 for p in parts.values())
+        ends = parts is None or all(p[1] == len(executors[r].program) for r, p in parts.items())
+        if begins:
+            self._hub = LocalHub(self.program.num_ranks)
+            self._rendezvous = None
+            if self.simulated_nccl:
+                from .comm.ncclsim import LocalRendezvous
+                self._rendezvous = LocalRendezvous()
+                self._hub.on_fail.append(self._rendezvous.fail)
+        hub, rendezvous = self._hub, self._rendezvous
         results: dict[int, StepResult] = {}
         errors: dict[int, BaseException] = {}
 
-        rendezvous = None
-        if self.simulated_nccl:
-            from .comm.ncclsim import LocalRendezvous
-            rendezvous = LocalRendezvous()
-            hub.on_fail.append(rendezvous.fail)
-
         def work(rank: int) -> None:
-            executor = self._executors[rank]
+            executor = executors[rank]
             try:
-                base = hub.transport(rank)
-                if rendezvous is not None:  # the hub is new every step: so are its communicators
-                    from .comm.ncclsim import NcclSim
-                    base = executor.comms = NcclSim(base, rendezvous, self.timeout)
-                    if self.warmup:
-                        warm_up(base, self.program, rank)
-                executor.transport = self._staged(base)
-                if self.links is not None:
-                    executor.transport = DelayedTransport(executor.transport, self.links, path=self.link_path)
-                results[rank] = executor.run(xs, ys)
+                if begins:
+                    base = hub.transport(rank)
+                    if rendezvous is not None:  # the hub is new every step: so are its communicators
+                        from .comm.ncclsim import NcclSim
+                        base = executor.comms = NcclSim(base, rendezvous, self.timeout)
+                        if self.warmup:
+                            warm_up(base, executor.compiled, rank)
+                    executor.transport = self._staged(base)
+                    if self.links is not None:
+                        executor.transport = DelayedTransport(executor.transport, self.links,
+                                                              path=self.link_emulation.path)
+                results[rank] = executor.run(xs, ys, None if parts is None else parts[rank])
             except BaseException as e:  # noqa: BLE001 - reported below, after all threads stop
                 errors[rank] = e
                 if not isinstance(e, PipelineTimeout):
@@ -522,7 +451,7 @@ class Pipeline:
                     # its own peer, so the report can name the rank that stalled.
                     hub.fail(f"rank {rank} failed: {e}")
             finally:
-                if rendezvous is not None:
+                if rendezvous is not None and (ends or rank in errors):
                     executor.comms.close()
 
         threads = [threading.Thread(target=work, args=(r,), daemon=True, name=f"pipert-rank{r}") for r in self.ranks]
@@ -543,40 +472,23 @@ class Pipeline:
         if stuck:  # ranks still running after the others failed: end them before reporting
             hub.fail("the step was abandoned after another rank failed")
             for r in self.ranks:
-                self._executors[r].abort()
+                executors[r].abort()
             for t in stuck:
                 t.join(timeout=self.timeout + 1.0)
         if report:
-            raise report[_root_cause(report)]
+            raise report[root_cause(report)]
         return results
 
 
-RULES = ("native", "nccl")
-"""``Pipeline(rules=...)``: the backend's own communication rules, or NCCL's (on gloo and the local
-hub emulated by ``pipert.comm.ncclsim``; on NCCL itself the same as native)."""
-
-
 def _close_each(closers: list) -> None:
-    for close in closers:
-        close()
-
-
-def warmup_enabled() -> bool:
-    """Communicators are warmed up unless PIPERT_NO_WARMUP=1 (a switch for tests only)."""
-    import os
-    return os.environ.get("PIPERT_NO_WARMUP", "") != "1"
-
-
-def warm_up(comms: Any, program: Schedule, rank: int) -> None:
-    """Create every communicator of ``program`` that ``rank`` belongs to, in the one global order
-    of ``pipert.comm.nccl.warmup_order`` (no rank can wait on one another has yet to reach)."""
-    from .comm.nccl import warmup_order
-    for c in warmup_order(program):
-        if rank in c.ranks:
-            comms.connect(c, "warm-up")
-
-
-def _stage0(module: nn.Module, placement: Any, u: int) -> list[nn.Parameter]:
-    """The unit's parameters of ZeRO stage 0 (those the owner's optimizer steps)."""
-    params = list(module.parameters())
-    return [p for p, z in zip(params, placement.param_zero(u, len(params))) if z == 0]
+    """Run ``closers`` (a Pipeline's finalizer). The garbage collector may run it on any thread
+    that allocates, a ``pipert._C`` worker included, and such a worker cannot join itself (its
+    stream would be destroyed with its thread still joinable: std::terminate): on a thread that
+    Python did not start, the closers run on a thread of their own."""
+    def run() -> None:
+        for close in closers:
+            close()
+    if isinstance(threading.current_thread(), threading._DummyThread):  # started outside Python
+        threading.Thread(target=run, name="pipert-close", daemon=True).start()
+    else:
+        run()

@@ -14,10 +14,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .exec.instrument import Instrumentation
 from .tools.reference import rel_err
 
-__all__ = ["Case", "CaseResult", "tiny_units", "make_batch", "run_case", "run_cases_dist", "rel_err", "sgd", "build_case_schedule",
-           "assert_exact", "family_cases"]
+__all__ = ["Case", "CaseResult", "tiny_units", "make_batch", "run_case", "run_cases_dist", "rel_err", "sgd",
+           "build_case_program", "assert_exact", "family_cases"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ class Case:
     """Rows per chunk of the chunked MLP (0: the plain MLP); ``mlp_recompute`` selects its mode."""
     mlp_recompute: bool = False
     rules: str = "native"
-    """Communication rules (``Pipeline(rules=...)``): the backend's own, or "nccl" (``pipert.comm.ncclsim``)."""
+    """Communication rules the program is compiled under (``pipert.compile(rules=...)``): the
+    backend's own ("native": gloo's on the CPU), or "nccl" (run under ``pipert.comm.ncclsim``)."""
     save_ops: tuple = ()
     """Selective recomputation in every unit of the pipeline (not the reference): the op groups
     whose outputs are kept, every other op recomputed (``pipert.models.recompute.SAVE_GROUPS``)."""
@@ -181,12 +183,13 @@ def make_batch(microbatches: int, seed: int = 0, mb_size: int = 2, seq: int = 8,
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def build_case_schedule(case: Case):
-    """The schedule of ``case``: built for ``microbatches / (fold * dp)`` micro-batches, folded,
-    passes applied, replicated ``dp`` times."""
-    from .ir.passes import apply_passes, fold_microbatches
+def build_case_program(case: Case, check: bool = True):
+    """The program of ``case``: its schedule built for ``microbatches / (fold * dp)`` micro-batches
+    and folded, then compiled (``pipert.compile``) with its passes and ``dp`` replicas.
+    ``check=False``: not validated (for tests that change it and compile it again)."""
+    from .compiler import compile
+    from .ir.passes import fold_microbatches
     from .schedules import build_schedule
-    from .schedules.data_parallel import replicate
     per = case.fold * case.dp
     if case.microbatches % per:
         raise ValueError(f"{case.microbatches} micro-batches do not split into fold {case.fold} x dp {case.dp}")
@@ -198,13 +201,10 @@ def build_case_schedule(case: Case):
     else:
         s = build_schedule(case.schedule, stages=case.stages, microbatches=case.microbatches // per,
                            chunks=case.chunks, **dict(case.options))
-    s = apply_passes(fold_microbatches(s, case.fold), case.passes)
-    if case.dp == 1:
-        return s
-    from .schedules.zero_rules import resolve_zero
-    zeros, numel = resolve_zero(case.zero, [[(n, p.numel()) for n, p in m.named_parameters()]
-                                            for m in _case_units(case, s)])
-    return replicate(s, case.dp, zeros, numel, case.zero3_buffers)
+    s = fold_microbatches(s, case.fold)
+    units = _case_units(case, s) if case.dp > 1 else None   # ZeRO rules read parameter names and sizes
+    return compile(s, passes=case.passes, dp=case.dp, zero=case.zero, zero3_buffers=case.zero3_buffers, units=units,
+                   rules="nccl" if case.rules == "nccl" else "gloo", check=check)
 
 
 def _case_units(case: Case, schedule: Any) -> list[nn.Module]:
@@ -213,7 +213,6 @@ def _case_units(case: Case, schedule: Any) -> list[nn.Module]:
                       mlp_recompute=case.mlp_recompute)
 
 
-_schedule = build_case_schedule
 
 
 def _snapshot(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -228,8 +227,8 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
     """
     from .pipeline import Pipeline
     from .tools.reference import grouped_reference_step
-    schedule = _schedule(case)
-    units = _case_units(case, schedule)
+    program = build_case_program(case)
+    units = _case_units(case, program)
     ref_units = copy.deepcopy(units)
     if case.save_ops:
         from .models.recompute import selective_recompute
@@ -239,9 +238,10 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
     if case.links:
         from .linkflags import LinkOptions
         links = LinkOptions.parse(**dict(case.links))
-    pipe = Pipeline(units, schedule, optimizer=optimizer, backend=backend, timeout=timeout, links=links,
-                    link_path=case.link_path, link_clock="estimate" if case.link_path == "stream" else "auto",
-                    rules=case.rules)
+    if links is not None:
+        from .binding import LinkEmulation
+        links = LinkEmulation(links, path=case.link_path, clock="estimate" if case.link_path == "stream" else "auto")
+    pipe = Pipeline(units, program, optimizer=optimizer, backend=backend, timeout=timeout, links=links)
     gather = gather or (lambda d: d)
     worst = [0.0, 0.0, 0.0]
     sent: dict = {}
@@ -256,7 +256,7 @@ def run_case(case: Case, backend: str = "local", optimizer: Callable = sgd, time
         if backend == "dist" and dist.get_rank() != 0:
             continue
         ref, ref_loss = grouped_reference_step(ref_units, x, y, case.microbatches,
-                                               schedule.meta.get("update_every") or case.microbatches, ref_opt)
+                                               program.meta.get("update_every") or case.microbatches, ref_opt)
         worst[0] = max(worst[0], abs(loss - ref_loss) / max(abs(ref_loss), 1e-300))
         worst[1] = max(worst[1], rel_err(grads, ref.grads))
         worst[2] = max(worst[2], rel_err(params, ref.params_after))
@@ -304,15 +304,17 @@ def run_cases_dist(rank: int, world: int, cases: Sequence[Case], out_path: str, 
             json.dump(results, f)
 
 
-def fault_worker(rank: int, world: int, schedule: str | Sequence[str], microbatches: int, fault,
-                 timeout: float, rules: str = "native") -> None:
-    """Process entry: one step of a tiny model where ``fault`` stops one rank mid-step;
-    ``schedule`` may name one schedule per rank (ranks that disagree on the program)."""
+def fault_worker(rank: int, world: int, schedule: str | Sequence[str], microbatches: int,
+                 instrument: Instrumentation | None, timeout: float, rules: str = "native") -> None:
+    """Process entry: one step of a tiny model under ``instrument`` (a
+    ``pipert.exec.instrument.Instrumentation``, e.g. a ``Fault`` that stops one rank mid-step;
+    None: no hook); ``schedule`` may name one schedule per rank (ranks that disagree on the
+    program)."""
     from .pipeline import Pipeline
     name = schedule if isinstance(schedule, str) else schedule[rank]
-    sched = _schedule(Case(name, world, microbatches))
-    units = tiny_units(sched.num_units, "float32")
-    pipe = Pipeline(units, sched, optimizer=sgd, backend="dist", timeout=timeout, fault=fault, rules=rules)
+    program = build_case_program(Case(name, world, microbatches, rules=rules))
+    units = tiny_units(program.num_units, "float32")
+    pipe = Pipeline(units, program, optimizer=sgd, backend="dist", timeout=timeout, instrument=instrument)
     x, y = make_batch(microbatches)
     pipe.step(x, y)
 

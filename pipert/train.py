@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from .ir.program import Program
+
 __all__ = ["TrainConfig", "run_train", "resolve_backend", "process_group_backend"]
 
 _DTYPES = ("float32", "float64", "bfloat16")
@@ -241,12 +243,12 @@ class TrainConfig:
         return self.stages * self.dp
 
 
-def build_program(cfg: TrainConfig):
-    """The schedule every rank runs, built once: the named schedule for one replica's share of
-    the micro-batches, the passes, then ``dp`` replicas."""
-    from .ir.passes import apply_passes
+def build_program(cfg: TrainConfig, rules: str = "gloo") -> Program:
+    """The program every rank runs, compiled once (``pipert.compile``): the named schedule (or
+    schedule file) for one replica's share of the micro-batches, the passes, then ``dp``
+    replicas, validated under ``rules`` (``program_rules(backend)``)."""
+    from .compiler import compile
     from .schedules import build_schedule
-    from .schedules.data_parallel import replicate
     from .ir.files import is_schedule_file, load_schedule
     from .scenario import LAYER_PER_CHUNK
     if is_schedule_file(cfg.schedule):
@@ -260,14 +262,18 @@ def build_program(cfg: TrainConfig):
         chunks = _layers_per_stage(cfg) if cfg.schedule in LAYER_PER_CHUNK else cfg.chunks
         s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp,
                            chunks=chunks, **opts)
-    s = apply_passes(s, cfg.pass_names())
-    if cfg.dp == 1:
-        return s
-    import torch
-    from .schedules.zero_rules import resolve_zero
-    skeleton = _rank_units(cfg, s, torch.device("cpu"), keep=[])  # names and shapes only (meta device)
-    zeros, numel = resolve_zero(cfg.zero, [[(n, p.numel()) for n, p in m.named_parameters()] for m in skeleton])
-    return replicate(s, cfg.dp, zeros, numel, cfg.zero3_buffers)
+    units = None
+    if cfg.dp > 1:   # ZeRO rules read the parameters' names and sizes
+        import torch
+        units = _rank_units(cfg, s, torch.device("cpu"), keep=[])  # names and shapes only (meta device)
+    return compile(s, passes=cfg.pass_names(), dp=cfg.dp, zero=cfg.zero, zero3_buffers=cfg.zero3_buffers, units=units,
+                   rules=rules)
+
+
+def program_rules(backend: str) -> str:
+    """The communication rules a program of ``pipert train --backend backend`` is validated and run
+    under: NCCL's on nccl and nccl-sim (emulated on gloo), gloo's otherwise."""
+    return "nccl" if backend in ("nccl", "nccl-sim") else "gloo"
 
 
 def _layers_per_stage(cfg: TrainConfig) -> int:
@@ -306,28 +312,28 @@ def process_group_backend(backend: str) -> str:
     return _PROCESS_GROUPS[backend]
 
 
-def _rank_units(cfg: TrainConfig, schedule, device: torch.device, keep=None) -> list:
+def _rank_units(cfg: TrainConfig, program: Program, device: torch.device, keep=None) -> list:
     """The model's units for one process: those in ``keep`` (default: all) materialised on
     ``device`` in ``cfg.dtype``, the others on the meta device. Values are those of the whole
     model built in one process, whatever ``keep`` is."""
     from .models import build_units
-    return build_units(cfg.model, schedule.num_units, seed=cfg.seed, keep=keep, device=device, max_seq=cfg.seq,
-                       dtype=cfg.dtype, cut=schedule.meta.get("cut"), recompute=cfg.recompute, **_mlp_overrides(cfg))
+    return build_units(cfg.model, program.num_units, seed=cfg.seed, keep=keep, device=device, max_seq=cfg.seq,
+                       dtype=cfg.dtype, cut=program.meta.get("cut"), recompute=cfg.recompute, **_mlp_overrides(cfg))
 
 
 def _mlp_overrides(cfg: TrainConfig) -> dict:
     return {"mlp_chunk": cfg.mlp_chunk, "mlp_recompute": cfg.mlp_recompute} if cfg.mlp_chunk else {}
 
 
-def _build(cfg: TrainConfig, device: torch.device, schedule, rank: int | None):
+def _build(cfg: TrainConfig, device: torch.device, program: Program, rank: int | None):
     """Model units and data for ``rank`` (None: every rank, in this process); the data is
     identical in every process for the same config."""
     from .data import ByteCorpus
     from .pipeline import units_needed
-    keep = None if rank is None else units_needed(schedule, rank)
-    units = _rank_units(cfg, schedule, device, keep)
+    keep = None if rank is None else units_needed(program, rank)
+    units = _rank_units(cfg, program, device, keep)
     corpus = ByteCorpus(cfg.seq, seed=cfg.seed)
-    return schedule, units, corpus
+    return program, units, corpus
 
 
 def _param_bytes(units, materialized_only: bool = True) -> int:
@@ -344,16 +350,17 @@ def _report(cfg: TrainConfig, step: int, loss: float, tokens_per_s: float, extra
         bar.update(1)
 
 
-def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, schedule) -> list[float]:
+def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, program: Program) -> list[float]:
     from .pipeline import Pipeline
+    from .exec.instrument import Instrumentation
     from .tools.reference import grouped_reference_step
     from .tools.reference import rel_err
     import torch
-    schedule, units, corpus = _build(cfg, device, schedule, None if backend == "local" else rank)
+    program, units, corpus = _build(cfg, device, program, None if backend == "local" else rank)
     opt = lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=0.0)  # noqa: E731
     # The reference keeps its own whole model, built in one process, and a persistent optimizer
     # (AdamW state evolves across steps); each step it starts from the pipeline's current weights.
-    ref_units = _rank_units(cfg, schedule, device) if cfg.check and rank == 0 else None
+    ref_units = _rank_units(cfg, program, device) if cfg.check and rank == 0 else None
     ref_opt = opt([p for u in ref_units for p in u.parameters()]) if ref_units else None
     sizes = _per_rank(backend, rank, _param_bytes(units))
     start = {"rank_param_bytes": sizes, "model_param_bytes": _param_bytes(units, materialized_only=False)}
@@ -361,9 +368,8 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
     links = link_opts.links(cfg.world) if link_opts.active else None
     if links is not None:
         start["links"] = link_opts.as_dict()
-    pipe = Pipeline(units, schedule, optimizer=opt, backend="local" if backend == "local" else "dist",
-                    timeout=cfg.timeout, links=links, trace=cfg.profile,
-                    rules="nccl" if backend == "nccl-sim" else "native")
+    pipe = Pipeline(units, program, optimizer=opt, backend="local" if backend == "local" else "dist",
+                    timeout=cfg.timeout, links=links, instrument=Instrumentation(trace=True) if cfg.profile else None)
     bar = None
     if rank == 0 and not cfg.json:
         from tqdm import tqdm
@@ -396,7 +402,7 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, sched
                 if step == 0:  # the ranks' own materialised units against the whole model built here
                     extra["max_init_rel_err"] = rel_err(before, _named(ref_units))
                 _copy_into(ref_units, before)
-                every = schedule.meta.get("update_every") or cfg.microbatches
+                every = program.meta.get("update_every") or cfg.microbatches
                 ref, ref_loss = grouped_reference_step(ref_units, x, y, cfg.microbatches, every, ref_opt)
                 extra.update({"max_grad_rel_err": rel_err(grads, ref.grads),
                               "max_param_rel_err": rel_err(after, ref.params_after),
@@ -441,7 +447,7 @@ def _predicted(pipe, backend: str, rank: int, links, measured: float) -> dict:
         dist.gather_object(mine, parts, dst=0)
     if rank != 0:
         return {}
-    prof = profile_from_measurements(parts, pipe.schedule.num_units)
+    prof = profile_from_measurements(parts, pipe.program.num_units)
     predicted = predict_step(pipe.program, prof, links)
     shared = predict_step_shared(pipe.program, prof, links)
     out = {"measured_step_s": measured, "predicted_step_s": predicted,
@@ -497,29 +503,29 @@ def _copy_into(units, named: dict) -> None:
                     p.copy_(named[f"unit{i}.{n}"].to(p.device, p.dtype))
 
 
-def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, schedule) -> None:
+def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, program: Program) -> None:
     """One rank of a gloo/NCCL job (torch.distributed initialised); NCCL on ``cuda:LOCAL_RANK``."""
     import os
     import torch
     nccl = process_group_backend(backend) == "nccl"
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if nccl else torch.device("cpu")
     torch.set_num_threads(1)
-    _loop(cfg, rank, backend, device, schedule)
+    _loop(cfg, rank, backend, device, program)
 
 
-def _prepare(cfg: TrainConfig):
+def _prepare(cfg: TrainConfig, backend: str) -> Program:
     """The program every rank runs; a config that does not fit (unit count, checkpoint) is a
     ValueError before any rank starts training. Resolves ``cfg.resume`` to a step folder."""
     import torch
     from .models import model_config
     from .models.partition import check_unit_count
     layers = model_config(cfg.model).layers
-    schedule = build_program(cfg)
-    check_unit_count(cfg.schedule, schedule.num_units, cfg.model, layers, schedule.meta.get("cut"))
+    program = build_program(cfg, program_rules(backend))
+    check_unit_count(cfg.schedule, program.num_units, cfg.model, layers, program.meta.get("cut"))
     if cfg.resume:
         from .checkpoint import check_resume
-        cfg.resume = str(check_resume(cfg, _rank_units(cfg, schedule, torch.device("meta"), keep=[])))
-    return schedule
+        cfg.resume = str(check_resume(cfg, _rank_units(cfg, program, torch.device("meta"), keep=[])))
+    return program
 
 
 def _as_launched_rank(cfg: TrainConfig, backend: str) -> None:
@@ -531,14 +537,14 @@ def _as_launched_rank(cfg: TrainConfig, backend: str) -> None:
     box: list = [None]
     if rank == 0:
         try:
-            box[0] = (_prepare(cfg), cfg.resume)
+            box[0] = (_prepare(cfg, backend), cfg.resume)
         except ValueError as e:
             box[0] = str(e)
     dist.broadcast_object_list(box, src=0)
     if isinstance(box[0], str):
         raise ValueError(box[0])
-    schedule, cfg.resume = box[0]
-    _proc(rank, dist.get_world_size(), cfg, backend, schedule)
+    program, cfg.resume = box[0]
+    _proc(rank, dist.get_world_size(), cfg, backend, program)
     dist.destroy_process_group()  # after a failure none: a peer may be gone, torchrun ends the job
 
 
@@ -571,13 +577,13 @@ def run_train(cfg: TrainConfig) -> list[float] | None:
     if backend != "local" and process_group_backend(backend) == "nccl":
         from .launch import check_gpus
         check_gpus(cfg.world)  # before any work: the GPUs this machine has
-    schedule = _prepare(cfg)  # rejects bad configs before any process starts; shared by every rank
+    program = _prepare(cfg, backend)  # rejects bad configs before any process starts; shared by every rank
     if backend == "local":
         import torch
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        return _loop(cfg, 0, backend, device, schedule)
+        return _loop(cfg, 0, backend, device, program)
     from .launch import launch
-    launch(_proc, cfg.world, args=(cfg, backend, schedule), backend=process_group_backend(backend),
+    launch(_proc, cfg.world, args=(cfg, backend, program), backend=process_group_backend(backend),
            timeout=cfg.timeout)
     return None
 

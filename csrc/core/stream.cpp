@@ -244,6 +244,8 @@ bool Stream::query() const {
   return finished_.load(std::memory_order_acquire) == enqueued_.load(std::memory_order_acquire);
 }
 
+bool Stream::on_worker() const { return worker_.get_id() == std::this_thread::get_id(); }
+
 bool Stream::closed() const {
   std::lock_guard<std::mutex> g(m_);
   return closing_;

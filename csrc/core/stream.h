@@ -137,6 +137,7 @@ class Stream {
   void close();        // drains the queue and joins the worker; idempotent
 
   bool closed() const;
+  bool on_worker() const;  // called from this stream's own worker thread (inside one of its items)
   const std::string& name() const { return name_; }
   int priority() const { return priority_; }
   std::string error() const;

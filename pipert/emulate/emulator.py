@@ -24,6 +24,7 @@ from typing import Any
 from ..comm.links import LinkEmulator, LinkSpec
 from ..device.streams import StreamSet, clock, ideal_done, sleep_until
 from ..ir import Action, Schedule
+from ..ir.program import Program, rules_of
 from ..sim.engine import analyze
 from ..sim.keys import K_COLLECTIVE, K_COMPUTE, K_TRANSFER
 
@@ -34,7 +35,7 @@ __all__ = ["EmulationResult", "emulate", "scaled_link_emulator"]
 class EmulationResult:
     """Measured and predicted makespans, in the cost model's time unit."""
 
-    schedule: Schedule
+    schedule: Program | Schedule
     makespan: float
     predicted: float
     time_unit: float
@@ -193,13 +194,14 @@ def _run(an: Any, time_unit: float, backend: str | None, order: list[int], preds
     return makespan, events, ideal
 
 
-def emulate(schedule: Schedule, cost: Any, links: Any = None, *, time_unit: float = 1e-3,
+def emulate(schedule: Program | Schedule, cost: Any, links: Any = None, *, time_unit: float = 1e-3,
             backend: str | None = None, start_delay: float | None = None) -> EmulationResult:
-    """Run ``schedule`` with calibrated compute and delayed links; measured vs simulated.
+    """Run a Program (``pipert.compile``) or, when planning, a Schedule with calibrated compute and
+    delayed links; measured vs simulated (the same engine, under the program's rules).
 
     ``time_unit``: seconds per time unit of ``cost``/``links`` (uniform costs are unitless).
     """
-    an = analyze(schedule, cost, links)
+    an = analyze(schedule, cost, links, transport=rules_of(schedule))
     if an.errors:
         raise an.errors[0]
     g = an.graph

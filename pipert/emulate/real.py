@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..ir import Action, Op, Payload, Schedule
+from ..ir.program import Program
 from ..sim import simulate
 from ..sim.shared import shared_step
 
@@ -107,7 +108,8 @@ def profile_units(units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, 
 class RealEmulation:
     """Measured step time of the real units against the simulator's prediction (seconds)."""
 
-    schedule: Schedule
+    schedule: Program
+    """The program that ran (and was simulated)."""
     step_seconds: float
     predicted: float
     steps: int
@@ -130,10 +132,11 @@ def device_capacity(device: torch.device) -> float:
 
 
 
-def emulate_real(schedule: Schedule, units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
+def emulate_real(schedule: Program | Schedule, units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                  links: Any = None, steps: int = 5) -> RealEmulation:
     """Run ``steps`` training steps of the real units with every message delayed by ``links``
-    (pipert.cost Links in seconds); median step time beside the simulated one."""
+    (pipert.cost Links in seconds); median step time beside the simulated one. A Schedule is
+    compiled first (``pipert.compile``): the simulator times the program that runs."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one intra-op thread: ranks are threads sharing the cores
     try:
@@ -142,23 +145,26 @@ def emulate_real(schedule: Schedule, units: Sequence[nn.Module], x: torch.Tensor
         torch.set_num_threads(threads)
 
 
-def _emulate_real(schedule: Schedule, units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
+def _emulate_real(schedule: Program | Schedule, units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor,
                   links: Any, steps: int) -> RealEmulation:
+    from ..compiler import compile
     from ..pipeline import Pipeline, split_microbatches
     from .emulator import scaled_link_emulator
-    M = schedule.num_microbatches
+    # what is simulated below is what runs
+    program = schedule if isinstance(schedule, Program) else compile(schedule, units=units)
+    M = program.num_microbatches
     xs, ys = split_microbatches(x, M), split_microbatches(y, M)
     import copy
     cost = profile_units([copy.deepcopy(u) for u in units], xs[0], ys[0])
-    predicted = simulate(schedule, cost, links=links).makespan
+    predicted = simulate(program, cost, links=links).makespan
     capacity = device_capacity(x.device)
-    shared = shared_step(schedule, cost, links, [0] * schedule.num_ranks, [capacity])
-    em = scaled_link_emulator(links, schedule.num_ranks, 1.0)
-    pipe = Pipeline(units, schedule, optimizer=lambda ps: torch.optim.SGD(ps, lr=1e-3), links=em)
+    shared = shared_step(program, cost, links, [0] * program.num_ranks, [capacity])
+    em = scaled_link_emulator(links, program.num_ranks, 1.0)
+    pipe = Pipeline(units, program, optimizer=lambda ps: torch.optim.SGD(ps, lr=1e-3), links=em)
     pipe.step(x, y)  # warm-up
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         pipe.step(x, y)
         times.append(time.perf_counter() - t0)
-    return RealEmulation(schedule, statistics.median(times), predicted, steps, shared, capacity)
+    return RealEmulation(program, statistics.median(times), predicted, steps, shared, capacity)

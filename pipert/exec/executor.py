@@ -12,6 +12,10 @@ executor is built), where receives are posted is where they stand. Six verbs rea
 - ``wait``: completes an earlier SEND or RECV;
 - ``memory``: FREE, OFFLOAD, PREFETCH of a value, a unit's weights or a stash.
 
+The executor runs a ``pipert.ir.program.Program`` only if it is what the validator accepted
+(``Program.verify``): ``pipert.compile`` makes one. Test and measurement hooks come in one
+``pipert.exec.instrument.Instrumentation`` (``instrument``; None in production).
+
 Every host wait has a timeout and, when it expires, raises ``PipelineTimeout`` naming this
 rank, the action and the peer it waited for. A handle with stream semantics
 (``pipert.comm.base.stream_waits``: NCCL on a GPU) completes on the stream instead: the
@@ -32,25 +36,19 @@ from ..comm.nccl import first_uses
 from ..device.queues import HostQueues
 from ..device.tensors import tensor_key
 from ..errors import CommTimeout, PeerFailure, PipelineError, PipelineTimeout
-from ..ir import Action, Op, Payload, Schedule
+from ..ir import Action, Op, Payload
+from ..ir.phases import forward_only_program
+from ..ir.program import Program
 from ..ir.semantics import MEMORY_OPS, P2P_OPS, STASH_READERS, TABLE, Queue, Semantics, Value, recomputed
 from .buffers import BoundarySpec
 from .collectives import run_collective, run_memory_op
+from .instrument import NONE, Instrumentation, digest
 from .state import UnitState
 
-__all__ = ["RankExecutor", "StepResult", "Fault", "SUPPORTED_OPS", "digest"]
+__all__ = ["RankExecutor", "StepResult", "SUPPORTED_OPS"]
 
 SUPPORTED_OPS = frozenset(Op)
 """Every op of the IR runs on every transport (gloo's missing collectives are emulated)."""
-
-
-@dataclass
-class Fault:
-    """Deliberate failure for tests: rank ``rank`` stops before its action ``at_action``."""
-
-    rank: int
-    at_action: int
-    mode: str = "hang"  # "hang": sleep forever; "exit": leave the process; "raise": raise here
 
 
 @dataclass
@@ -62,6 +60,8 @@ class StepResult:
     with one read of the device per step."""
     loss_values: dict[int, torch.Tensor] = field(default_factory=dict)
     """Micro-batch -> loss as a 0-d tensor on its device, detached (last-unit ranks only)."""
+    outputs: dict[int, Any] = field(default_factory=dict)
+    """Micro-batch -> the last unit's output, of an evaluation program run without targets."""
     sent_bytes: dict[str, int] = field(default_factory=dict)  # payload (or op:payload) -> bytes this rank sent
     trace: list[tuple[str, float, float]] = field(default_factory=list)  # (action, start, end) if traced
     op_times: list[tuple[str, int | None, float, float]] = field(default_factory=list)
@@ -89,29 +89,36 @@ _PAYLOAD_KIND = {Payload.ACT: Value.ACT, Payload.GRAD: Value.GRAD}
 
 
 class RankExecutor:
-    """Executes ``schedule.actions[rank]`` against ``runners`` (unit -> UnitRunner)."""
+    """Executes ``program.actions[rank]`` against ``runners`` (unit -> UnitRunner).
 
-    def __init__(self, rank: int, schedule: Schedule, runners: dict, transport: Transport,
+    ``instrument``: a ``pipert.exec.instrument.Instrumentation`` (None: no hook); an unvalidated
+    program runs only when its ``check`` is False."""
+
+    def __init__(self, rank: int, program: Program, runners: dict, transport: Transport,
                  optimizers: dict[int, torch.optim.Optimizer], boundary: Callable[[int, int], BoundarySpec],
-                 timeout: float = 60.0, loss_scale: float | None = None, fault: Fault | None = None,
-                 trace: bool = False, state: UnitState | None = None, measure_memory: bool = False,
-                 record: bool = False, queues: Any = None, comms: Any = None) -> None:
+                 timeout: float = 60.0, loss_scale: float | None = None, state: UnitState | None = None,
+                 queues: Any = None, comms: Any = None, instrument: Instrumentation | None = None) -> None:
+        if not isinstance(program, Program):
+            raise TypeError(f"RankExecutor runs a Program (pipert.compile), got {type(program).__name__}")
+        instrument = instrument or NONE
+        program.verify(unchecked=not instrument.check)
         self.rank = rank
-        self.schedule = schedule
-        self.program: list[Action] = schedule.actions[rank]
+        self.compiled = program
+        """The whole Program (every rank's actions); ``program`` is this rank's."""
+        self.program: tuple[Action, ...] = program.actions[rank]
         self.runners = runners
         self.transport = transport
         self.boundary = boundary
         self.timeout = timeout
-        per_update = schedule.meta.get("update_every") or schedule.num_microbatches
+        per_update = program.meta.get("update_every") or program.num_microbatches
         self.loss_scale = loss_scale if loss_scale is not None else 1.0 / per_update
-        self.fault = fault if fault is not None and fault.rank == rank else None
+        self.fault = instrument.fault_of(rank)
         self._aborted = threading.Event()
-        self.trace = trace
-        self.measure = measure_memory
-        self.record = record
-        self.last_unit = schedule.num_units - 1
-        self.state = state if state is not None else UnitState(rank, schedule, runners, optimizers)
+        self.trace = instrument.trace
+        self.measure = instrument.measure_memory
+        self.record = instrument.record
+        self.last_unit = program.num_units - 1
+        self.state = state if state is not None else UnitState(rank, program, runners, optimizers)
         self.queues = queues if queues is not None else HostQueues()
         self.comms = comms
         """Where communicators are created (``connect``) when they are made at first use (NCCL,
@@ -121,9 +128,11 @@ class RankExecutor:
         self._in_flight: list[tuple[Handle, int, Action]] = []
         """Handles completed on the stream since the queues last finished, in that order (what a
         step that does not finish may still wait for on the device)."""
-        sem = Semantics.of(schedule)
+        sem = Semantics.of(program)
         self.blocking_collectives = sem.collective_queue is Queue.COMPUTE
         keep = recomputed(self.program)
+        self.evaluation = forward_only_program(program)
+        """An evaluation program (``pipert.ir.phases``): forwards without graphs or stashes."""
         verbs = {Queue.COMPUTE: self._compute, Queue.SEND: self._send, Queue.RECV: self._recv,
                  Queue.GROUP: self._collective}
         # per action: (verb, activation/gradient values it reads, those it writes, flag, queue, every
@@ -154,32 +163,39 @@ class RankExecutor:
             flag = not keeps if a.op is Op.F else \
                 (TABLE[a.op].side if any(e.kind is Value.WEIGHT for e in p.reads) else None)
             self.plan.append((verb, rd, wr, flag, sem.queue(a.op), rk, wk, _wait_target(self.program, len(self.plan))))
-        held = sorted(u for u in runners if rank in schedule.placement.holders(u))
+        held = sorted(u for u in runners if rank in program.placement.holders(u))
         # units whose weights or gradients each compute-queue action may change
         self.touches = [([a.unit] if a.unit is not None else held) if sem.queue(a.op) is Queue.COMPUTE else []
                         for a in self.program]
 
     # ------------------------------------------------------------------ step
-    def run(self, inputs: Sequence[torch.Tensor] | None, targets: Sequence[torch.Tensor] | None) -> StepResult:
-        """Run the whole program once. ``inputs[m]``/``targets[m]`` are needed on the ranks
-        that compute the first/last unit of micro-batch m."""
+    def run(self, inputs: Sequence[torch.Tensor] | None, targets: Sequence[torch.Tensor] | None,
+            part: tuple[int, int] | None = None) -> StepResult:
+        """Run the program once, or its actions ``part = (start, stop)``: a part that starts at 0
+        begins a step, a later one goes on with the step's state (``pipert.ir.phases``: the
+        update after forward and backward). ``inputs[m]``/``targets[m]`` are needed on the ranks
+        that compute the first/last unit of micro-batch m; ``targets=None`` on an evaluation
+        program keeps the last unit's outputs (``StepResult.outputs``)."""
         t_start = time.perf_counter()
-        self.inputs, self.targets = inputs, targets
-        self.state.begin_step()
-        self.values: dict[tuple, Any] = {}         # (kind, unit, mb) -> tensor or tuple present here
-        self.pending: dict[tuple, tuple] = {}      # value key -> (handle, buffer, slot, index, action)
-        self.sends: list[tuple[Handle, Any, int, Action]] = []
-        self.result = StepResult()
-        self._link_index: dict[tuple[str, int], int] = {}  # (SEND|RECV, peer) -> messages posted
-        self._recv_index: dict[int, int] = {}  # action index of a posted RECV -> its k on the link
+        start, stop = part if part is not None else (0, len(self.program))
+        if start == 0:
+            self.inputs, self.targets = inputs, targets
+            self.state.begin_step()
+            self.values: dict[tuple, Any] = {}     # (kind, unit, mb) -> tensor or tuple present here
+            self.pending: dict[tuple, tuple] = {}  # value key -> (handle, buffer, slot, index, action)
+            self.sends: list[tuple[Handle, Any, int, Action]] = []
+            self.result = StepResult()
+            self._link_index: dict[tuple[str, int], int] = {}  # (SEND|RECV, peer) -> messages posted
+            self._recv_index: dict[int, int] = {}  # action index of a posted RECV -> its k on the link
         self._error: BaseException | None = None
         q = self.queues
         posted: dict[tuple, Any] = {}    # value key -> event of the post that brings it
         at: dict[int, Any] = {}          # action index -> event of its post (SEND, RECV, collective)
         taken: dict[int, Any] = {}       # unit -> event of the last post that read its weights or gradient
-        lazy = self._unconnected()
+        lazy = [(i, c) for i, c in self._unconnected() if start <= i < stop]
         nxt, used = (lazy[0][0] if lazy else -1), 0
-        for i, a in enumerate(self.program):
+        for i in range(start, stop):
+            a = self.program[i]
             if i == nxt:  # a communicator's first use: its creation blocks this (issuing) thread
                 self._connect(i, a, lazy[used][1])
                 used += 1
@@ -262,14 +278,7 @@ class RankExecutor:
         return run
 
     def _trip(self) -> None:
-        mode = self.fault.mode
-        if mode == "exit":
-            import os
-            os._exit(3)
-        if mode == "raise":
-            raise PipelineError(f"rank {self.rank}: injected fault at action {self.fault.at_action}")
-        self._aborted.wait()  # "hang": until the Pipeline gives up on the step (abort)
-        raise PipelineError(f"rank {self.rank}: injected hang at action {self.fault.at_action} aborted")
+        self.fault.trip(self._aborted, PipelineError)  # a hang lasts until the Pipeline gives up (abort)
 
     def abort(self) -> None:
         """End an injected hang (the Pipeline calls this on ranks still running after it gave
@@ -414,6 +423,12 @@ class RankExecutor:
         if op is Op.F:
             if u == 0:
                 x = self.inputs[m]
+            if self.evaluation:
+                out = runner.evaluate(x, None if self.targets is None else self.targets[m])
+                if u != self.last_unit:
+                    return out
+                (self.result.outputs if self.targets is None else self.result.loss_values)[m] = out
+                return None
             with self.state.stash.capture(u, m):
                 if u == self.last_unit:  # no host read here: the step reads its losses once
                     self.result.loss_values[m] = runner.forward(m, x, self.targets[m], keep_graph=graph).detach()
@@ -527,19 +542,6 @@ def _wait_target(program: list[Action], i: int) -> int | None:
         return None
     target = Action(a.waits, unit=a.unit, mb=a.mb, payload=a.payload, peer=a.peer, tag=a.tag)
     return next((j for j in range(i - 1, -1, -1) if program[j] == target), None)
-
-
-def digest(v: Any) -> str | None:
-    """A fingerprint of a value's bytes (a tensor or tuple of tensors; None for none)."""
-    if v is None:
-        return None
-    import hashlib
-    h = hashlib.sha1()
-    for t in (v if isinstance(v, (tuple, list)) else (v,)):
-        if isinstance(t, torch.Tensor):
-            h.update(str(tuple(t.shape)).encode())
-            h.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def peer_text(a: Action) -> str:

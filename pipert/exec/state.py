@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from ..device.tensors import tensor_key
-from ..ir import Action, Payload, Schedule
+from ..ir import Action, Payload
+from ..ir.program import Program
 from .buffers import flatten_grads, flatten_params, load_grads, load_params
 from .stash import StashLedger
 
@@ -52,14 +53,14 @@ def shard_size(numel: int, parts: int) -> int:
 class UnitState:
     """Weights, gradients, shards and pending weight transfers of one rank (module doc)."""
 
-    def __init__(self, rank: int, schedule: Schedule, runners: dict, optimizers: dict,
+    def __init__(self, rank: int, program: Program, runners: dict, optimizers: dict,
                  shard_optimizer: Callable[[list], torch.optim.Optimizer] | None = None, pool: Any = None) -> None:
         self.rank = rank
-        self.schedule = schedule
+        self.program = program
         self.runners = runners
         self.optimizers = optimizers
         self.pool = pool
-        pl = schedule.placement
+        pl = program.placement
         self.held = {u for u in runners if rank in pl.holders(u)}
         self.parts = {u: pl.zero_parts(u) for u in runners}   # unit -> [(class, stage)]
         self.split = pl.zero3_buffers == 2
@@ -98,7 +99,7 @@ class UnitState:
         params = list(self.runners[u].module.parameters())
         if zc is None:
             return params
-        stages = self.schedule.placement.param_zero(u, len(params))
+        stages = self.program.placement.param_zero(u, len(params))
         return [p for p, z in zip(params, stages) if z == zc]
 
     def params(self, u: int, zc: int | None = None) -> list[nn.Parameter]:
@@ -126,7 +127,7 @@ class UnitState:
 
     # --- shards --------------------------------------------------------------------------------
     def group(self, u: int) -> tuple[int, ...]:
-        return tuple(sorted(self.schedule.placement.holders(u)))
+        return tuple(sorted(self.program.placement.holders(u)))
 
     def position(self, u: int) -> tuple[int, int]:
         """(index of this rank in unit u's sorted holder group, group size)."""

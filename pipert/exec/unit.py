@@ -203,6 +203,16 @@ class UnitRunner:
         self._stash[mb] = entry
         return out
 
+    def evaluate(self, inputs: Activation, targets: Tensor | None = None) -> Activation:
+        """F of an evaluation program: the unit's output without a graph or a stash (the last unit's
+        loss given ``targets``, its outputs without)."""
+        xs, single = _as_tuple(inputs)
+        x = xs[0] if single else xs
+        with torch.no_grad():
+            if self.is_last:
+                return self.module(x, targets)
+            return self.module(x)
+
     def recompute(self, mb: int) -> None:
         """RECOMPUTE: rebuild the graph of a forward that ran with ``keep_graph=False``."""
         entry = self._get(mb, "RECOMPUTE")

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 from .action import Action, Op, ScheduleFormatError, parse_action
 from .semantics import Queue
 
-__all__ = ["Placement", "Schedule", "FORMAT_NAME", "FORMAT_VERSION"]
+__all__ = ["Placement", "Schedule", "ScheduleQueries", "FORMAT_NAME", "FORMAT_VERSION"]
 
 FORMAT_NAME = "pipert.schedule"
 FORMAT_VERSION = 1
@@ -194,8 +194,69 @@ class Placement:
             raise ScheduleFormatError(f"placement needs 'kind', 'ranks' and 'weight_owner': {e}") from None
 
 
+class ScheduleQueries:
+    """Read-only queries and forms shared by :class:`Schedule` and ``pipert.ir.program.Program``
+    (both have ``name``, ``num_ranks``, ``num_units``, ``num_microbatches``, ``placement``,
+    ``actions`` (per rank, in order) and ``meta``)."""
+
+    name: str
+    num_ranks: int
+    num_units: int
+    num_microbatches: int
+    placement: Placement
+    actions: Any
+    meta: Any
+
+    # --- queries ---------------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[int, int, Action]]:
+        for r, acts in enumerate(self.actions):
+            for i, a in enumerate(acts):
+                yield r, i, a
+
+    def num_actions(self) -> int:
+        return sum(len(a) for a in self.actions)
+
+    def compute_actions(self, rank: int) -> list[Action]:
+        return [a for a in self.actions[rank] if a.is_compute]
+
+    def units_owned(self, rank: int) -> list[int]:
+        """Units whose master weights ``rank`` holds (as owner or data-parallel replica)."""
+        return [u for u in range(self.num_units) if rank in self.placement.holders(u)]
+
+    # --- text and JSON forms -----------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT_NAME, "version": FORMAT_VERSION, "name": self.name,
+            "num_ranks": self.num_ranks, "num_units": self.num_units,
+            "num_microbatches": self.num_microbatches, "placement": self.placement.to_dict(),
+            "actions": [[str(a) for a in acts] for acts in self.actions], "meta": dict(self.meta),
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def grid(self, compute_only: bool = True, width: int = 14) -> str:
+        """Step x rank table: row k holds the k-th (compute) action of every rank."""
+        cols = [[a for a in acts if a.is_compute or not compute_only] for acts in self.actions]
+        rows = max((len(c) for c in cols), default=0)
+        head = "step " + "".join(f"{'rank ' + str(r):<{width}}" for r in range(self.num_ranks))
+        lines = [head.rstrip()]
+        for k in range(rows):
+            cells = "".join(f"{(str(c[k]) if k < len(c) else ''):<{width}}" for c in cols)
+            lines.append(f"{k:<5}{cells}".rstrip())
+        return "\n".join(lines)
+
+    def with_actions(self, actions: list[list[Action]], name: str | None = None) -> "Schedule":
+        """A new Schedule with these per-rank lists (and a copy of the meta)."""
+        return Schedule(name or self.name, self.num_ranks, self.num_units, self.num_microbatches,
+                        self.placement, [a if isinstance(a, list) else list(a) for a in actions], dict(self.meta))
+
+    def count(self, op: Op) -> int:
+        return sum(1 for _, _, a in self if a.op is op)
+
+
 @dataclass
-class Schedule:
+class Schedule(ScheduleQueries):
     """A complete pipeline program: ``actions[r]`` is rank r's ordered action list.
 
     Units ``0..num_units-1`` form one chain per micro-batch: unit u consumes the output
@@ -224,34 +285,6 @@ class Schedule:
             cq = self.meta["collective_queue"]
             self.meta = {k: v for k, v in self.meta.items() if k != "collective_queue"}
             self.placement = dataclasses.replace(self.placement, collective_queue=cq)
-
-    # --- queries ---------------------------------------------------------------
-    def __iter__(self) -> Iterator[tuple[int, int, Action]]:
-        for r, acts in enumerate(self.actions):
-            for i, a in enumerate(acts):
-                yield r, i, a
-
-    def num_actions(self) -> int:
-        return sum(len(a) for a in self.actions)
-
-    def compute_actions(self, rank: int) -> list[Action]:
-        return [a for a in self.actions[rank] if a.is_compute]
-
-    def units_owned(self, rank: int) -> list[int]:
-        """Units whose master weights ``rank`` holds (as owner or data-parallel replica)."""
-        return [u for u in range(self.num_units) if rank in self.placement.holders(u)]
-
-    # --- text and JSON forms -----------------------------------------------------
-    def to_dict(self) -> dict:
-        return {
-            "format": FORMAT_NAME, "version": FORMAT_VERSION, "name": self.name,
-            "num_ranks": self.num_ranks, "num_units": self.num_units,
-            "num_microbatches": self.num_microbatches, "placement": self.placement.to_dict(),
-            "actions": [[str(a) for a in acts] for acts in self.actions], "meta": self.meta,
-        }
-
-    def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
 
     @staticmethod
     def from_dict(d: Any, source: str = "schedule") -> "Schedule":
@@ -299,21 +332,3 @@ class Schedule:
         if not p.is_file():
             raise ScheduleFormatError(f"schedule file {str(p)!r} does not exist")
         return Schedule.from_json(p.read_text(), source=str(p))
-
-    def grid(self, compute_only: bool = True, width: int = 14) -> str:
-        """Step x rank table: row k holds the k-th (compute) action of every rank."""
-        cols = [[a for a in acts if a.is_compute or not compute_only] for acts in self.actions]
-        rows = max((len(c) for c in cols), default=0)
-        head = "step " + "".join(f"{'rank ' + str(r):<{width}}" for r in range(self.num_ranks))
-        lines = [head.rstrip()]
-        for k in range(rows):
-            cells = "".join(f"{(str(c[k]) if k < len(c) else ''):<{width}}" for c in cols)
-            lines.append(f"{k:<5}{cells}".rstrip())
-        return "\n".join(lines)
-
-    def with_actions(self, actions: list[list[Action]], name: str | None = None) -> "Schedule":
-        return Schedule(name or self.name, self.num_ranks, self.num_units, self.num_microbatches,
-                        self.placement, actions, dict(self.meta))
-
-    def count(self, op: Op) -> int:
-        return sum(1 for _, _, a in self if a.op is op)

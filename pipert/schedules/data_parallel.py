@@ -20,11 +20,13 @@ and FREE above acts on one class (``z3``), following that class's stage; ``OPT u
 freed after its last, the ``bwd`` copy gathered before its first B, D or RECOMPUTE and freed after
 its last backward compute (W included: its saved tensors refer to the parameters).
 
-A ``pipemesh`` schedule instead gets PipeMesh's communication schedule
-(``pipert.schedules.pipemesh.overlap_collectives``): ZeRO-3 gathers and frees around every run of
-a chunk, ZeRO-2/3 reduce-scatters after every backward run (accumulated on the shard), all of
-them bucketed one per pass beside the passes they overlap; the optimizer steps at the end, and
-the ZeRO-1/2 weights are gathered at the start of the next step, before each chunk's first run.
+Where the collectives go is a *replication policy* (:data:`POLICIES`): ``at-opt`` (above, the
+default) or one a family registers for its schedules (:func:`register_policy`): ``pipemesh``
+registers ``pipemesh-overlap`` (``pipert.schedules.pipemesh.overlap_collectives``): ZeRO-3 gathers
+and frees around every run of a chunk, ZeRO-2/3 reduce-scatters after every backward run
+(accumulated on the shard), all of them bucketed one per pass beside the passes they overlap; the
+optimizer steps at the end, and the ZeRO-1/2 weights are gathered at the start of the next step,
+before each chunk's first run.
 
 The process layout (replica-major: rank = d*P + stage) is the one
 ``torch.distributed.device_mesh.init_device_mesh(..., (D, P), mesh_dim_names=("dp", "pp"))``
@@ -32,10 +34,55 @@ gives; ``pipert.comm.mesh`` builds that mesh for a torch.distributed job.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 from ..ir import Action, Op, Payload, Placement, Schedule
 from ..ir.semantics import COLLECTIVE_OPS, HOST_OPS, P2P_OPS, TABLE, WEIGHT_READERS
 
-__all__ = ["replicate", "replica_groups", "WEIGHT_READERS"]
+__all__ = ["replicate", "replica_groups", "relabel", "WEIGHT_READERS", "Replication", "ReplicaProgram", "POLICIES",
+           "register_policy", "policy_for"]
+
+
+@dataclass(frozen=True)
+class Replication:
+    """What a replication policy needs to write one replica's program of one base rank."""
+
+    base: Schedule
+    """The schedule of one replica (P ranks, M/D micro-batches)."""
+    dp: int
+    """Replicas."""
+    parts: list
+    """Per unit, its ZeRO parts as (class, stage) (``Placement.zero_parts``)."""
+    groups: list
+    """Per unit, the ranks of the P*D layout that hold its weights."""
+    split: bool
+    """Whether gathered ZeRO-3 weights of forward and backward computes are kept apart."""
+
+
+ReplicaProgram = Callable[[Replication, int, int], list]
+"""A replication policy: ``(replication, base rank r, replica d) -> replica d's program of rank r``."""
+
+POLICIES: dict[str, ReplicaProgram] = {}
+"""Replication policies by name (:func:`register_policy`)."""
+
+_FAMILY_POLICY: dict[str, str] = {}
+
+
+def register_policy(name: str, program: ReplicaProgram, families: tuple[str, ...] = ()) -> None:
+    """Add policy ``name``; it becomes the default (``policy="auto"``) of the schedules of ``families``."""
+    POLICIES[name] = program
+    for f in families:
+        _FAMILY_POLICY[f] = name
+
+
+def policy_for(base: Schedule, policy: str = "auto") -> str:
+    """The policy replicating ``base``: ``policy``, or with "auto" the one its family registered
+    (``at-opt`` when none)."""
+    name = _FAMILY_POLICY.get(base.meta.get("family"), "at-opt") if policy == "auto" else policy
+    if name not in POLICIES:
+        raise ValueError(f"replication policy {policy!r} unknown; allowed: auto, {', '.join(POLICIES)}")
+    return name
 
 
 def replica_groups(base: Schedule, dp: int) -> list[tuple[int, ...]]:
@@ -45,11 +92,13 @@ def replica_groups(base: Schedule, dp: int) -> list[tuple[int, ...]]:
 
 
 def replicate(base: Schedule, dp: int, zero: int | list = 0, zero_numel: list | None = None,
-              zero3_buffers: int = 1) -> Schedule:
+              zero3_buffers: int = 1, policy: str = "auto") -> Schedule:
     """The data-parallel schedule of ``base`` (see the module doc). ``zero``: one ZeRO stage for
     every unit, or per unit either a stage or a tuple of stages per parameter; ``zero_numel``: per
     unit the parameters' element counts, needed for units with per-parameter stages (None for the
-    others); ``zero3_buffers``: 1 or 2 gathered copies of ZeRO-3 weights (module doc)."""
+    others); ``zero3_buffers``: 1 or 2 gathered copies of ZeRO-3 weights (module doc); ``policy``:
+    where the collectives go (:data:`POLICIES`; auto: :func:`policy_for`)."""
+    program = POLICIES[policy_for(base, policy)]
     if dp < 1:
         raise ValueError(f"dp must be >= 1, got {dp}")
     if base.placement.replicas is not None:
@@ -82,61 +131,42 @@ def replicate(base: Schedule, dp: int, zero: int | list = 0, zero_numel: list | 
                          f"parallelism over it is not supported")
     if any(a.op in COLLECTIVE_OPS for _, _, a in base):
         raise ValueError(f"schedule {base.name!r} already has collectives; replicate a pipeline schedule")
-    first_use: dict[tuple, int] = {}
-    last_use: dict[tuple, int] = {}
-    for r, i, a in base:
-        if a.unit is not None and (a.op in WEIGHT_READERS or a.op is Op.SEND and a.payload is Payload.WEIGHT):
-            key = (r, a.unit, _side(a) if split else None)
-            if not (split and a.op is Op.W):  # a W needs the backward copy present, never gathers it
-                first_use.setdefault(key, i)
-            last_use[key] = i
-    overlap = base.meta.get("family") == "pipemesh"
-    actions = []
-    for d in range(dp):
-        for r in range(P):
-            if overlap:
-                actions.append(_overlapped(base, r, d, dp, parts, groups, split))
-                continue
-            prog = []
-            for i, a in enumerate(base.actions[r]):
-                a = _relabel(a, d, dp, P)
-                u = a.unit
-                if a.op is Op.OPT:
-                    for uu in ([u] if u is not None else base.units_owned(r)):
-                        prog += _reduce_then_step(uu, groups[uu], parts[uu])
-                    continue
-                owner = u is not None and base.placement.weight_owner[u] == r
-                z3 = [zc for zc, z in parts[u] if z == 3] if owner else []
-                side = _side(a) if split and z3 else None
-                if z3 and first_use.get((r, u, side)) == i:
-                    prog += [Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u], zclass=zc,
-                                    side=side) for zc in z3]
-                prog.append(a)
-                if z3 and last_use.get((r, u, side)) == i:
-                    prog += [Action(Op.FREE, unit=u, payload=Payload.WEIGHT, zclass=zc, side=side) for zc in z3]
-            actions.append(prog)
+    rep = Replication(base, dp, parts, groups, split)
+    actions = [program(rep, r, d) for d in range(dp) for r in range(P)]
     meta = dict(base.meta, dp=dp, zero=[list(z) if isinstance(z, (tuple, list)) else z for z in zeros], pp_stages=P)
     return Schedule(f"{base.name}-dp{dp}" + (f"-zero{zero}" if isinstance(zero, int) and zero else ""),
                     P * dp, U, M * dp, placement, actions, meta)
 
 
-def _overlapped(base: Schedule, r: int, d: int, dp: int, parts: list, groups: list[tuple[int, ...]],
-                split: bool = False) -> list[Action]:
-    """Replica d's copy of base rank r with PipeMesh's collectives (module doc)."""
-    from .pipemesh import overlap_collectives
-    acts = base.actions[r]
-    bad = [a for a in acts if a.unit is not None and a.op in WEIGHT_READERS and base.placement.weight_owner[a.unit] != r]
-    if bad:
-        raise ValueError(f"schedule {base.name!r}: rank {r} computes {bad[0]} of a unit it does not hold; "
-                         f"PipeMesh's communication schedule needs activation passing")
-    before, tail = overlap_collectives(acts, parts, groups, base.units_owned(r), base.meta.get("units_per_chunk", 1),
-                                       split)
-    prog: list[Action] = []
-    for i, a in enumerate(acts):
-        prog += before.get(i, [])
-        if a.op is not Op.OPT:
-            prog.append(_relabel(a, d, dp, base.num_ranks))
-    return prog + before.get(len(acts), []) + tail
+def at_opt(rep: Replication, r: int, d: int) -> list[Action]:
+    """Replica d's copy of base rank r with the collectives at each ``OPT`` (module doc)."""
+    base, split, parts, groups = rep.base, rep.split, rep.parts, rep.groups
+    first_use: dict[tuple, int] = {}
+    last_use: dict[tuple, int] = {}
+    for i, a in enumerate(base.actions[r]):
+        if a.unit is not None and (a.op in WEIGHT_READERS or a.op is Op.SEND and a.payload is Payload.WEIGHT):
+            key = (a.unit, _side(a) if split else None)
+            if not (split and a.op is Op.W):  # a W needs the backward copy present, never gathers it
+                first_use.setdefault(key, i)
+            last_use[key] = i
+    prog = []
+    for i, a in enumerate(base.actions[r]):
+        a = relabel(a, d, rep.dp, base.num_ranks)
+        u = a.unit
+        if a.op is Op.OPT:
+            for uu in ([u] if u is not None else base.units_owned(r)):
+                prog += _reduce_then_step(uu, groups[uu], parts[uu])
+            continue
+        owner = u is not None and base.placement.weight_owner[u] == r
+        z3 = [zc for zc, z in parts[u] if z == 3] if owner else []
+        side = _side(a) if split and z3 else None
+        if z3 and first_use.get((u, side)) == i:
+            prog += [Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=groups[u], zclass=zc,
+                            side=side) for zc in z3]
+        prog.append(a)
+        if z3 and last_use.get((u, side)) == i:
+            prog += [Action(Op.FREE, unit=u, payload=Payload.WEIGHT, zclass=zc, side=side) for zc in z3]
+    return prog
 
 
 def _side(a: Action) -> str | None:
@@ -144,7 +174,7 @@ def _side(a: Action) -> str | None:
     return TABLE[a.op].side
 
 
-def _relabel(a: Action, d: int, dp: int, P: int) -> Action:
+def relabel(a: Action, d: int, dp: int, P: int) -> Action:
     """Replica d's copy of a base action: its micro-batches and peers."""
     import dataclasses
     kw = {}
@@ -165,3 +195,6 @@ def _reduce_then_step(u: int, group: tuple[int, ...], parts: list[tuple[int | No
     out.append(Action(Op.OPT, unit=u))
     return out + [Action(Op.ALLGATHER, unit=u, payload=Payload.WEIGHT, group=group, zclass=zc)
                   for zc, z in parts if z in (1, 2)]
+
+
+register_policy("at-opt", at_opt)

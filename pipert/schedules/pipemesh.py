@@ -16,17 +16,19 @@ backward at a time, then the remaining backwards. Megatron's interleaved 1F1B is
 backward.
 
 Over D replicas (``replicate``) the collectives follow the paper's communication schedule
-(``overlap_collectives``).
+(``overlap_collectives``): this module registers it as the replication policy ``pipemesh-overlap``,
+the default of pipemesh schedules (``pipert.schedules.data_parallel.register_policy``).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 from ..ir import Action, Op, Payload, Schedule
-from .data_parallel import WEIGHT_READERS
+from .data_parallel import WEIGHT_READERS, Replication, register_policy, relabel
 from .registry import PipelineConfig, assemble
 
-__all__ = ["pipemesh", "check_pipemesh", "sequences", "warmup", "peak_live_passes", "pass_orders", "overlap_collectives"]
+__all__ = ["pipemesh", "check_pipemesh", "sequences", "warmup", "peak_live_passes", "pass_orders",
+           "overlap_collectives", "overlapped"]
 
 
 def _seq(name: str, value: Sequence[int] | str | None, stages: int, total: int) -> tuple[int, ...]:
@@ -294,3 +296,25 @@ def overlap_collectives(acts: list[Action], parts: Sequence[Sequence[tuple[int |
         before.setdefault(index, []).append(a)
     tail = list(tail_red) + [Action(Op.OPT, unit=u) for u in sorted(held_set)]
     return before, tail
+
+
+def overlapped(rep: Replication, r: int, d: int) -> list[Action]:
+    """Replica d's copy of base rank r with PipeMesh's collectives (:func:`overlap_collectives`)."""
+    base = rep.base
+    acts = base.actions[r]
+    owner = base.placement.weight_owner
+    bad = [a for a in acts if a.unit is not None and a.op in WEIGHT_READERS and owner[a.unit] != r]
+    if bad:
+        raise ValueError(f"schedule {base.name!r}: rank {r} computes {bad[0]} of a unit it does not hold; "
+                         f"PipeMesh's communication schedule needs activation passing")
+    before, tail = overlap_collectives(acts, rep.parts, rep.groups, base.units_owned(r),
+                                       base.meta.get("units_per_chunk", 1), rep.split)
+    prog: list[Action] = []
+    for i, a in enumerate(acts):
+        prog += before.get(i, [])
+        if a.op is not Op.OPT:
+            prog.append(relabel(a, d, rep.dp, base.num_ranks))
+    return prog + before.get(len(acts), []) + tail
+
+
+register_policy("pipemesh-overlap", overlapped, families=("pipemesh",))

@@ -6,6 +6,7 @@ import bisect
 from typing import TYPE_CHECKING
 
 from ..ir.action import Action, Op
+from ..ir.phases import forward_only_program
 from ..ir.semantics import Semantics
 from .keys import describe_key, vkey
 
@@ -64,6 +65,8 @@ def _completeness(b: "Builder") -> None:
     whole = b.U * b.M
     if len(fwd) == whole and len(bwd) == whole and not any(map(_D_BIT.__and__, bwd.values())):
         return   # the tables hold (unit, micro-batch) pairs in range only: every F and B is there, no D
+    if not bwd and not wdone and forward_only_program(b.s):
+        bwd = {k: 0 for k in fwd}  # an evaluation program: every F and nothing of a backward
     for u in range(b.U):
         for m in range(b.M):
             fk = u << 32 | m

@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from ..cost.topology import Topology
+from ..ir.program import Program, rules_of
 from ..ir.schedule import Schedule
 from .engine import analyze, paused_gc
 from .graph import Graph
@@ -23,8 +24,8 @@ __all__ = ["SimResult", "simulate"]
 class SimResult:
     """Predicted timing of one schedule (time unit: the cost model's)."""
 
-    schedule: Schedule
-    """The simulated schedule."""
+    schedule: Program | Schedule
+    """The simulated program (or schedule)."""
     makespan: float
     """Time from the earliest start (0) to the last completion (a RECV completes on arrival)."""
     busy: list[float]
@@ -58,15 +59,18 @@ class SimResult:
                 f"peak memory {max(self.peak_memory, default=0):g}")
 
 
-def simulate(schedule: Schedule, cost: Any, links: Any = None, topology: Any = None,
-             memory_limit: Any = None, transport: str = "gloo") -> SimResult:
-    """Time ``schedule``: compute durations from ``cost``, messages from ``links``
+def simulate(schedule: Program | Schedule, cost: Any, links: Any = None, topology: Any = None,
+             memory_limit: Any = None, transport: str | None = None) -> SimResult:
+    """Time a Program (``pipert.compile``: exactly what the ranks run) or, when planning, a
+    Schedule (before the replication and executor lowering ``compile`` adds): compute durations
+    from ``cost``, messages from ``links``
     (None: every transfer and collective is free). ``topology`` (default: the links'
     topology, else all ranks on one node) classifies links for ``comm_bytes``.
-    ``transport``: the communication rules, "gloo" or "nccl" (``pipert.sim.nccl``).
+    ``transport``: the communication rules, "gloo" or "nccl" (``pipert.sim.nccl``); default a
+    Program's own, gloo's for a Schedule.
     Raises the first ScheduleError if the schedule breaks a rule."""
     with paused_gc():
-        an = analyze(schedule, cost, links, memory_limit, transport)
+        an = analyze(schedule, cost, links, memory_limit, rules_of(schedule, transport))
         if an.errors:
             raise an.errors[0]
         g, t = an.graph, an.times

@@ -1,6 +1,6 @@
 """Predicted beside measured: the simulator fed with what a running job measured.
 
-A traced step (``Pipeline(trace=True)``) records the time of every compute of every rank on its
+A traced step (``Instrumentation(trace=True)``, ``pipert.exec.instrument``) records the time of every compute of every rank on its
 own (``StepResult.op_times``: the unit's work, waits for received values excluded). The mean
 per (op, unit) over the step's micro-batches (a path through the step is a sum of computes, and
 the mean of a sum is the sum of the means; on a shared machine the times are right-skewed, so a
@@ -83,7 +83,7 @@ def local_measurements(pipe: Any) -> dict:
     times = [t for r in pipe.last_results.values() for t in r.op_times]
     on_cpu = all(p.device.type == "cpu" for mods in pipe.modules.values() for m in mods.values()
                  for p in m.parameters())
-    U = pipe.schedule.num_units
+    U = pipe.program.num_units
     act = {u: b.numel() * b.dtype.itemsize for u in range(U) if (b := pipe._boundary.get((u, 0))) is not None}
     weight = {u: sum(p.numel() * p.element_size() for p in mod.parameters())
               for mods in pipe.modules.values() for u, mod in mods.items()}

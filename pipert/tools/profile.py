@@ -3,7 +3,7 @@
 ``profile_units`` runs every unit on one micro-batch, in chain order (each unit gets the real
 output of the one before), and measures what the cost model's interface asks for
 (``pipert.cost.base.CostModel``): seconds of F, B, D, W and RECOMPUTE, and bytes of the values
-of docs/semantics.md, measured exactly as the executor accounts them (``Pipeline(measure_memory=
+of docs/semantics.md, measured exactly as the executor accounts them (``Instrumentation(measure_memory=
 True)``): a stash is what autograd saved for it plus the inputs its runner keeps.
 ``pipert.cost.profiled.ProfiledCost`` turns the result into a cost model for the simulator.
 """

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pipert.exec.executor import Fault
+from pipert.exec.instrument import Fault, Instrumentation
 from pipert.errors import PipelineTimeout
 from pipert.launch import LaunchError
 from pipert.launch import launch
@@ -19,7 +19,8 @@ TIMEOUT = 3.0
 
 def test_local_hang_names_rank_action_and_peer():
     sched = build_schedule("1f1b", stages=4, microbatches=8)
-    pipe = Pipeline(tiny_units(4, "float32"), sched, optimizer=sgd, timeout=TIMEOUT, fault=Fault(2, 3, "hang"))
+    pipe = Pipeline(tiny_units(4, "float32"), sched, optimizer=sgd, timeout=TIMEOUT,
+                    instrument=Instrumentation(fault=Fault(2, 3, "hang")))
     x, y = make_batch(8)
     with pytest.raises(PipelineTimeout) as err:
         pipe.step(x, y)
@@ -34,7 +35,8 @@ def test_local_hang_names_rank_action_and_peer():
 def test_gloo_fault_stops_the_job_within_timeout(mode):
     t0 = time.monotonic()
     with pytest.raises(LaunchError) as err:
-        launch(fault_worker, 4, args=("1f1b", 8, Fault(2, 3, mode), TIMEOUT), timeout=30.0, grace=TIMEOUT + 5)
+        launch(fault_worker, 4, args=("1f1b", 8, Instrumentation(fault=Fault(2, 3, mode)), TIMEOUT), timeout=30.0,
+               grace=TIMEOUT + 5)
     elapsed = time.monotonic() - t0
     errors = err.value.errors
     # A neighbour of the stalled rank reports the action it waited in and names rank 2.
@@ -61,14 +63,14 @@ def _build_on_rank0_only(rank: int, world: int, out: str) -> None:
     the job still runs, because rank 0 builds the program and sends it."""
     import json
 
-    import pipert.pipeline as pipeline_module
+    import pipert.compiler as compiler_module
     from pipert.pipeline import Pipeline
     from pipert.testing import make_batch, sgd, tiny_units
 
     if rank != 0:
         def refuse(*args, **kwargs):
             raise AssertionError(f"rank {rank} built a schedule")
-        pipeline_module.build_schedule = refuse
+        compiler_module.build_schedule = refuse
     pipe = Pipeline(tiny_units(2, "float64"), "crosspipe-optimal", microbatches=3, optimizer=sgd, backend="dist",
                     timeout=TIMEOUT)
     x, y = make_batch(3)

@@ -8,9 +8,10 @@ import time
 import pytest
 
 from pipert.launch import LaunchError
+from pipert.exec.instrument import Instrumentation
 from pipert.launch import launch
 from pipert.sim import validate
-from pipert.testing import Case, assert_exact, build_case_schedule, family_cases, fault_worker
+from pipert.testing import Case, assert_exact, build_case_program, family_cases, fault_worker
 
 TIMEOUT = 5.0
 
@@ -21,14 +22,14 @@ def test_every_family_trains_exactly_under_ncclsim_at_P4(run_gloo_cases):
     assert_exact(run_gloo_cases([c for c in cases if c.dp == 2], 8))
 
 
-def test_without_warmup_weipipe_hangs_at_start_and_every_rank_names_its_communicator(monkeypatch):
-    sched = build_case_schedule(Case("weipipe-interleave", 4, 8))
+def test_without_warmup_weipipe_hangs_at_start_and_every_rank_names_its_communicator():
+    sched = build_case_program(Case("weipipe-interleave", 4, 8))
     errors = validate(sched, transport="nccl", warmup=False, all_errors=True)
     assert [e.reason for e in errors] == ["deadlock"] and "start-up" in str(errors[0])
-    monkeypatch.setenv("PIPERT_NO_WARMUP", "1")
     t0 = time.monotonic()
     with pytest.raises(LaunchError) as err:
-        launch(fault_worker, 4, args=("weipipe-interleave", 8, None, TIMEOUT, "nccl"), timeout=30.0)
+        launch(fault_worker, 4, args=("weipipe-interleave", 8, Instrumentation(warmup=False), TIMEOUT, "nccl"),
+               timeout=30.0)
     elapsed = time.monotonic() - t0
     msgs = err.value.errors
     assert sorted(msgs) == [0, 1, 2, 3], msgs

@@ -42,7 +42,7 @@ def test_resume_with_any_schedule_over_the_same_units_equals_an_uninterrupted_ru
             checkpoint.save(pipe, checkpoint.step_dir(tmp_path, 2), {"step": 2})
     resumed = _pipe(later, seed=5, units=units)  # other initial weights: all must come from the checkpoint
     if later == "zb-v":
-        assert resumed.schedule.placement.weight_owner != pipe.schedule.placement.weight_owner
+        assert resumed.program.placement.weight_owner != pipe.program.placement.weight_owner
     assert checkpoint.load(resumed, tmp_path) == {"step": 2}
     again = [resumed.step(x, y) for x, y in _batches(range(2, 4))]
     assert again == pytest.approx(losses[2:], rel=1e-10, abs=0)

@@ -34,6 +34,7 @@ from pipert.schedules.data_parallel import replicate
 from pipert.sim import validate
 from pipert.sim.graph import build_graph
 from pipert.testing import make_batch, sgd, tiny_units
+from pipert.exec.instrument import Instrumentation
 from pipert.tools.reference import rel_err
 
 CONFIGS = {
@@ -64,7 +65,7 @@ def check_conforms(schedule: Schedule) -> None:
     xs, ys = split_microbatches(x, M), split_microbatches(y, M)
     cost = ProfiledCost(profile_units(units, xs[0], ys[0]))
     ref_units = copy.deepcopy(units)
-    pipe = Pipeline(units, schedule, optimizer=sgd, measure_memory=True, record=True)
+    pipe = Pipeline(units, schedule, optimizer=sgd, instrument=Instrumentation(measure_memory=True, record=True))
     loss = pipe.step(x, y)
     program = pipe.program
     g = build_graph(program, cost)

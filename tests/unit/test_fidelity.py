@@ -4,9 +4,10 @@ import pytest
 from pipert.cost import UniformCost
 from pipert.cost.topology import Links, LinkSpec, Topology
 from pipert.tools.fidelity import message_overhead, predict_step, predict_step_shared, profile_from_measurements
-from pipert.pipeline import program_for
+from pipert.compiler import compile
 from pipert.schedules import build_schedule
 from pipert.sim import simulate
+from pipert.exec.instrument import Instrumentation
 
 
 def _parts(program, tf: float, tb: float, spread: float, cpu: float = 1.0, cores: int = 8) -> list[dict]:
@@ -24,7 +25,7 @@ def _parts(program, tf: float, tb: float, spread: float, cpu: float = 1.0, cores
 
 @pytest.mark.parametrize("links", [None, Links(Topology(4, num_dcs=2), {"inter_dc": LinkSpec(0.5, 4000.0)})])
 def test_means_of_measured_times_predict_the_uniform_makespan(links):
-    program = program_for(build_schedule("1f1b", stages=4, microbatches=8))
+    program = compile(build_schedule("1f1b", stages=4, microbatches=8))
     prof = profile_from_measurements(_parts(program, 1.0, 2.0, spread=0.5), program.num_units)
     assert prof.max_forward == pytest.approx(1.0) and prof.t_opt == pytest.approx(0.25)
     assert [p.sizes["act"] for p in prof.profiles] == [1000] * 4
@@ -34,7 +35,7 @@ def test_means_of_measured_times_predict_the_uniform_makespan(links):
 
 @pytest.mark.parametrize("links", [None, Links(Topology(4, num_dcs=2), {"inter_dc": LinkSpec(0.5, 4000.0)})])
 def test_shared_prediction_with_a_core_per_rank_is_the_simulators(links):
-    program = program_for(build_schedule("1f1b", stages=4, microbatches=8))
+    program = compile(build_schedule("1f1b", stages=4, microbatches=8))
     prof = profile_from_measurements(_parts(program, 1.0, 2.0, spread=0.5, cpu=0.5, cores=4), program.num_units)
     assert prof.host_of_rank == [0, 0, 0, 0] and prof.cores == [4]
     expected = simulate(program, UniformCost(tf=0.5, tb=1.0, t_opt=0.125, act_bytes=1000), links=links).makespan
@@ -44,7 +45,7 @@ def test_shared_prediction_with_a_core_per_rank_is_the_simulators(links):
 def test_shared_prediction_on_one_core_is_the_total_work_when_the_core_never_idles():
     # GPipe P=2 M=2, tf=1, tb=2: whenever one compute ends another is ready, so one core runs
     # the 2 ranks' 2*(2*1 + 2*2) = 12 seconds of work back to back (its own-core makespan is 9)
-    program = program_for(build_schedule("gpipe", stages=2, microbatches=2))
+    program = compile(build_schedule("gpipe", stages=2, microbatches=2))
     prof = profile_from_measurements(_parts(program, 1.0, 2.0, spread=0.0, cores=1), program.num_units)
     prof.cpu_opt = prof.t_opt = 0.0
     assert predict_step(program, prof) == pytest.approx(9.0)
@@ -52,7 +53,7 @@ def test_shared_prediction_on_one_core_is_the_total_work_when_the_core_never_idl
 
 
 def test_no_shared_prediction_for_ranks_on_gpus():
-    program = program_for(build_schedule("1f1b", stages=2, microbatches=2))
+    program = compile(build_schedule("1f1b", stages=2, microbatches=2))
     parts = _parts(program, 1.0, 2.0, spread=0.0)
     parts[1]["host"] = None
     prof = profile_from_measurements(parts, program.num_units)
@@ -63,7 +64,8 @@ def test_a_traced_step_records_wall_and_cpu_seconds_of_every_compute():
     from pipert.pipeline import Pipeline
     from pipert.testing import make_batch, sgd, tiny_units
     units = tiny_units(2, "float64")
-    pipe = Pipeline(units, build_schedule("1f1b", stages=2, microbatches=4), optimizer=sgd, trace=True)
+    pipe = Pipeline(units, build_schedule("1f1b", stages=2, microbatches=4), optimizer=sgd,
+                    instrument=Instrumentation(trace=True))
     pipe.step(*make_batch(4))
     times = [t for r in pipe.last_results.values() for t in r.op_times]
     assert sorted({(op, u) for op, u, _, _ in times}) == [("B", 0), ("B", 1), ("F", 0), ("F", 1), ("OPT", 0), ("OPT", 1)]
@@ -85,7 +87,7 @@ def test_message_overhead_counts_only_readers_that_waited():
 
 
 def test_message_and_action_overheads_reach_both_predictions():
-    program = program_for(build_schedule("1f1b", stages=4, microbatches=8))
+    program = compile(build_schedule("1f1b", stages=4, microbatches=8))
     parts = _parts(program, 1.0, 2.0, spread=0.0, cpu=0.5, cores=4)
     for p in parts:  # 0.1 CPU s per compute beyond the computes; one message 0.3 s late
         p["process_cpu"] = sum(t[3] for t in p["times"]) + 0.1 * len(p["times"])
@@ -107,7 +109,7 @@ def test_a_traced_step_records_each_message_at_both_ends():
     from pipert.pipeline import Pipeline
     from pipert.testing import make_batch, sgd, tiny_units
     pipe = Pipeline(tiny_units(2, "float64"), build_schedule("1f1b", stages=2, microbatches=4), optimizer=sgd,
-                    trace=True)
+                    instrument=Instrumentation(trace=True))
     pipe.step(*make_batch(4))
     sends = {(r, m[1], m[2]): m for r, res in pipe.last_results.items() for m in res.messages if m[0] == "send"}
     recvs = {(m[1], r, m[2]): m for r, res in pipe.last_results.items() for m in res.messages if m[0] == "recv"}

@@ -1,5 +1,5 @@
 """Saved activations per stage at HelixPipe's switch from forward to backward: what the executor
-measures (saved-tensor accounting, ``Pipeline(measure_memory=True)``) is the documented stash
+measures (saved-tensor accounting, ``Instrumentation(measure_memory=True)``) is the documented stash
 formula (``pipert.models.memory.helix_stash_bytes`` per unit and micro-batch) plus the received
 QKV weights and the posted receive buffers, and it is the same on every stage but stage 0, which
 also holds C(0) and C(L) (docs/helixpipe.md, "Stash per stage")."""
@@ -9,6 +9,7 @@ from pipert.ir import Op, Payload
 from pipert.models import model_config, model_from_config, partition
 from pipert.models.memory import helix_stash_bytes
 from pipert.pipeline import Pipeline
+from pipert.exec.instrument import Instrumentation
 from pipert.schedules import build_schedule
 from pipert.testing import make_batch, sgd
 
@@ -20,7 +21,7 @@ def _switch_stash(model, P, M, V, F, recompute):
     sched = build_schedule("helixpipe", stages=P, microbatches=M, chunks=V, folds=F)
     units = partition(model_from_config(cfg, seed=0), cut="helix", recompute=recompute)
     weight = sum(p.numel() * p.element_size() for p in units[1].parameters())
-    pipe = Pipeline(units, sched, optimizer=sgd, measure_memory=True)
+    pipe = Pipeline(units, sched, optimizer=sgd, instrument=Instrumentation(measure_memory=True))
     pipe.step(*make_batch(M, vocab=64))
     msg = 2 * B * S * cfg.hidden * 8          # an act/grad message per micro-batch: two [b, s, h] tensors
     stash = []

@@ -44,6 +44,29 @@ def _imports(name: str, path: Path, is_pkg: bool) -> set[str]:
     return out
 
 
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the pipert modules it imports (imports inside functions included)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        for target in _imports(name, path, path.name == "__init__.py"):
+            while target not in mods and "." in target:
+                target = target.rpartition(".")[0]
+            if target in mods and target != name:
+                graph.setdefault(name, set()).add(target)
+    return graph
+
+
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for m in graph.get(todo.pop(), ()):
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
 def package_graph() -> dict[str, set[str]]:
     mods = _modules()
     graph: dict[str, set[str]] = {}
@@ -86,3 +109,17 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
 def test_no_import_cycle_between_packages():
     cycle = _cycle(package_graph())
     assert not cycle, " -> ".join(cycle)
+
+
+def test_replication_imports_no_family_and_is_in_no_module_cycle():
+    """Data-parallel replication sits below the families: a family's policy (PipeMesh's overlap)
+    registers itself with it, so no import cycle runs through it (the data_parallel <-> pipemesh
+    one included), and it reaches no family module."""
+    graph = module_graph()
+    dp = "pipert.schedules.data_parallel"
+    reached = _reaches(graph, dp)
+    assert dp not in reached, "an import cycle runs through " + dp
+    families = {"pipert.schedules.pipemesh", "pipert.schedules.classic", "pipert.schedules.weipipe",
+                "pipert.schedules.helixpipe", "pipert.schedules.tawpipe", "pipert.schedules.crosspipe"}
+    assert not reached & families, sorted(reached & families)
+    assert dp in _reaches(graph, "pipert.schedules.pipemesh")   # the family imports the replication it extends

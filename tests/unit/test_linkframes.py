@@ -122,13 +122,13 @@ def test_clock_offsets_recover_a_skew_within_their_bound():
         clock_offsets(hub.transport(0), HostOps(None), "cpu", rounds=0)
 
 
-@pytest.mark.parametrize("kw, needle", [({"link_path": "gpu"}, "link_path 'gpu' unknown; allowed: auto, timer, stream"),
-                                        ({"link_clock": "ntp"}, "link_clock 'ntp' unknown; allowed: auto, shared")])
+@pytest.mark.parametrize("kw, needle", [({"path": "gpu"}, "link path 'gpu' unknown; allowed: auto, timer, stream"),
+                                        ({"clock": "ntp"}, "link clock 'ntp' unknown; allowed: auto, shared")])
 def test_pipeline_rejects_bad_link_options(kw, needle):
-    from pipert.pipeline import Pipeline
-    from pipert.testing import tiny_units
+    from pipert.cost.topology import Links, Topology
+    from pipert.pipeline import LinkEmulation
     with pytest.raises(ValueError, match=needle):
-        Pipeline(tiny_units(2, "float64"), "1f1b", microbatches=2, **kw)
+        LinkEmulation(Links(Topology(2)), **kw)
 
 
 def test_one_process_pipeline_on_the_stream_path_is_exact():

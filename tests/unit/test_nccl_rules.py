@@ -1,5 +1,6 @@
 """NCCL's rules (pipert.comm.nccl) in the validator and in the CPU backend that follows them
 (pipert.comm.ncclsim, here on the local hub: every rank a thread of this process)."""
+import dataclasses
 import functools
 
 import pytest
@@ -11,7 +12,8 @@ from pipert.ir import Action, Op
 from pipert.errors import PipelineTimeout
 from pipert.pipeline import Pipeline
 from pipert.sim import validate
-from pipert.testing import Case, build_case_schedule, family_cases, make_batch, run_case, sgd, tiny_units
+from pipert.testing import Case, build_case_program, family_cases, make_batch, run_case, sgd, tiny_units
+from pipert.exec.instrument import Instrumentation
 from pipert.testing import _case_units
 
 TIMEOUT = 3.0
@@ -30,7 +32,7 @@ def test_a_pair_has_one_communicator_per_direction_and_a_group_one_in_all():
 
 @pytest.mark.parametrize("case", family_cases(4), ids=lambda c: c.schedule)
 def test_warmup_order_holds_every_communicator_each_rank_uses(case):
-    s = build_case_schedule(case)
+    s = build_case_program(case)
     order = warmup_order(s)
     assert len(set(order)) == len(order)
     for r, acts in enumerate(s.actions):
@@ -39,11 +41,10 @@ def test_warmup_order_holds_every_communicator_each_rank_uses(case):
         assert all(r in c.ranks for c in used)
 
 
-def _hangs_without_warmup(case: Case, monkeypatch) -> str:
+def _hangs_without_warmup(case: Case) -> str:
     """The error of one step under NCCL's rules with communicators made at first use ("" if it ran)."""
-    monkeypatch.setenv("PIPERT_NO_WARMUP", "1")
-    s = build_case_schedule(case)
-    pipe = Pipeline(_case_units(case, s), s, optimizer=sgd, timeout=TIMEOUT, rules="nccl")
+    s = build_case_program(dataclasses.replace(case, rules="nccl"))
+    pipe = Pipeline(_case_units(case, s), s, optimizer=sgd, timeout=TIMEOUT, instrument=Instrumentation(warmup=False))
     x, y = make_batch(case.microbatches)
     try:
         pipe.step(x, y)
@@ -53,17 +54,17 @@ def _hangs_without_warmup(case: Case, monkeypatch) -> str:
 
 
 @pytest.mark.parametrize("P", [2, 4])
-def test_without_warmup_the_validator_and_ncclsim_agree_on_which_families_hang(P, monkeypatch):
+def test_without_warmup_the_validator_and_ncclsim_agree_on_which_families_hang(P):
     hung, reported = set(), set()
     for case in family_cases(P):
-        s = build_case_schedule(case)
+        s = build_case_program(case)
         errors = validate(s, transport="nccl", warmup=False, all_errors=True)
         assert all(e.reason == "deadlock" and "start-up" in str(e) for e in errors), errors
         assert validate(s, transport="nccl", all_errors=True) == []  # warm-up removes every one of them
         if errors:
             reported.add(case.schedule)
             assert errors[0].rank == min(startup_hang(s))
-        msg = _hangs_without_warmup(case, monkeypatch)
+        msg = _hangs_without_warmup(case)
         if msg:
             hung.add(case.schedule)
             assert "not created after" in msg and "communicator" in msg, msg
@@ -94,14 +95,16 @@ def test_a_send_completes_only_when_its_receive_runs_under_ncclsim_not_on_the_lo
     a cycle under NCCL (and in the validator's rendezvous rule); the local hub completes sends at
     once and runs it."""
     case = Case("weipipe-interleave", 2, 4)
-    prog = waited_sends(build_case_schedule(case), [0, 1])
+    prog = waited_sends(build_case_program(case), [0, 1])
     for transport in ("gloo", "nccl"):
         errors = validate(prog, transport=transport, all_errors=True)
         assert [e.reason for e in errors] == ["deadlock"], errors
     x, y = make_batch(case.microbatches)
-    Pipeline(tiny_units(prog.num_units, "float64"), prog, optimizer=sgd, timeout=TIMEOUT, check=False).step(x, y)
+    unchecked = Instrumentation(check=False)
+    Pipeline(tiny_units(prog.num_units, "float64"), prog, optimizer=sgd, timeout=TIMEOUT,
+             instrument=unchecked).step(x, y)
     pipe = Pipeline(tiny_units(prog.num_units, "float64"), prog, optimizer=sgd, timeout=TIMEOUT, rules="nccl",
-                    check=False)
+                    instrument=unchecked)
     with pytest.raises(PipelineTimeout, match=r"stalled at action \d+ \(SEND weight .*communicator "
                                               r"(up|down)\(0,1\)"):
         pipe.step(x, y)
@@ -114,7 +117,7 @@ BASES = [Case("1f1b", 2, 4), Case("zb-h1", 2, 4), Case("gpipe", 2, 2), Case("wei
 
 @functools.lru_cache(maxsize=None)
 def _base(k: int):
-    return build_case_schedule(BASES[k])
+    return build_case_program(BASES[k])
 
 
 @st.composite
@@ -150,7 +153,7 @@ def test_validator_reports_a_deadlock_exactly_when_ncclsim_hangs(example):
     assume(all(e.reason == "deadlock" for e in errors))
     case = BASES[k]
     pipe = Pipeline(tiny_units(prog.num_units, "float64"), prog, optimizer=sgd, timeout=TIMEOUT, rules="nccl",
-                    check=False)
+                    instrument=Instrumentation(check=False))
     x, y = make_batch(case.microbatches)
     try:
         pipe.step(x, y)

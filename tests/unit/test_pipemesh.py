@@ -130,6 +130,7 @@ def test_measured_live_passes_peak_is_algorithm_1s(P, B, e, d, k, dp, save):
 
     from pipert.models.recompute import selective_recompute
     from pipert.pipeline import Pipeline
+    from pipert.exec.instrument import Instrumentation
     from pipert.tools.reference import reference_step
     from pipert.schedules.data_parallel import replicate
     from pipert.testing import make_batch, sgd, tiny_units
@@ -141,7 +142,7 @@ def test_measured_live_passes_peak_is_algorithm_1s(P, B, e, d, k, dp, save):
     units = tiny_units(s.num_units, "float64")
     ref_units = copy.deepcopy(units)
     units = [selective_recompute(u, save) for u in units] if save else units
-    pipe = Pipeline(units, s, optimizer=sgd, measure_memory=True)
+    pipe = Pipeline(units, s, optimizer=sgd, instrument=Instrumentation(measure_memory=True))
     x, y = make_batch(B * dp)
     loss = pipe.step(x, y)
     for r, res in pipe.last_results.items():

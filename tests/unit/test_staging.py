@@ -6,7 +6,7 @@ import torch
 
 from pipert.ir import Op
 from pipert.device.pinned import PinnedPool
-from pipert.pipeline import Pipeline
+from pipert.pipeline import Pipeline, RuntimeOptions
 from pipert.tools.reference import grouped_reference_step
 from pipert.comm.staging import StagedTransport
 from pipert.comm.local import LocalHub
@@ -41,7 +41,7 @@ def test_a_pipeline_with_staged_messages_matches_the_reference_and_keeps_its_poo
     units = tiny_units(2, "float64")
     ref_units = copy.deepcopy(units)
     ref_opt = sgd([p for u in ref_units for p in u.parameters()])
-    pipe = Pipeline(units, "1f1b", microbatches=4, optimizer=sgd, staging=True)
+    pipe = Pipeline(units, "1f1b", microbatches=4, optimizer=sgd, runtime=RuntimeOptions(staging=True))
     assert pipe.pool is not None
     sends = sum(a.op is Op.SEND for prog in build_schedule("1f1b", stages=2, microbatches=4).actions for a in prog)
     reuses = []

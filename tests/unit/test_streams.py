@@ -265,3 +265,31 @@ def test_fallback_warns_once_and_works():
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "fallback-ok" in r.stdout
+
+
+_SELF_DROP = """
+import threading, time
+import torch  # loads the libraries pipert._C links against
+from pipert import _C
+done = threading.Event()
+box = [_C.Stream("self-drop")]
+def last_item():
+    box.clear()          # the stream's last reference drops on its own worker thread
+    done.set()
+stream = box[0]
+stream.enqueue(lambda: time.sleep(0.05))
+stream.enqueue(last_item)
+del stream
+assert done.wait(10)
+time.sleep(0.3)          # the stream is deleted off its worker, after that item
+print("alive")
+"""
+
+
+@pytest.mark.skipif(not _ext.HAVE_EXT, reason="pipert._C not built")
+def test_stream_dropped_inside_its_own_item_ends_cleanly():
+    """A _C stream whose last reference drops inside one of its items (the garbage collector runs
+    on whichever thread allocates) is deleted without joining its worker from the worker itself,
+    which would end the process ("terminate called without an active exception")."""
+    proc = subprocess.run([sys.executable, "-c", _SELF_DROP], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "alive", (proc.returncode, proc.stderr[-2000:])
