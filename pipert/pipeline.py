@@ -36,8 +36,9 @@ from .exec.executor import RankExecutor, StepResult
 from .exec.optim import MasterWeightOptimizer, needs_master_weights
 from .exec.state import UnitState
 from .exec.unit import UnitRunner
-from .ir import COMPUTE_OPS, Op, Payload, Schedule
+from .ir import COMPUTE_OPS, Payload, Schedule
 from .ir.program import Program
+from .ir.semantics import HOST_OPS
 from .exec.instrument import NONE, Instrumentation
 from .loop import TrainingLoop
 
@@ -195,7 +196,7 @@ class Pipeline(TrainingLoop):
             staging = self.backend == "dist" and needs_staging(
                 dist.get_backend(), units_device(self.modules[self.ranks[0]].values()))
         pool = runtime.pool
-        if pool is None and (staging or any(a.op in (Op.OFFLOAD, Op.PREFETCH) for _, _, a in self.program)):
+        if pool is None and (staging or any(a.op in HOST_OPS for _, _, a in self.program)):
             from .device.pinned import PinnedPool
             pool = PinnedPool()
         return staging, pool

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
 from ..ir.action import COLLECTIVE_OPS, Op
+from ..ir.semantics import COMM_OPS
 
 if TYPE_CHECKING:
     from ..ir.action import Action
@@ -73,7 +74,7 @@ def first_uses(actions: Iterable["Action"], rank: int) -> list[tuple[int, Comm]]
     seen: set[Comm] = set()
     out = []
     for i, a in enumerate(actions):
-        if a.op is Op.SEND or a.op is Op.RECV or a.op in COLLECTIVE_OPS:
+        if a.op in COMM_OPS:
             c = comm_of(a, rank)
             if c is not None and c not in seen:
                 seen.add(c)

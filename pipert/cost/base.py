@@ -50,7 +50,9 @@ class CostModel(Protocol):
     """Durations of compute actions and sizes of values and messages."""
 
     def compute_time(self, action: Action, rank: int) -> float:
-        """Duration of a compute action (F/B/D/W/OPT/RECOMPUTE; a sub-block takes its share)."""
+        """Duration of one (op, unit, micro-batch) of a compute (F/B/D/W/OPT/RECOMPUTE), whole: the
+        engine prices a fold as the sum over its micro-batches and a sub-block ``sI/N`` as 1/N of the
+        whole (``pipert.ir.semantics.action_time``); memory and communication actions take 0."""
         ...
 
     def message_bytes(self, payload: Payload, unit: int, num_mbs: int = 1) -> float:

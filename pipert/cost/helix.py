@@ -4,7 +4,8 @@
 layer, as the paper's analysis does: C(0) = ``t_pre``, C(l) = ``t_post + t_pre``, C(L) =
 ``t_post``, A(l) = ``t_attn``; a backward takes ``backward`` times its forward, plus one more
 forward for C units with ``recompute`` (recomputation without attention reruns everything
-but the attention). An activation message is 1 per micro-batch, a weight message
+but the attention). Like every cost model it prices one micro-batch of a whole compute; the
+engine applies folds and sub-blocks (a quarter piece of a forward takes a quarter of its time). An activation message is 1 per micro-batch, a weight message
 ``weight_bytes``; memory is uniform.
 """
 from __future__ import annotations
@@ -50,7 +51,7 @@ class HelixPartsCost:
             k = self.backward + (1.0 if self.recompute and action.unit % 2 == 0 else 0.0)
         else:
             return 0.0
-        return k * self.forward_time(action.unit) * len(action.mb)
+        return k * self.forward_time(action.unit)
 
     def message_bytes(self, payload: Payload, unit: int, num_mbs: int = 1) -> float:
         return float(num_mbs) if payload in (Payload.ACT, Payload.GRAD) else self.weight_bytes

@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..ir.action import Action, Op, Payload
+from ..ir.semantics import UNIT_COMPUTE_OPS
 
 __all__ = ["ProfiledCost"]
 
-_TIMED = {Op.F: "F", Op.B: "B", Op.D: "D", Op.W: "W", Op.RECOMPUTE: "RECOMPUTE"}
+_TIMED = {op: op.value for op in UNIT_COMPUTE_OPS}   # the profile's key of each unit compute
 
 
 class ProfiledCost:
@@ -30,10 +31,7 @@ class ProfiledCost:
         key = _TIMED.get(action.op)
         if key is None:
             return 0.0
-        t = self.profiles[action.unit].times[key] * len(action.mb)
-        if action.sub is not None:
-            t /= action.sub[1]
-        return t
+        return self.profiles[action.unit].times[key]
 
     def message_bytes(self, payload: Payload, unit: int, num_mbs: int = 1) -> float:
         sizes = self.profiles[unit].sizes

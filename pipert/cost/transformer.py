@@ -483,18 +483,13 @@ class TransformerCost:
 
     # --- CostModel protocol --------------------------------------------------------------
     def compute_time(self, action: Action, rank: int) -> float:
-        """Duration of a compute action: per-micro-batch time x folded micro-batches / sub-blocks;
-        0 for memory and communication actions (as in UniformCost)."""
+        """Duration of one micro-batch of a whole compute; 0 for memory and communication actions
+        (as in UniformCost)."""
         if not action.is_compute:
             return 0.0
         if action.unit is None:
             raise ValueError(f"{action}: OPT needs a unit for an analytic cost model")
-        t = self.unit_time(action.unit, action.op, rank)
-        if action.op is not Op.OPT:
-            t *= len(action.mb)
-        if action.sub is not None:
-            t /= action.sub[1]
-        return t
+        return self.unit_time(action.unit, action.op, rank)
 
     def _kept_no_attention(self, spec: UnitSpec) -> float:
         """What a unit keeps under recomputation without attention: its input (token ids for

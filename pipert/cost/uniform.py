@@ -16,8 +16,8 @@ class UniformCost:
     """Same compute time and sizes for every unit and rank (the CLI's uniform mode).
 
     Give ``tb`` (then ``td = tw = tb / 2`` unless given), or ``td`` and ``tw`` (then
-    ``tb = td + tw``); with none of them ``tb = 2 * tf``. A sub-block ``sI/N`` takes ``1/N`` of its op's time, a fold of
-    ``k`` micro-batches ``k`` times it.
+    ``tb = td + tw``); with none of them ``tb = 2 * tf``. Times are per micro-batch of a whole compute (folds
+    and sub-blocks: ``pipert.ir.semantics.action_time``).
     """
 
     tf: float = 1.0
@@ -73,23 +73,19 @@ class UniformCost:
                            weight_bytes=self.weight_bytes * k, stash=self.stash * k)
 
     def compute_time(self, action: Action, rank: int) -> float:
-        """Duration of a compute action; 0 for memory and communication actions."""
+        """Duration of one micro-batch of a whole compute; 0 for memory and communication actions."""
         op = action.op
         if op is _F or op is _RC:
-            t = self.tf * len(action.mb)
-        elif op is _B:
-            t = self.tb * len(action.mb)
-        elif op is _D:
-            t = self.td * len(action.mb)
-        elif op is _W:
-            t = self.tw * len(action.mb)
-        elif op is _OPT:
-            t = self.t_opt
-        else:
-            return 0.0
-        if action.sub is not None:
-            t /= action.sub[1]
-        return t
+            return self.tf
+        if op is _B:
+            return self.tb
+        if op is _D:
+            return self.td
+        if op is _W:
+            return self.tw
+        if op is _OPT:
+            return self.t_opt
+        return 0.0
 
     def message_bytes(self, payload: Payload, unit: int, num_mbs: int = 1) -> float:
         if payload is Payload.ACT or payload is Payload.GRAD:

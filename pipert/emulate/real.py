@@ -35,8 +35,7 @@ class ProfiledCost:
         if action.op is Op.OPT or not action.is_compute:
             return 0.0
         op = Op.F if action.op is Op.RECOMPUTE else action.op
-        t = self.times[(op, action.unit)] * len(action.mb)
-        return t / action.sub[1] if action.sub is not None else t
+        return self.times[(op, action.unit)]
 
     def message_bytes(self, payload: Payload, unit: int, num_mbs: int = 1) -> float:
         if payload in (Payload.WEIGHT, Payload.WGRAD):

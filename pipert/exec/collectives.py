@@ -2,8 +2,9 @@
 
 A collective is posted where it stands and completes where its result is first needed: for a
 unit's weights or gradient through ``UnitState.expect`` (``ready``/``settle``), for an
-activation or gradient value through the executor's pending table. With
-``meta["collective_queue"] == "compute"`` it completes at once.
+activation or gradient value through the executor's pending table. Where the placement's
+``collective_queue`` is the compute queue it completes at once. Which payloads each collective
+carries is the op table's (``pipert.ir.semantics``; an Action checks it when it is made).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from ..errors import PipelineError
 from ..ir import Action, Op, Payload
-from ..ir.semantics import Value
+from ..ir.semantics import DROPPING_OPS, Value
 
 
 __all__ = ["run_collective", "run_memory_op"]
@@ -39,8 +40,6 @@ def _unit_collective(ex: Any, i: int, a: Action) -> None:
     st, u, zc, op, is_root = ex.state, a.unit, a.zclass, a.op, ex.rank == a.root
     wgrad = a.payload is Payload.WGRAD
     if op is Op.ALLGATHER:
-        if wgrad:
-            raise _unsupported(ex, i, a, "ALLGATHER of a weight gradient")
         shard = st.shards[(u, zc)].detach()
         out = shard.new_empty(shard.numel() * len(st.group(u)))
         handle = _post(ex, i, a, shard, out)
@@ -81,8 +80,6 @@ def _bind_shard(st, part: tuple, out: torch.Tensor) -> None:
 def _value_collective(ex: Any, i: int, a: Action) -> None:
     """Collectives of activations or gradients, one per micro-batch value."""
     op, is_root = a.op, ex.rank == a.root
-    if op in (Op.ALLGATHER, Op.REDUCESCATTER):
-        raise _unsupported(ex, i, a, f"{op.value} of an activation or gradient")
     kind = _KIND[a.payload]
     keys = [(kind, a.unit, m) for m in a.mb]
     if op is Op.BROADCAST and not is_root:
@@ -100,17 +97,18 @@ def _value_collective(ex: Any, i: int, a: Action) -> None:
             ex.sends.append((handle, t, i, a))
 
 
-def _unsupported(ex: Any, i: int, a: Action, what: str) -> Exception:
-    return PipelineError(f"rank {ex.rank}: action {i} ({a}): {what} has no meaning in pipert's IR "
-                         f"(docs/semantics.md); collectives of weights: ALLREDUCE, BROADCAST, REDUCE, ALLGATHER, "
-                         f"REDUCESCATTER; of gradients: ALLREDUCE, BROADCAST, REDUCE, REDUCESCATTER", ex.rank)
-
-
 # --------------------------------------------------------------------------- memory ops
 def run_memory_op(ex: Any, i: int, a: Action) -> None:
     st, op, u, pl, zc = ex.state, a.op, a.unit, a.payload, a.zclass
     if pl is Payload.STASH:
         for m in a.mb:
+            # the stash is on the device from its F (or RECOMPUTE) to its first backward; PREFETCH
+            # reads the host copy an OFFLOAD left (pipert.ir.semantics: STASH and its host copy)
+            on_host = st.stash.is_offloaded(u, m)
+            if on_host != (op is Op.PREFETCH) or not on_host and not ex.runners[u].has_stash(m):
+                where = "in host memory" if op is Op.PREFETCH else "on the device"
+                raise PipelineError(f"rank {ex.rank}: action {i} ({a}): no stash of unit {u} micro-batch {m} "
+                                    f"{where} (was the schedule validated?)", ex.rank)
             if op is Op.FREE:
                 ex.runners[u].drop(m)
                 st.stash.drop(u, m)
@@ -122,11 +120,14 @@ def run_memory_op(ex: Any, i: int, a: Action) -> None:
     if pl is Payload.WEIGHT:
         if op is not Op.PREFETCH:
             st.settle_weights(u)
+            if not st.has_weights(u, zc, a.side):
+                raise PipelineError(f"rank {ex.rank}: action {i} ({a}): unit {u}'s weights are not on the device "
+                                    f"(freed, offloaded, stale or never gathered; was the schedule validated?)", ex.rank)
         if op is Op.OFFLOAD:
             st.offload(("weight", u, zc), st.flat(u, Payload.WEIGHT, zc))
         if a.side is not None:
             st.free_copy(u, i, zc, a.side)
-        elif op in (Op.FREE, Op.OFFLOAD):
+        elif op in DROPPING_OPS:
             st.free(u, i, zc)
         else:
             st.bind(u, st.restore(("weight", u, zc)), zc)

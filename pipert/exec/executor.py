@@ -8,7 +8,7 @@ executor is built), where receives are posted is where they stand. Six verbs rea
 - ``send`` / ``recv``: posted where they stand; a receive completes when its value is first
   read (or at a WAIT), a send when the transport is done with it (checked after every action);
 - ``collective``: posted where it stands over its group, completed by its first reader (at once
-  when ``meta["collective_queue"] == "compute"``);
+  when the placement's ``collective_queue`` is the compute queue);
 - ``wait``: completes an earlier SEND or RECV;
 - ``memory``: FREE, OFFLOAD, PREFETCH of a value, a unit's weights or a stash.
 
@@ -39,7 +39,7 @@ from ..errors import CommTimeout, PeerFailure, PipelineError, PipelineTimeout
 from ..ir import Action, Op, Payload
 from ..ir.phases import forward_only_program
 from ..ir.program import Program
-from ..ir.semantics import BWD_COPY_READERS, Queue, Value, op_queue, reads, recomputed, writes
+from ..ir.semantics import MEMORY_OPS, P2P_OPS, STASH_READERS, TABLE, Queue, Semantics, Value, recomputed
 from .buffers import BoundarySpec
 from .collectives import run_collective, run_memory_op
 from .instrument import NONE, Instrumentation, digest
@@ -128,39 +128,44 @@ class RankExecutor:
         self._in_flight: list[tuple[Handle, int, Action]] = []
         """Handles completed on the stream since the queues last finished, in that order (what a
         step that does not finish may still wait for on the device)."""
-        cq = program.meta.get("collective_queue", "group")
-        self.blocking_collectives = cq == "compute"
+        sem = Semantics.of(program)
+        self.blocking_collectives = sem.collective_queue is Queue.COMPUTE
         keep = recomputed(self.program)
         self.evaluation = forward_only_program(program)
         """An evaluation program (``pipert.ir.phases``): forwards without graphs or stashes."""
-        U = program.num_units
         verbs = {Queue.COMPUTE: self._compute, Queue.SEND: self._send, Queue.RECV: self._recv,
                  Queue.GROUP: self._collective}
         # per action: (verb, activation/gradient values it reads, those it writes, flag, queue, every
-        # value it reads, every value it writes): the flag of an F says whether it keeps its graph,
-        # of another compute whether it reads weights
+        # value it reads, every value it writes, the SEND/RECV a WAIT completes); the flag of an F
+        # says whether it keeps its graph, of another compute which gathered copy of its unit's
+        # weights it reads (None: it reads none)
         self.plan: list[tuple] = []
         for a in self.program:
             if a.op not in SUPPORTED_OPS:
                 raise PipelineError(f"rank {rank}: op {a.op} is not supported; allowed: "
                                     f"{', '.join(sorted(o.value for o in SUPPORTED_OPS))}", rank)
-            verb = verbs[op_queue(a.op)]
+            verb = verbs[TABLE[a.op].queue]
             if a.op is Op.WAIT:
                 verb = self._wait
-            elif a.op in (Op.FREE, Op.OFFLOAD, Op.PREFETCH):
+            elif a.op in MEMORY_OPS:
                 verb = self._memory
-            rk = [k for k, _ in reads(a, U, rank)]
+            bad = sem.field_error(a) if a.unit is not None and a.unit < sem.num_units else None
+            if bad is not None:
+                raise PipelineError(f"rank {rank}: action {a}: {bad}", rank)
+            keeps = a.op is Op.F and any((a.unit, m) in keep for m in a.mb)
+            p = sem.plan(a, rank, keeps)
+            rk = [k for e in p.reads for k in e.keys(a.mb)]
+            wk = [k for e in p.writes for k in e.keys(a.mb)]
             rd = [k for k in rk if k[0] in _ACT_GRAD]
-            wr = [k for k, _ in writes(a, U, rank) if k[0] in _ACT_GRAD]
-            # F keeps its graph unless a RECOMPUTE follows; a compute that reads weights waits for them
-            graph = not any((a.unit, m) in keep for m in a.mb) if a.op is Op.F else \
-                any(k[0] is Value.WEIGHT for k in rk)
-            wk = [k for k, _ in writes(a, U, rank)]
-            qn = Queue.COMPUTE if a.op is Op.WAIT or op_queue(a.op, cq) is Queue.COMPUTE else op_queue(a.op)
-            self.plan.append((verb, rd, wr, graph, qn, rk, wk, _wait_target(self.program, len(self.plan))))
+            wr = [k for k in wk if k[0] in _ACT_GRAD]
+            # F keeps its graph unless a RECOMPUTE follows; another compute that reads weights binds
+            # its side's gathered copy first
+            flag = not keeps if a.op is Op.F else \
+                (TABLE[a.op].side if any(e.kind is Value.WEIGHT for e in p.reads) else None)
+            self.plan.append((verb, rd, wr, flag, sem.queue(a.op), rk, wk, _wait_target(self.program, len(self.plan))))
         held = sorted(u for u in runners if rank in program.placement.holders(u))
         # units whose weights or gradients each compute-queue action may change
-        self.touches = [([a.unit] if a.unit is not None else held) if op_queue(a.op, cq) is Queue.COMPUTE else []
+        self.touches = [([a.unit] if a.unit is not None else held) if sem.queue(a.op) is Queue.COMPUTE else []
                         for a in self.program]
 
     # ------------------------------------------------------------------ step
@@ -322,7 +327,7 @@ class RankExecutor:
                                f"communication it waited for is done", self.rank)
 
     def _post(self, post: Callable[[], Handle], i: int, a: Action, nbytes: int = 0) -> Handle:
-        if self.trace and a.op in (Op.SEND, Op.RECV):
+        if self.trace and a.op in P2P_OPS:
             k = self._link_index.get((a.op.value, a.peer), 0)
             self._link_index[(a.op.value, a.peer)] = k + 1
             if a.op is Op.SEND:
@@ -379,7 +384,7 @@ class RankExecutor:
         self.result.op_times.append((op.value, u, (time.perf_counter() - t[0]) * pieces,
                                      (time.thread_time() - t[1]) * pieces))
 
-    def _compute(self, i: int, a: Action, rd: list, wr: list, graph: bool) -> None:
+    def _compute(self, i: int, a: Action, rd: list, wr: list, flag: bool | str | None) -> None:
         op, u = a.op, a.unit
         if op is Op.OPT:
             t = self._clocks()
@@ -387,17 +392,24 @@ class RankExecutor:
             if t is not None:
                 self._timed(op, a.unit, t)
             return
-        if op is Op.F or graph or op is Op.W and self.state.split:  # W: its saved parameters, the bwd copy
-            self.state.ready(u, "bwd" if op in BWD_COPY_READERS or op is Op.W else "fwd")
+        if op is Op.F:
+            self.state.ready(u, TABLE[op].side)
+        elif flag is not None:   # the gathered copy of weights this compute reads (pipert.ir.semantics)
+            self.state.ready(u, flag)
         runner = self.runners[u]
         first = a.sub is None or a.sub[0] == 0
+        if first and op in STASH_READERS:
+            for m in a.mb:
+                if self.state.stash.is_offloaded(u, m):
+                    raise PipelineError(f"rank {self.rank}: action {i} ({a}) reads the stash of micro-batch {m}, "
+                                        f"which is offloaded (was the schedule validated?)", self.rank)
         reads_by_mb = {k[2]: k for k in rd} if first else {}
         writes_by_mb = {k[2]: k for k in wr}
         for m in a.mb:
             key = reads_by_mb.get(m)
             x = self._take(key, i, a) if key is not None else None
             t = self._clocks()
-            out = self._run(runner, a, m, x, graph)
+            out = self._run(runner, a, m, x, flag)
             if t is not None:
                 self._timed(op, u, t, a.sub[1] if a.sub else 1)
             if self.record:

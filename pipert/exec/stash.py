@@ -193,4 +193,5 @@ class StashLedger:
                 owner.data = t
 
     def is_offloaded(self, unit: int, mb: int) -> bool:
-        return any(h.tensor is None for h in list(self._held.get((unit, mb), ())))
+        """Whether the stash of (unit, mb) is in host memory (OFFLOAD ran, PREFETCH has not)."""
+        return (unit, mb) in self._staged

@@ -41,6 +41,10 @@ __all__ = ["UnitState", "shard_size"]
 Part = tuple  # (unit, ZeRO class or None for the whole unit)
 
 
+STALE = -2
+"""``freed`` index of whole ZeRO-1/2 weights after their OPT (not placeholders: stale values)."""
+
+
 def shard_size(numel: int, parts: int) -> int:
     """Elements of one ZeRO shard of a flat tensor of ``numel`` elements over ``parts`` ranks."""
     return -(-numel // parts)
@@ -67,7 +71,7 @@ class UnitState:
         self._cursor = threading.local()
         self._lock = threading.Lock()
         self.stepped: set[int] = set()
-        self.freed: dict[Part, int] = {}          # part -> index of the FREE/OFFLOAD that took its weights
+        self.freed: dict[Part, int] = {}          # part -> index of the FREE/OFFLOAD that took its weights, or STALE
         self.host: dict[tuple, Any] = {}          # offloaded (payload, unit[, mb or class]) -> (buffer, dtype, shape)
         self.shards: dict[Part, nn.Parameter] = {}
         self.shard_grads: dict[Part, torch.Tensor] = {}
@@ -157,6 +161,8 @@ class UnitState:
         self.pending.clear()
         self.copies.clear()  # gathered ZeRO-3 copies live within a step (bound parameters rebind at use)
         self.bound.clear()
+        for part in [p for p, at in self.freed.items() if at == STALE]:
+            del self.freed[part]   # a step starts with the whole weights of its ZeRO-1/2 classes
 
     def pending_check(self, rank: int) -> None:
         """End of a step: a held unit's weights or gradient still in flight are model state for
@@ -189,6 +195,9 @@ class UnitState:
             elif (u, zc) in self.freed:
                 from ..errors import PipelineError
                 what = "weights" if zc is None else f"ZeRO-{zc} weights"
+                if self.freed[(u, zc)] == STALE:
+                    raise PipelineError(f"rank {self.rank}: unit {u}'s {what} are stale after its OPT until an "
+                                        f"ALLGATHER (was the schedule validated?)")
                 raise PipelineError(f"rank {self.rank}: unit {u}'s {what} were freed or offloaded at action "
                                     f"{self.freed[(u, zc)]} and not brought back (was the schedule validated?)")
 
@@ -297,6 +306,8 @@ class UnitState:
                         shard.grad = grad
                         self.shard_opt[key].step()
                         shard.grad = None
+                    if z <= 2:   # the whole weights lag the stepped shard until an ALLGATHER binds them
+                        self.freed[key] = STALE
                 elif u in self.optimizers:  # over the stage-0 parameters; none without parameters
                     self.optimizers[u].step()
             self.stepped.add(u)
@@ -308,6 +319,13 @@ class UnitState:
             self.shard_grads[(u, zc)] = g
 
     # --- free / offload / prefetch of weights --------------------------------------------------
+    def has_weights(self, u: int, zc: int | None = None, side: str | None = None) -> bool:
+        """Whether the part's whole weights (a ``side``: that gathered ZeRO-3 copy) are on the device
+        and current (pipert.ir.semantics: the WEIGHT value of the part, or of its copy)."""
+        if side is not None:
+            return (u, zc, side) in self.copies
+        return (u, zc) not in self.freed
+
     def free(self, u: int, i: int, zc: int | None = None) -> None:
         """The part's parameters become one-element placeholders of their shape."""
         for p in self.params(u, zc):

@@ -151,6 +151,12 @@ class UnitRunner:
         """Micro-batches with a stash (forward done, last backward not yet run)."""
         return sorted(self._stash)
 
+    def has_stash(self, mb: int) -> bool:
+        """Whether micro-batch ``mb`` holds the stash its first backward reads: its forward ran
+        with its graph (or a RECOMPUTE rebuilt it) and no B or D has run yet."""
+        entry = self._stash.get(mb)
+        return entry is not None and entry.outputs is not None and not entry.input_done
+
     def awaiting_weight(self) -> list[int]:
         """Micro-batches whose D ran and whose W has not."""
         return sorted(m for m, e in self._stash.items() if e.input_done)

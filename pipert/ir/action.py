@@ -14,7 +14,10 @@ Examples: ``F u3 m2``, ``B u0 m0,1``, ``SEND act u3 m2 ->1``, ``RECV grad u3 m2 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from enum import Enum
+
+from .ops import Op, Payload
+from .semantics.fields import fields_error
+from .semantics.opsets import BACKWARD_OPS, COLLECTIVE_OPS, COMPUTE_OPS, MEMORY_OPS, P2P_OPS, UNIT_COMPUTE_OPS
 
 __all__ = [
     "Op", "Payload", "Action", "parse_action", "ScheduleFormatError",
@@ -24,50 +27,6 @@ __all__ = [
 
 class ScheduleFormatError(ValueError):
     """A schedule, action text or schedule file that does not follow the format."""
-
-
-class Op(str, Enum):
-    F = "F"                      # forward of one unit for one micro-batch (or a fold)
-    B = "B"                      # full backward: input grad and weight grad
-    D = "D"                      # input-grad only (zero-bubble "B" pass)
-    W = "W"                      # weight-grad only; needs the D of the same (unit, mb) first
-    OPT = "OPT"                  # optimizer step for one unit (or all units the rank owns)
-    RECOMPUTE = "RECOMPUTE"      # forward again to rebuild what backward needs
-    SEND = "SEND"
-    RECV = "RECV"
-    WAIT = "WAIT"                # completes an earlier SEND/RECV with the same fields
-    ALLGATHER = "ALLGATHER"
-    REDUCESCATTER = "REDUCESCATTER"
-    ALLREDUCE = "ALLREDUCE"
-    BROADCAST = "BROADCAST"
-    REDUCE = "REDUCE"
-    FREE = "FREE"
-    OFFLOAD = "OFFLOAD"
-    PREFETCH = "PREFETCH"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class Payload(str, Enum):
-    ACT = "act"        # output activation of a unit
-    GRAD = "grad"      # gradient w.r.t. the output activation of a unit
-    WEIGHT = "weight"  # the parameters of a unit
-    WGRAD = "wgrad"    # an accumulated weight-gradient of a unit
-    STASH = "stash"    # what backward of (unit, micro-batch) needs; only FREE/OFFLOAD/PREFETCH move it
-
-    def __str__(self) -> str:
-        return self.value
-
-
-COMPUTE_OPS = frozenset({Op.F, Op.B, Op.D, Op.W, Op.OPT, Op.RECOMPUTE})
-BACKWARD_OPS = frozenset({Op.B, Op.D, Op.W})
-P2P_OPS = frozenset({Op.SEND, Op.RECV})
-COLLECTIVE_OPS = frozenset({Op.ALLGATHER, Op.REDUCESCATTER, Op.ALLREDUCE, Op.BROADCAST, Op.REDUCE})
-MEMORY_OPS = frozenset({Op.FREE, Op.OFFLOAD, Op.PREFETCH})
-_ROOTED = frozenset({Op.BROADCAST, Op.REDUCE})
-_PER_MB = frozenset({Payload.ACT, Payload.GRAD, Payload.STASH})
-_PLAIN_COMPUTE = frozenset({Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE})
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -159,51 +118,9 @@ class Action:
                          self.sub, self.waits, self.zclass, self.side))
 
     def _check(self) -> None:
-        op = self.op
-        where = f"action {op.value}"
-        if op in COMPUTE_OPS and op is not Op.OPT:
-            if self.unit is None or not self.mb:
-                raise ScheduleFormatError(f"{where}: compute actions need a unit and a micro-batch")
-        if op is Op.WAIT:
-            if self.waits not in P2P_OPS:
-                raise ScheduleFormatError(f"{where}: WAIT must complete a SEND or RECV, got {self.waits}")
-        elif self.waits is not None:
-            raise ScheduleFormatError(f"{where}: only WAIT may name an op to wait for")
-        if op in P2P_OPS or op is Op.WAIT:
-            if self.payload is None or self.peer is None or self.unit is None:
-                raise ScheduleFormatError(f"{where}: point-to-point actions need a payload, a unit and a peer")
-        if op in COLLECTIVE_OPS:
-            if self.payload is None or len(self.group) < 1 or self.unit is None:
-                raise ScheduleFormatError(f"{where}: collectives need a payload, a unit and a group")
-            if (op in _ROOTED) != (self.root is not None):
-                raise ScheduleFormatError(f"{where}: BROADCAST and REDUCE (only) take a root")
-            if self.root is not None and self.root not in self.group:
-                raise ScheduleFormatError(f"{where}: root {self.root} is not in group {self.group}")
-        if op in MEMORY_OPS and (self.payload is None or self.unit is None):
-            raise ScheduleFormatError(f"{where}: memory actions need a payload and a unit")
-        if self.payload is Payload.STASH and op not in MEMORY_OPS:
-            raise ScheduleFormatError(f"{where}: payload 'stash' is only for FREE, OFFLOAD and PREFETCH")
-        if self.payload in _PER_MB and op is not Op.WAIT and (op in MEMORY_OPS or op in P2P_OPS) and not self.mb:
-            raise ScheduleFormatError(f"{where}: payload {self.payload.value} names micro-batches (m...)")
-        if self.peer is not None and op not in P2P_OPS and op is not Op.WAIT:
-            raise ScheduleFormatError(f"{where}: only SEND/RECV/WAIT take a peer")
-        if self.sub is not None and not (len(self.sub) == 2 and 0 <= self.sub[0] < self.sub[1]):
-            raise ScheduleFormatError(f"{where}: sub-block must be (index, count) with 0 <= index < count")
-        if any(m < 0 for m in self.mb) or (self.unit is not None and self.unit < 0):
-            raise ScheduleFormatError(f"{where}: unit and micro-batch indices must be >= 0")
-        if self.zclass is not None:
-            if self.zclass not in (0, 1, 2, 3):
-                raise ScheduleFormatError(f"{where}: ZeRO class z{self.zclass} unknown; allowed: z0, z1, z2, z3")
-            if self.payload not in (Payload.WEIGHT, Payload.WGRAD) or op in COMPUTE_OPS:
-                raise ScheduleFormatError(f"{where}: a ZeRO class (z{self.zclass}) names part of a unit's weights or "
-                                          f"weight gradient: only messages, collectives and memory ops of payload "
-                                          f"weight or wgrad take one")
-        if self.side is not None:
-            if self.side not in ("fwd", "bwd"):
-                raise ScheduleFormatError(f"{where}: side {self.side!r} unknown; allowed: fwd, bwd")
-            if op not in (Op.ALLGATHER, Op.FREE) or self.payload is not Payload.WEIGHT:
-                raise ScheduleFormatError(f"{where}: a side ({self.side}) names a gathered copy of ZeRO-3 weights: "
-                                          f"only ALLGATHER and FREE of payload weight take one")
+        error = fields_error(self)   # each op's fields: pipert.ir.semantics (TABLE[op].fields)
+        if error is not None:
+            raise ScheduleFormatError(f"action {self.op.value}: {error}")
 
     # --- derived views -------------------------------------------------------------
     @property
@@ -256,7 +173,7 @@ def _plain(op: Op, unit: int | None, mb: tuple, payload: Payload | None, peer: i
         return False
     if unit is None or unit < 0 or not mb or min(mb) < 0:
         return False
-    if op in _PLAIN_COMPUTE:
+    if op in UNIT_COMPUTE_OPS:
         return payload is None and peer is None
     return op in P2P_OPS and peer is not None and (payload is Payload.ACT or payload is Payload.GRAD)
 

@@ -22,7 +22,7 @@ from operator import attrgetter
 
 from .action import Action, Op, Payload, message_action
 from .schedule import Placement, Schedule
-from .semantics import TABLE, Queue, Value, op_queue, reads, writes
+from .semantics import BOUNDARY_OPS, LOCAL_WGRAD_OPS, TABLE, Queue, Semantics, Value
 
 __all__ = ["lower", "add_optimizer_steps", "order_recvs_by_send"]
 
@@ -53,7 +53,7 @@ def _cross_rank_unit(kind: Value, unit: int, reading: bool) -> int:
 
 @functools.cache
 def _cross_du(kind: Value, reading: bool) -> int:
-    for op in (Op.F, Op.D):
+    for op in sorted(BOUNDARY_OPS):
         refs = TABLE[op].writes if reading else TABLE[op].reads
         for ref in refs:
             if ref.value is kind:
@@ -81,7 +81,7 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
     otherwise the passes run.
     """
     build = functools.partial(_programs, num_ranks, num_units, placement, compute, weights)
-    if order_recvs and post_ahead == 1 and not weights and _on_compute_queue(compute, meta or {}):
+    if order_recvs and post_ahead == 1 and not weights and _on_compute_queue(compute, placement):
         links: dict[tuple[int, int], tuple[list, list]] = {}
         out = build(True, links)
         if out is not None and (_same_order(links) or
@@ -94,9 +94,9 @@ def lower(name: str, num_ranks: int, num_units: int, num_microbatches: int, plac
     return post_receives_early(order_recvs_by_send(sched), post_ahead)
 
 
-def _on_compute_queue(compute: list[list[Action]], meta: dict) -> bool:
-    cq = meta.get("collective_queue", "group")
-    return all(op_queue(op, cq) is Queue.COMPUTE for op in set(map(_OP, itertools.chain.from_iterable(compute))))
+def _on_compute_queue(compute: list[list[Action]], placement: Placement) -> bool:
+    sem = Semantics(0, placement)
+    return all(sem.queue(op) is Queue.COMPUTE for op in set(map(_OP, itertools.chain.from_iterable(compute))))
 
 
 def _programs(num_ranks: int, num_units: int, placement: Placement, compute: list[list[Action]], weights: bool,
@@ -107,6 +107,7 @@ def _programs(num_ranks: int, num_units: int, placement: Placement, compute: lis
     lists: the SENDs in src's program order, the RECVs in dst's (each compute's receives go
     before the previous compute, after every earlier receive: the order they are made in)."""
     out: list[list[Action]] = [[] for _ in range(num_ranks)]
+    sem = Semantics(num_units, placement)
     made = links if links is not None else {}
     cross: dict[tuple, tuple] = {}
     unit_rank = placement.ranks if placement.kind == "unit" else None   # the rank depends on the unit only
@@ -133,7 +134,7 @@ def _programs(num_ranks: int, num_units: int, placement: Placement, compute: lis
             first_piece = a.sub is None or a.sub[0] == 0
             last_piece = a.sub is None or a.sub[0] == a.sub[1] - 1
             got = cross.get((a.op, a.payload, u, not mbs))   # _crossing_of's cache, read without its call
-            incoming, outgoing = got if got is not None else _crossing_of(a, num_units, cross)
+            incoming, outgoing = got if got is not None else _crossing_of(a, sem, r, cross)
             if first_piece:
                 sources: list[int] = []
                 for payload, v, cu in incoming:
@@ -173,7 +174,7 @@ _PAYLOAD = {Value.ACT: Payload.ACT, Value.GRAD: Payload.GRAD}
 _OP = attrgetter("op")
 
 
-def _crossing_of(a: Action, num_units: int, cache: dict) -> tuple[tuple, tuple]:
+def _crossing_of(a: Action, sem: Semantics, rank: int, cache: dict) -> tuple[tuple, tuple]:
     """(read, written) activation/gradient values of ``a`` (:func:`_crossing`), each as
     (payload, unit, unit of the compute on the other side; :func:`_cross_rank_unit`). Which
     they are depends only on the op, the payload, the unit and whether it names micro-batches,
@@ -183,7 +184,7 @@ def _crossing_of(a: Action, num_units: int, cache: dict) -> tuple[tuple, tuple]:
     if got is None:
         got = cache[key] = tuple(
             tuple((_PAYLOAD[kind], v, _cross_rank_unit(kind, v, reading)) for kind, v in _crossing(refs))
-            for refs, reading in ((reads(a, num_units), True), (writes(a, num_units), False)))
+            for refs, reading in ((sem.reads(a, rank), True), (sem.writes(a, rank), False)))
     return got
 
 
@@ -191,7 +192,7 @@ def _crossing(refs: list) -> list[tuple[Value, int]]:
     """(kind, unit) of the activation/gradient values among ``refs``, one per unit (a fold's
     micro-batches travel together)."""
     seen = []
-    for (kind, v, _), _ in refs:
+    for kind, v, _ in refs:
         if kind in _PAYLOAD and (kind, v) not in seen:
             seen.append((kind, v))
     return seen
@@ -206,7 +207,7 @@ def _weight_uses(compute: list[list[Action]], placement: Placement) -> tuple[dic
             if a.unit is None or a.op is Op.OPT or placement.weight_owner[a.unit] == r:
                 continue
             first.setdefault((r, a.unit), i)
-            if a.op in (Op.B, Op.W):
+            if a.op in LOCAL_WGRAD_OPS:
                 last_bwd[(r, a.unit)] = i
     return first, last_bwd
 

@@ -26,13 +26,12 @@ from typing import Iterable
 
 from .action import COMPUTE_OPS, Action, Op, Payload
 from .schedule import Schedule
-from .semantics import Queue, op_queue, reads, writes
+from .semantics import (PAYLOAD_VALUE, PER_MB_PAYLOADS, PER_UNIT, PIECEWISE_OPS, STASH_READERS, UNIT_COMPUTE_OPS,
+                        WEIGHT_READERS, Queue, Semantics, slot)
 
 __all__ = ["post_receives_early", "receives_at_consumer", "consumer_positions", "send_early", "merge_sub_blocks",
            "expand_folds", "recompute", "offload_stashes", "offload_weights", "fold_microbatches", "apply_passes",
            "PASSES"]
-
-_PER_MB = (Payload.ACT, Payload.GRAD, Payload.STASH)
 
 
 def post_receives_early(schedule: Schedule, computes: int = 1,
@@ -43,9 +42,9 @@ def post_receives_early(schedule: Schedule, computes: int = 1,
     if computes < 0:
         raise ValueError(f"computes must be >= 0, got {computes}")
     kinds = frozenset(payloads)
-    cq = schedule.meta.get("collective_queue", "group")
     out = []
-    on_compute = {op: op_queue(op, cq) is Queue.COMPUTE for op in Op}
+    sem = Semantics(0, schedule.placement)
+    on_compute = {op: sem.queue(op) is Queue.COMPUTE for op in Op}
     RECV = Op.RECV
     for acts in schedule.actions:
         compute_pos: list[int] = []   # indices of the compute-queue actions before index i
@@ -82,13 +81,14 @@ def receives_at_consumer(schedule: Schedule,
     the value anyway: with each SEND right after its producer (as lowering places it), a compute
     order that runs runs with receives that block."""
     out = []
+    sem = Semantics.of(schedule)
     for r, acts in enumerate(schedule.actions):
-        pos = consumer_positions(acts, schedule.num_units, r, payloads)
+        pos = consumer_positions(acts, sem, r, payloads)
         out.append([acts[i] for i in sorted(range(len(acts)), key=lambda i: (pos[i], i))])
     return _with(schedule, out)
 
 
-def consumer_positions(acts: list[Action], num_units: int, rank: int,
+def consumer_positions(acts: list[Action], sem: Semantics, rank: int,
                        payloads: Iterable[Payload] = (Payload.ACT, Payload.GRAD)) -> list[float]:
     """Sort positions of ``acts`` (rank ``rank``'s list) that put each RECV of ``payloads`` where
     :func:`receives_at_consumer` does: just below its first reader's index, at most the position of
@@ -103,13 +103,13 @@ def consumer_positions(acts: list[Action], num_units: int, rank: int,
     for i in range(len(acts) - 1, -1, -1):
         a = acts[i]
         if a.op is not RECV:
-            for key, _ in reads(a, num_units, rank):
+            for key in sem.reads(a, rank):
                 first_reader[key] = i
             if a.op is Op.WAIT and a.waits is RECV:
                 first_reader[(a.peer, a.key)] = i
             continue
         if a.payload in kinds:
-            readers = [first_reader.get(k) for k, _ in writes(a, num_units, rank)] + [first_reader.get((a.peer, a.key))]
+            readers = [first_reader.get(k) for k in sem.writes(a, rank)] + [first_reader.get((a.peer, a.key))]
             found = [j for j in readers if j is not None]
             if found:
                 pos[i] = min(found) - 0.5
@@ -123,7 +123,7 @@ def consumer_positions(acts: list[Action], num_units: int, rank: int,
 def send_early(schedule: Schedule) -> Schedule:
     """Move each SEND right after the last earlier action that writes its value (or to its old
     place), never above an earlier SEND to the same peer."""
-    U = schedule.num_units
+    sem = Semantics.of(schedule)
     out = []
     for r, acts in enumerate(schedule.actions):
         new: list[Action] = []
@@ -131,7 +131,7 @@ def send_early(schedule: Schedule) -> Schedule:
         writer_at: dict[tuple, int] = {}
         for a in acts:
             if a.op is Op.SEND:
-                need = _values(a, U)
+                need = _values(a)
                 after = max((writer_at.get(k, -1) for k in need), default=-1)
                 after = max(after, last_send_at.get(a.peer, -1))
                 pos = after + 1
@@ -142,16 +142,16 @@ def send_early(schedule: Schedule) -> Schedule:
                 continue
             new.append(a)
             if a.sub is None or a.sub[0] == a.sub[1] - 1:
-                for (kind, u, m), _ in writes(a, U, r):
-                    writer_at[(kind, u, m)] = len(new) - 1
+                for key in sem.writes(a, r):
+                    writer_at[key] = len(new) - 1
         out.append(new)
     return _with(schedule, out)
 
 
-def _values(a: Action, num_units: int) -> list[tuple]:
-    from .semantics import PAYLOAD_VALUE, PER_UNIT
+def _values(a: Action) -> list[tuple]:
+    """The values a SEND carries (of weights: the class it names)."""
     kind = PAYLOAD_VALUE[a.payload]
-    return [(kind, a.unit, -1)] if kind in PER_UNIT else [(kind, a.unit, m) for m in a.mb]
+    return [(kind, a.unit, slot(a.zclass))] if kind in PER_UNIT else [(kind, a.unit, m) for m in a.mb]
 
 
 def _shift(index: dict, pos: int) -> None:
@@ -160,9 +160,9 @@ def _shift(index: dict, pos: int) -> None:
             index[k] = v + 1
 
 
-def merge_sub_blocks(schedule: Schedule, ops: Iterable[Op] = (Op.F, Op.B, Op.D, Op.RECOMPUTE)) -> Schedule:
-    """Replace the pieces ``sI/N`` of each compute in ``ops`` by the whole action at the place of
-    its last piece."""
+def merge_sub_blocks(schedule: Schedule, ops: Iterable[Op] = UNIT_COMPUTE_OPS - PIECEWISE_OPS) -> Schedule:
+    """Replace the pieces ``sI/N`` of each compute in ``ops`` (default: every compute whose pieces
+    the executor does not run as pieces) by the whole action at the place of its last piece."""
     ops = frozenset(ops)
     out = []
     changed = False
@@ -188,7 +188,7 @@ def expand_folds(schedule: Schedule) -> Schedule:
     for acts in schedule.actions:
         new = []
         for a in acts:
-            if len(a.mb) > 1 and (a.op in COMPUTE_OPS or a.payload in _PER_MB):
+            if len(a.mb) > 1 and (a.op in COMPUTE_OPS or a.payload in PER_MB_PAYLOADS):
                 changed = True
                 new.extend(dataclasses.replace(a, mb=(m,)) for m in a.mb)
             else:
@@ -228,7 +228,7 @@ def recompute(schedule: Schedule, units: Iterable[int] | None = None) -> Schedul
     for acts in schedule.actions:
         new, done = [], set()
         for a in acts:
-            if a.op in (Op.B, Op.D) and a.unit in chosen and (a.sub is None or a.sub[0] == 0):
+            if a.op in STASH_READERS and a.unit in chosen and (a.sub is None or a.sub[0] == 0):
                 ms = tuple(m for m in a.mb if (a.unit, m) not in done)
                 if ms:
                     new.append(Action(Op.RECOMPUTE, unit=a.unit, mb=ms))
@@ -249,7 +249,7 @@ def offload_stashes(schedule: Schedule, units: Iterable[int] | None = None) -> S
         for a in acts:
             first = a.sub is None or a.sub[0] == 0
             last = a.sub is None or a.sub[0] == a.sub[1] - 1
-            if a.op in (Op.B, Op.D) and first:
+            if a.op in STASH_READERS and first:
                 for m in a.mb:
                     if (a.unit, m) in moved:
                         new.append(Action(Op.PREFETCH, unit=a.unit, mb=(m,), payload=Payload.STASH))
@@ -286,9 +286,6 @@ def fold_microbatches(schedule: Schedule, k: int) -> Schedule:
                     schedule.num_ranks, schedule.num_units, schedule.num_microbatches * k, pl, out, meta)
 
 
-_WEIGHT_USERS = (Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE)
-
-
 def offload_weights(schedule: Schedule, units: Iterable[int] | None = None) -> Schedule:
     """``OFFLOAD weight u`` right after a compute of u and ``PREFETCH weight u`` right before the
     next compute of u on the same rank, wherever other computes run between the two and nothing
@@ -302,7 +299,7 @@ def offload_weights(schedule: Schedule, units: Iterable[int] | None = None) -> S
         last: dict[int, int] = {}      # unit -> index of its last compute with no barrier since
         between: dict[int, int] = {}   # unit -> computes of other units since then
         for i, a in enumerate(acts):
-            if a.op in _WEIGHT_USERS:
+            if a.op in WEIGHT_READERS:
                 j = last.get(a.unit)
                 if a.unit in chosen and j is not None and between.get(a.unit, 0) > 0:
                     offload_after.add(j)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .action import Action, Op, ScheduleFormatError, parse_action
+from .semantics import Queue
 
 __all__ = ["Placement", "Schedule", "ScheduleQueries", "FORMAT_NAME", "FORMAT_VERSION"]
 
@@ -34,7 +35,10 @@ class Placement:
     class* per stage present, each sharded and communicated on its own (actions name it, ``z3``);
     a tuple whose stages are all equal is stored as that one stage. ``zero3_buffers`` is 1 (forward
     and backward computes read one gathered copy of ZeRO-3 weights) or 2 (separate copies, named
-    ``fwd``/``bwd`` on their ALLGATHER and FREE).
+    ``fwd``/``bwd`` on their ALLGATHER and FREE). ``collective_queue`` is the queue collectives run
+    on: ``Queue.GROUP`` (posted where they stand, joint over their group) or ``Queue.COMPUTE`` (the
+    rank's program blocks on each, like a compute); schedule files of version 1 may give it as
+    ``meta["collective_queue"]``.
     """
 
     kind: str
@@ -44,6 +48,7 @@ class Placement:
     zero: tuple | None = None
     zero_numel: tuple | None = None
     zero3_buffers: int = 1
+    collective_queue: Queue = Queue.GROUP
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -65,6 +70,10 @@ class Placement:
         if self.zero3_buffers not in (1, 2):
             raise ScheduleFormatError(f"placement zero3_buffers must be 1 (one gathered copy of ZeRO-3 weights) "
                                       f"or 2 (forward and backward copies), got {self.zero3_buffers!r}")
+        cq = self.collective_queue
+        if cq not in (Queue.GROUP, Queue.COMPUTE, "group", "compute"):
+            raise ScheduleFormatError(f"placement collective_queue must be 'group' or 'compute', got {cq!r}")
+        object.__setattr__(self, "collective_queue", Queue(cq))
 
     def _set_zero(self, n: int) -> None:
         zero, numel = list(self.zero), list(self.zero_numel or [None] * n)
@@ -171,13 +180,16 @@ class Placement:
             d["zero_numel"] = [list(n) if n is not None else None for n in self.zero_numel]
         if self.zero3_buffers != 1:
             d["zero3_buffers"] = self.zero3_buffers
+        if self.collective_queue is not Queue.GROUP:
+            d["collective_queue"] = self.collective_queue.value
         return d
 
     @staticmethod
     def from_dict(d: dict) -> "Placement":
         try:
             return Placement(d["kind"], tuple(d["ranks"]), tuple(d["weight_owner"]), d.get("replicas"),
-                             d.get("zero"), d.get("zero_numel"), d.get("zero3_buffers", 1))
+                             d.get("zero"), d.get("zero_numel"), d.get("zero3_buffers", 1),
+                             d.get("collective_queue", Queue.GROUP))
         except (KeyError, TypeError) as e:
             raise ScheduleFormatError(f"placement needs 'kind', 'ranks' and 'weight_owner': {e}") from None
 
@@ -268,6 +280,11 @@ class Schedule(ScheduleQueries):
         if len(self.placement.weight_owner) != self.num_units:
             raise ScheduleFormatError(f"schedule {self.name!r}: weight_owner has {len(self.placement.weight_owner)}"
                                       f" entries for {self.num_units} units")
+        if "collective_queue" in self.meta:   # the key older files carry; the placement's field now
+            import dataclasses
+            cq = self.meta["collective_queue"]
+            self.meta = {k: v for k, v in self.meta.items() if k != "collective_queue"}
+            self.placement = dataclasses.replace(self.placement, collective_queue=cq)
 
     @staticmethod
     def from_dict(d: Any, source: str = "schedule") -> "Schedule":

@@ -45,6 +45,7 @@ from typing import Iterable
 from .action import Action, Op, Payload, ScheduleFormatError
 from .lowering import add_optimizer_steps, lower
 from .schedule import Placement, Schedule
+from .semantics import LOCAL_WGRAD_OPS, P2P_OPS
 
 __all__ = ["parse_torch_action", "from_torch", "to_torch", "torch_text", "read_torch_csv", "write_torch_csv"]
 
@@ -220,7 +221,7 @@ def to_torch(schedule: Schedule, comms: bool = False, check: bool = True) -> lis
             text = torch_text(a, r, comms)
             if text:
                 row.append(text)
-            if comms and a.op in (Op.B, Op.W):
+            if comms and a.op in LOCAL_WGRAD_OPS:
                 backwards[a.unit] = backwards.get(a.unit, 0) + 1
                 if backwards[a.unit] == M:
                     complete.append(a.unit)
@@ -255,7 +256,7 @@ def _torch_text(a: Action, comms: bool) -> str | None:
         return None
     if a.op in _TO_TORCH:
         return f"{a.unit}{_TO_TORCH[a.op]}{a.mb[0]}"
-    if a.op in (Op.SEND, Op.RECV) and a.payload in (Payload.ACT, Payload.GRAD):
+    if a.op in P2P_OPS and a.payload in (Payload.ACT, Payload.GRAD):
         if not comms:
             return ""
         m = a.mb[0]

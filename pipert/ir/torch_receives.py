@@ -26,6 +26,7 @@ from __future__ import annotations
 from .action import Action, Op, ScheduleFormatError
 from .passes import consumer_positions
 from .schedule import Schedule
+from .semantics import Semantics
 from .torch_format import TorchAction, parse_torch_action, torch_text
 
 __all__ = ["torch_stalls", "describe_stalls", "receives_for_torch"]
@@ -99,7 +100,8 @@ def receives_for_torch(schedule: Schedule) -> Schedule:
     stall with their receives at their consumers (the compute order itself cannot run), or
     naming an action torch's format cannot hold."""
     programs = schedule.actions
-    target = [consumer_positions(acts, schedule.num_units, r) for r, acts in enumerate(programs)]
+    sem = Semantics.of(schedule)
+    target = [consumer_positions(acts, sem, r) for r, acts in enumerate(programs)]
     key: list[list[float]] = [list(range(len(acts))) for acts in programs]
     order = [list(range(len(acts))) for acts in programs]   # indices into programs[r], as arranged now
     torch_of = [[_torch_action(a, r) for a in acts] for r, acts in enumerate(programs)]

@@ -38,12 +38,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..ir import Action, Op, Payload, Placement, Schedule
+from ..ir.semantics import COLLECTIVE_OPS, HOST_OPS, P2P_OPS, TABLE, WEIGHT_READERS
 
 __all__ = ["replicate", "replica_groups", "relabel", "WEIGHT_READERS", "Replication", "ReplicaProgram", "POLICIES",
            "register_policy", "policy_for"]
-
-WEIGHT_READERS = frozenset({Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE})
-"""Computes that read a unit's weights."""
 
 
 @dataclass(frozen=True)
@@ -116,13 +114,13 @@ def replicate(base: Schedule, dp: int, zero: int | list = 0, zero_numel: list | 
                           zero3_buffers)
     parts = [placement.zero_parts(u) for u in range(U)]
     split = zero3_buffers == 2
-    moved = sorted({a.unit for _, _, a in base if a.op in (Op.SEND, Op.RECV) and (placement.mixed(a.unit) or split)
+    moved = sorted({a.unit for _, _, a in base if a.op in P2P_OPS and (placement.mixed(a.unit) or split)
                     and a.payload in (Payload.WEIGHT, Payload.WGRAD)})
     if moved:
         raise ValueError(f"schedule {base.name!r} moves the weights or gradients of unit(s) {moved} between ranks; "
                          f"ZeRO stages per parameter and separate ZeRO-3 buffers need a schedule that passes "
                          f"activations only (one stage per unit is allowed)")
-    offloaded = sorted({a.unit for _, _, a in base if a.op in (Op.OFFLOAD, Op.PREFETCH)
+    offloaded = sorted({a.unit for _, _, a in base if a.op in HOST_OPS
                         and a.payload is Payload.WEIGHT and (placement.mixed(a.unit) or split)})
     if offloaded:
         raise ValueError(f"schedule {base.name!r} already offloads the weights of unit(s) {offloaded}, which "
@@ -131,7 +129,7 @@ def replicate(base: Schedule, dp: int, zero: int | list = 0, zero_numel: list | 
     if base.meta.get("update_every"):
         raise ValueError(f"schedule {base.name!r} steps the optimizer several times per batch; data "
                          f"parallelism over it is not supported")
-    if any(a.op in (Op.ALLREDUCE, Op.REDUCESCATTER, Op.ALLGATHER, Op.BROADCAST, Op.REDUCE) for _, _, a in base):
+    if any(a.op in COLLECTIVE_OPS for _, _, a in base):
         raise ValueError(f"schedule {base.name!r} already has collectives; replicate a pipeline schedule")
     rep = Replication(base, dp, parts, groups, split)
     actions = [program(rep, r, d) for d in range(dp) for r in range(P)]
@@ -171,9 +169,9 @@ def at_opt(rep: Replication, r: int, d: int) -> list[Action]:
     return prog
 
 
-def _side(a: Action) -> str:
+def _side(a: Action) -> str | None:
     """The gathered copy of ZeRO-3 weights a compute reads (pipert.ir.semantics)."""
-    return "fwd" if a.op is Op.F else "bwd"   # BWD_COPY_READERS, and W (its saved parameters)
+    return TABLE[a.op].side
 
 
 def relabel(a: Action, d: int, dp: int, P: int) -> Action:

@@ -29,6 +29,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..ir import Action, Op, Payload, Placement, Schedule
+from ..ir.semantics import LOCAL_WGRAD_OPS, action_time
 from .registry import PipelineConfig, available, register
 
 __all__ = ["VARIANTS", "WeiPipeConfig", "Stream", "RingPlan", "SlotProgram", "weipipe_plan", "lower_ring",
@@ -240,10 +241,10 @@ def weipipe_plan(config: WeiPipeConfig) -> RingPlan:
 
 def lockstep_makespan(plan: RingPlan, cost: object) -> float:
     """The paper's analysis model: turns in lock-step, each as long as the slowest worker's
-    compute in it (``cost.compute_time(action, rank)``); transfers free and hidden."""
+    compute in it (``action_time``: folds and sub-blocks applied); transfers free and hidden."""
     slow: dict[int, float] = defaultdict(float)
     for (k, t), acts in plan.ops.items():
-        slow[t] = max(slow[t], sum(cost.compute_time(a, k) for a in acts))
+        slow[t] = max(slow[t], sum(action_time(cost.compute_time, a, k) for a in acts))
     return sum(slow.values())
 
 
@@ -348,7 +349,7 @@ def lower_ring(plan: RingPlan, name: str | None = None,
     for (k, t), acts in plan.ops.items():
         for i, a in enumerate(acts):
             prog.add(k, t, COMPUTE, a, (2 * i,))
-            if a.op in (Op.B, Op.W):
+            if a.op in LOCAL_WGRAD_OPS:
                 if a.unit not in dheld.get((k, t), ()):
                     raise AssertionError(f"worker {k} contributes to u{a.unit} at turn {t} off its D stream")
                 compute_index[(k, t, a.unit)] = 2 * i + 1

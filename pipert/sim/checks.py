@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from ..ir.action import Action, Op
 from ..ir.phases import forward_only_program
-from ..ir.semantics import Value, writes
-from .keys import describe_key, slot_of, vkey
+from ..ir.semantics import Semantics
+from .keys import describe_key, vkey
 
 if TYPE_CHECKING:
     from .values import Builder
@@ -16,16 +16,13 @@ if TYPE_CHECKING:
 __all__ = ["finish_checks", "produced_keys"]
 
 
-def produced_keys(a: Action, num_units: int, rank: int) -> list[int]:
-    """Value keys action ``a`` may produce, from the op table (slow; used to explain errors)."""
-    keys = []
-    for (kind, u, m), ref in writes(a, num_units, rank):
-        keys.append(vkey(kind, u, slot_of(m), ref.shard, ref.host))
-    if a.op is Op.F:  # an F keeps its input instead of the stash when a RECOMPUTE follows
-        keys += [vkey(Value.KEPT, a.unit, m) for m in a.mb]
-    if a.op is Op.OPT and a.unit is not None:  # ZeRO units step their shard
-        keys.append(vkey(Value.WEIGHT, a.unit, 0, True))
-    return keys
+def produced_keys(sem: Semantics, a: Action, rank: int) -> list[int]:
+    """Value keys action ``a`` may write on ``rank`` (an F: with or without a RECOMPUTE after it;
+    slow, used to explain errors)."""
+    if a.unit is not None and a.unit >= sem.num_units:
+        return []
+    return [vkey(e.kind, e.unit, m, e.shard, e.host) for keeps in ((False, True) if a.op is Op.F else (False,))
+            for e in sem.plan(a, rank, keeps).writes for m in (a.mb if e.slots is None else e.slots)]
 
 
 _D_BIT = 1   # a bwd entry's low bit: the backward is a D (Builder.mark_done)
@@ -91,20 +88,37 @@ def _completeness(b: "Builder") -> None:
                 b.error(r, i, b.s.actions[r][i], "missing_compute", f"micro-batch {m} of unit {u} has a D but no W")
 
 
+def _released_keys(sem: Semantics, a: Action, rank: int) -> list[int]:
+    """Value keys action ``a`` ends on ``rank`` (reads that release, frees; slow, explains errors)."""
+    if a.unit is not None and a.unit >= sem.num_units:
+        return []
+    plan = sem.plan(a, rank)
+    return [vkey(e.kind, e.unit, m, e.shard, e.host) for e in plan.reads + plan.frees
+            if e.release or e in plan.frees for m in (a.mb if e.slots is None else e.slots)]
+
+
 def _classify_missing(b: "Builder") -> None:
-    by_rank: dict[int, dict[int, list[int]]] = {}
+    """Name what became of each missing input: produced later, ended earlier (by the last action
+    before the reader that releases it), or never produced."""
+    by_rank: dict[int, tuple[dict[int, list[int]], dict[int, list[int]]]] = {}
     for r, i, key in b.missing:
-        index = by_rank.get(r)
-        if index is None:
-            index = by_rank[r] = {}
+        got = by_rank.get(r)
+        if got is None:
+            got = by_rank[r] = ({}, {})
             for j, a in enumerate(b.s.actions[r]):
-                for k in produced_keys(a, b.U, r):
-                    index.setdefault(k, []).append(j)
-        later = index.get(key, [])
-        k = bisect.bisect_right(later, i)
+                for k in produced_keys(b.sem, a, r):
+                    got[0].setdefault(k, []).append(j)
+                for k in _released_keys(b.sem, a, r):
+                    got[1].setdefault(k, []).append(j)
+        produced, released = got[0].get(key, []), got[1].get(key, [])
+        k = bisect.bisect_right(produced, i)
         a = b.s.actions[r][i]
-        if k < len(later):
-            b.error(r, i, a, "input_later", f"input {describe_key(key)} is produced later, at action {later[k]}")
+        ended = [j for j in released if (produced[k - 1] if k else -1) <= j < i]
+        if k and ended:
+            j = ended[-1]
+            b.error(r, i, a, "missing_input", f"input {describe_key(key)} was produced at action {produced[k - 1]} "
+                    f"and ended at action {j} ({b.s.actions[r][j]}) before this action reads it")
+        elif k < len(produced):
+            b.error(r, i, a, "input_later", f"input {describe_key(key)} is produced later, at action {produced[k]}")
         else:
             b.error(r, i, a, "missing_input", f"input {describe_key(key)} is never produced on rank {r}")
-

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ir.action import Op
+from ..ir.semantics import COMM_OPS
 from .keys import QUEUES
 
 __all__ = ["chrome_trace", "write_chrome_trace", "draw_gantt", "gantt_png", "plot_gantt", "text_grid", "OP_COLORS"]
@@ -44,8 +45,7 @@ def write_chrome_trace(result: Any, path: str | Path, us_per_unit: float = 1e6) 
 def _color_key(op: Op) -> str | None:
     if op.value in OP_COLORS:
         return op.value
-    if op is Op.SEND or op is Op.RECV or op in (Op.ALLGATHER, Op.REDUCESCATTER, Op.ALLREDUCE, Op.BROADCAST,
-                                                  Op.REDUCE):
+    if op in COMM_OPS:
         return "comm"
     return None  # WAIT and memory ops take no time and are not drawn
 

@@ -1,7 +1,7 @@
 """Pass 1 of the engine: walk every rank's list once, build the action DAG, check list rules.
 
 Nodes: one per compute-queue action (compute, WAIT, memory ops; collectives too when
-``meta["collective_queue"] == "compute"``), one per matched SEND/RECV pair (a transfer), one per
+the placement's ``collective_queue`` is the compute queue), one per matched SEND/RECV pair (a transfer), one per
 collective (joint over its group). Node ``n`` has a duration ``dur[n]`` (a transfer: the link
 occupancy) and a latency ``lat[n]`` (transfers only). Two times leave a node: ``end0 = start +
 dur`` frees its queue and its link, ``end1 = end0 + lat`` is when its data is ready. An edge

@@ -4,13 +4,13 @@ A value key packs ``(kind, shard, unit, micro-batch)`` of pipert.ir.semantics in
 kind in the low 3 bits, the shard flag in bit 3, the host flag in bit 4, then the micro-batch
 (32 bits), then the unit. Per-unit kinds (weights, weight gradients) use micro-batch 0 for the
 whole unit and k+1 for ZeRO class k of a unit with several (pipert.ir.semantics, "ZeRO classes"),
-plus BWD for the backward copy of gathered ZeRO-3 weights ("Separate ZeRO-3 buffers").
+plus BWD for the backward copy of gathered ZeRO-3 weights: the slots of ``pipert.ir.semantics.slot``.
 """
 from __future__ import annotations
 
-from ..ir.semantics import MEMORY_KIND, PER_UNIT, Value
+from ..ir.semantics import BWD, MEMORY_KIND, PER_UNIT, Value
 
-__all__ = ["QUEUES", "vkey", "describe_key", "unpack_key", "slot_of"]
+__all__ = ["QUEUES", "vkey", "describe_key", "unpack_key", "BWD"]
 
 COMPUTE_Q, SEND_Q, RECV_Q, GROUP_Q = 0, 1, 2, 3
 QUEUES = ("compute", "send", "recv", "group")
@@ -18,7 +18,6 @@ K_COMPUTE, K_TRANSFER, K_COLLECTIVE = 0, 1, 2
 MISSING = -2   # value absent
 INITIAL = -1   # value present from the start (held weights): no edge
 SHARD, HOST, SHIFT = 8, 16, 5
-BWD = 8        # slot offset of the backward copy of gathered ZeRO-3 weights
 
 
 def vkey(kind: int, unit: int, mb: int = 0, shard: bool = False, host: bool = False) -> int:
@@ -39,12 +38,3 @@ def describe_key(key: int) -> str:
         zc, bwd = m % BWD, m >= BWD
         return f"{name} u{u}" + (f" z{zc - 1}" if zc else "") + (" bwd" if bwd else "")
     return f"{name} u{u} m{m}"
-
-
-def slot_of(m: int) -> int:
-    """The key slot of micro-batch slot ``m`` of a ValueKey (pipert.ir.semantics.class_mb)."""
-    if m >= 0:
-        return m
-    bwd = m <= -6
-    base = m + 5 if bwd else m
-    return (0 if base == -1 else -base - 1) + (BWD if bwd else 0)

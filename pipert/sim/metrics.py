@@ -7,6 +7,7 @@ from typing import Any
 
 from ..cost.base import LINK_CLASSES
 from ..ir.action import Action, Op
+from ..ir.semantics import ROOTED_OPS
 from .graph import Graph
 from .keys import K_TRANSFER
 from .timing import Times
@@ -68,7 +69,7 @@ def comm_bytes(g: Graph, topology: Any) -> dict[str, float]:
         n = len(ring)
         if n < 2:
             continue
-        if a.op in (Op.BROADCAST, Op.REDUCE):
+        if a.op in ROOTED_OPS:
             links, per = [(ring[j], ring[j + 1]) for j in range(n - 1)], b
         else:
             links = [(ring[j], ring[(j + 1) % n]) for j in range(n)]

@@ -7,6 +7,7 @@ import pytest
 
 from pipert.emulate.real import ProfiledCost, device_capacity
 from pipert.ir import Op
+from pipert.ir.semantics import action_time
 from pipert.schedules import build_schedule
 from pipert.sim import simulate
 from pipert.sim.shared import shared_step
@@ -22,7 +23,7 @@ def _cost() -> ProfiledCost:
 @pytest.mark.parametrize("name", ["1f1b", "zb-h1"])
 def test_one_shared_device_does_all_the_work_in_turn(name):
     sched, cost = build_schedule(name, stages=P, microbatches=M), _cost()
-    work = sum(cost.compute_time(a, r) for r, prog in enumerate(sched.actions) for a in prog)
+    work = sum(action_time(cost.compute_time, a, r) for r, prog in enumerate(sched.actions) for a in prog)
     # free messages: some compute is always ready, so the one device is never idle
     assert shared_step(sched, cost, None, [0] * P, [1.0]) == pytest.approx(work)
     assert shared_step(sched, cost, None, [0] * P, [float(P)]) == pytest.approx(simulate(sched, cost).makespan)

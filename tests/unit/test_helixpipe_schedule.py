@@ -1,12 +1,16 @@
 """HelixPipe schedules: the notes' worked example, placement, transfers, rejection of unusable
 micro-batch counts, and the simulator's bubble against the paper's Table 2."""
+import dataclasses
+
 import pytest
 
 from pipert.cost.helix import HelixPartsCost, table2_bubble
 from pipert.ir import Op, Payload
+from pipert.ir.semantics import action_time
 from pipert.schedules import build_schedule
 from pipert.schedules.helixpipe import helix_offset
 from pipert.sim.simulate import simulate
+from pipert.sim.engine import analyze
 from pipert.sim.validate import validate
 
 # /work/shared/notes/helixpipe.md section 2.2: p = 4, L = 4, F = 1, forward only.
@@ -117,3 +121,21 @@ def test_fold_option_decides_the_allowed_counts():
     assert s.meta["folds"] == 1 and [a.mb for a in s.actions[0] if a.op is Op.F][:2] == [(0,), (1,)]
     with pytest.raises(ValueError, match="multiple of 4; got M=2"):
         build_schedule("helixpipe-2fold", stages=2, microbatches=2)
+
+
+@pytest.mark.parametrize("op", [Op.F, Op.B])
+def test_parts_cost_prices_a_piece_as_its_share_of_the_compute(op):
+    """The engine applies sub-blocks: each quarter piece of a compute takes a quarter of the whole
+    compute's time under HelixPartsCost, and the split program keeps the whole one's makespan."""
+    P, L = 2, 2
+    s = build_schedule("helixpipe-2fold", stages=P, microbatches=4, chunks=1)
+    cost = HelixPartsCost(L, 1.0, 3.0, 2.0)
+    r, i, a = next((r, i, a) for r, i, a in s if a.op is op and a.unit % 2 == 0 and 0 < a.unit < 2 * L)
+    acts = [list(x) for x in s.actions]
+    acts[r][i:i + 1] = [dataclasses.replace(a, sub=(k, 4)) for k in range(4)]
+    split = s.with_actions(acts)
+    g = analyze(split, cost).graph
+    whole = action_time(cost.compute_time, a, r)
+    assert whole > 0 and whole == pytest.approx(len(a.mb) * cost.compute_time(dataclasses.replace(a, mb=a.mb[:1]), r))
+    assert [g.dur[g.node_of[r][i + k]] for k in range(4)] == [pytest.approx(whole / 4)] * 4
+    assert simulate(split, cost).makespan == pytest.approx(simulate(s, cost).makespan)

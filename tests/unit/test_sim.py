@@ -7,6 +7,7 @@ import pytest
 
 from pipert.cost import LinkSpec, Links, Topology, UniformCost
 from pipert.ir import Action, Op, Payload, Placement, Schedule
+from pipert.ir.semantics import action_time
 from pipert.sim import ScheduleError, simulate
 from unit_testutil import gpipe, one_f_one_b
 
@@ -145,8 +146,9 @@ def test_uniform_cost_defaults_and_scaling() -> None:
     c = UniformCost(tf=1, td=1, tw=0.5)
     assert c.tb == 1.5
     assert UniformCost(tf=2).tb == 4
-    assert c.compute_time(Action(Op.F, unit=0, mb=(0, 1, 2)), 0) == 3
-    assert c.compute_time(Action(Op.D, unit=0, mb=(0,), sub=(0, 4)), 0) == 0.25
+    assert c.compute_time(Action(Op.F, unit=0, mb=(0,)), 0) == 1
+    assert action_time(c.compute_time, Action(Op.F, unit=0, mb=(0, 1, 2)), 0) == 3   # a fold: the sum
+    assert action_time(c.compute_time, Action(Op.D, unit=0, mb=(0,), sub=(0, 4)), 0) == 0.25   # a quarter piece
     assert c.compute_time(Action(Op.RECOMPUTE, unit=0, mb=(0,)), 0) == 1
     assert c.compute_time(Action(Op.OPT, unit=0), 0) == 0
     assert c.message_bytes(Payload.ACT, 0, 3) == 3 and c.message_bytes(Payload.WEIGHT, 0, 3) == 1

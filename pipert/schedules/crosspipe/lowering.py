@@ -25,6 +25,7 @@ from bisect import bisect_right
 from typing import Any, Mapping, Sequence
 
 from ...ir import Action, Op, Payload, Placement, Schedule
+from ...ir.semantics import BOUNDARY_OPS
 from .model import CrossPipeProblem
 
 __all__ = ["lower_crosspipe", "place_receives", "message_of", "consumer_of", "Key", "RecvAt"]
@@ -36,7 +37,7 @@ RecvAt = list[list[tuple[Key, int]]]
 
 def message_of(problem: CrossPipeProblem, a: Action) -> Key | None:
     """The cross-rank message a compute sends once it (its last sub-block) has run."""
-    if a.op not in (Op.F, Op.D, Op.B) or (a.sub is not None and a.sub[0] != a.sub[1] - 1):
+    if a.op not in BOUNDARY_OPS or (a.sub is not None and a.sub[0] != a.sub[1] - 1):
         return None
     u, m, ranks = a.unit, a.mb[0], problem.unit_ranks
     if a.op is Op.F and u < problem.units - 1 and ranks[u + 1] != ranks[u]:
@@ -48,7 +49,7 @@ def message_of(problem: CrossPipeProblem, a: Action) -> Key | None:
 
 def consumer_of(problem: CrossPipeProblem, a: Action) -> Key | None:
     """The cross-rank message a compute (its first sub-block) consumes."""
-    if a.op not in (Op.F, Op.D, Op.B) or (a.sub is not None and a.sub[0] != 0):
+    if a.op not in BOUNDARY_OPS or (a.sub is not None and a.sub[0] != 0):
         return None
     u, m, ranks = a.unit, a.mb[0], problem.unit_ranks
     if a.op is Op.F and u > 0 and ranks[u - 1] != ranks[u]:

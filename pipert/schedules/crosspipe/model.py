@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ...ir import Action, Op, Payload
+from ...ir.semantics import GRAD_WRITERS
 
 __all__ = ["PATTERNS", "CrossPipeProblem", "pattern_units", "pattern_chunks", "ChunkScaledCost",
            "problem_from_cost"]
@@ -162,7 +163,7 @@ class CrossPipeProblem:
         r = self.unit_ranks[unit]
         if op is Op.F and unit > 0 and self.unit_ranks[unit - 1] != r:
             return self.act_buf[unit - 1]
-        if op in (Op.D, Op.B) and unit < self.units - 1 and self.unit_ranks[unit + 1] != r:
+        if op in GRAD_WRITERS and unit < self.units - 1 and self.unit_ranks[unit + 1] != r:
             return self.grad_buf[unit]
         return 0.0
 
