@@ -12,8 +12,14 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
 #include <stdexcept>
 #include <string>
 
@@ -98,6 +104,70 @@ struct PyStream : Stream {
     without_gil([this] { close(); });
   }
 };
+
+// Every stream made from Python, so that all of them are closed (their workers joined) before the
+// interpreter finalizes: a worker that takes the GIL while Python finalizes is ended by
+// pthread_exit, which aborts the process when it unwinds through a destructor (close_streams, run
+// at exit by pipert._ext). Deletions handed to a thread of their own are counted until done.
+struct StreamRegistry {
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<std::weak_ptr<Stream>> streams;
+  int deleting = 0;
+};
+
+StreamRegistry& registry() {
+  static auto* r = new StreamRegistry();  // never destroyed: threads may use it during exit
+  return *r;
+}
+
+void delete_stream(Stream* s) {
+  if (!s->on_worker()) {
+    delete s;
+    return;
+  }
+  // The last reference dropped inside one of the stream's own items (Python's garbage collector
+  // runs on whichever thread allocates): the worker cannot join itself, so a thread of its own
+  // deletes the stream, joining the worker once that item is done.
+  StreamRegistry& r = registry();
+  {
+    std::lock_guard<std::mutex> g(r.m);
+    ++r.deleting;
+  }
+  std::thread([s, &r] {
+    delete s;
+    std::lock_guard<std::mutex> g(r.m);
+    --r.deleting;
+    r.cv.notify_all();
+  }).detach();
+}
+
+std::shared_ptr<Stream> make_stream(std::string name, int priority) {
+  std::shared_ptr<Stream> s(new PyStream(std::move(name), priority), delete_stream);
+  StreamRegistry& r = registry();
+  std::lock_guard<std::mutex> g(r.m);
+  auto& v = r.streams;
+  v.erase(std::remove_if(v.begin(), v.end(), [](const std::weak_ptr<Stream>& w) { return w.expired(); }), v.end());
+  v.push_back(s);
+  return s;
+}
+
+// Closes every live stream made from Python and waits (up to timeout_s) for deletions in
+// flight; called without the GIL. Returns the number of streams closed.
+int close_streams(double timeout_s) {
+  StreamRegistry& r = registry();
+  std::vector<std::shared_ptr<Stream>> live;
+  {
+    std::lock_guard<std::mutex> g(r.m);
+    for (auto& w : r.streams) {
+      if (auto s = w.lock()) live.push_back(std::move(s));
+    }
+  }
+  for (auto& s : live) s->close();
+  std::unique_lock<std::mutex> g(r.m);
+  r.cv.wait_for(g, std::chrono::duration<double>(timeout_s), [&r] { return r.deleting == 0; });
+  return static_cast<int>(live.size());
+}
 
 struct PyLinkEmulator : LinkEmulator {
   using LinkEmulator::LinkEmulator;
@@ -204,16 +274,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<Stream, std::shared_ptr<Stream>>(m, "Stream")
       .def(py::init([](std::string name, int priority) {
-             // The last reference may drop inside one of the stream's own items (Python's garbage
-             // collector runs on whichever thread allocates): the worker cannot join itself, so a
-             // thread of its own deletes the stream, joining the worker once that item is done.
-             return std::shared_ptr<Stream>(new PyStream(std::move(name), priority), [](Stream* s) {
-               if (s->on_worker()) {
-                 std::thread([s] { delete s; }).detach();
-               } else {
-                 delete s;
-               }
-             });
+             return make_stream(std::move(name), priority);
            }), py::arg("name") = "stream", py::arg("priority") = 0)
       .def_property_readonly("name", &Stream::name)
       .def_property_readonly("priority", &Stream::priority)
@@ -232,6 +293,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("synchronize", &Stream::synchronize, py::call_guard<py::gil_scoped_release>())
       .def("query", &Stream::query)
       .def("close", &Stream::close, py::call_guard<py::gil_scoped_release>());
+
+  m.def("close_streams", &close_streams, py::arg("timeout") = 10.0, py::call_guard<py::gil_scoped_release>(),
+        "Close every live stream made from Python (joining its worker); run at interpreter exit.");
 
   m.def("issue", [](const py::sequence& ops) {
     for (const auto& op : ops) issue_one(op.cast<py::tuple>());

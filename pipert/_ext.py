@@ -7,6 +7,7 @@ loading it even when it is built (to test the fallback on a machine that has it)
 """
 from __future__ import annotations
 
+import atexit
 import os
 import warnings
 from types import ModuleType
@@ -28,6 +29,11 @@ else:
         load_error = str(exc)
 
 HAVE_EXT: bool = C is not None
+
+if HAVE_EXT and hasattr(C, "close_streams"):
+    # Every stream's worker is joined while Python still runs: one that takes the GIL once the
+    # interpreter finalizes is ended mid-item, which aborts the process.
+    atexit.register(C.close_streams)
 HAVE_EXT_CUDA: bool = bool(HAVE_EXT and getattr(C, "HAS_CUDA", False))
 
 if not HAVE_EXT:

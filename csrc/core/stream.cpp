@@ -1,5 +1,7 @@
 #include "core/stream.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -295,6 +297,8 @@ void Stream::run() {
       tls_ideal_end = -1;
       try {
         item.fn();
+      } catch (abi::__forced_unwind&) {
+        throw;  // the thread is being ended (pthread_exit, e.g. Python finalizing): let it end
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> g(m_);
         error_ = "stream '" + name_ + "': " + e.what();

@@ -168,6 +168,13 @@ class _Stream:
     def close(self) -> None:
         self.items.put(None)
 
+    def join(self, timeout: float) -> None:
+        """Wait (up to ``timeout``) for the thread to end: a thread still running at interpreter
+        exit that frees a tensor is ended mid-free by Python's finalization, which aborts the
+        process."""
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout)
+
 
 class NcclSim:
     """``inner`` with NCCL's rules (module doc). ``rendezvous``: a :class:`StoreRendezvous`
@@ -230,7 +237,10 @@ class NcclSim:
         return self._stream(Comm("group", ranks), op).put(run, f"{op} over {list(ranks)}")
 
     def close(self) -> None:
-        """End the communicators' threads (after the last operation was waited for)."""
-        for s in self.streams.values():
+        """End the communicators' threads (after the last operation was waited for) and wait for
+        them (each operation is bounded by the timeout)."""
+        streams, self.streams = list(self.streams.values()), {}
+        for s in streams:
             s.close()
-        self.streams = {}
+        for s in streams:
+            s.join(self.timeout + 1.0)

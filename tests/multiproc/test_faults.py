@@ -89,7 +89,7 @@ def test_a_named_schedule_is_built_once_and_shared(tmp_path):
 
 def test_a_failing_build_is_raised_on_every_rank():
     with pytest.raises(LaunchError) as err:
-        launch(_bad_build, 2, timeout=60.0)
+        launch(_bad_build, 2, timeout=60.0, grace=30.0)  # each rank ends on its own
     errors = err.value.errors
     assert set(errors) == {0, 1} and all("zb-v needs chunks == 2" in e for e in errors.values()), errors
 

@@ -293,3 +293,24 @@ def test_stream_dropped_inside_its_own_item_ends_cleanly():
     which would end the process ("terminate called without an active exception")."""
     proc = subprocess.run([sys.executable, "-c", _SELF_DROP], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "alive", (proc.returncode, proc.stderr[-2000:])
+
+
+_EXIT_WHILE_RUNNING = """
+import time
+import torch
+from pipert import _ext
+streams = [_ext.C.Stream(f"exit{i}") for i in range(4)]
+for s in streams:
+    s.enqueue(lambda: time.sleep(0.3))  # Python still running on the workers when the main thread ends
+    s.enqueue(lambda: sum(range(1000)))
+print("main done")
+"""
+
+
+@pytest.mark.skipif(not _ext.HAVE_EXT, reason="pipert._C not built")
+def test_process_exits_cleanly_while_streams_still_run_python():
+    """Streams left open at exit are closed (their workers joined) before the interpreter
+    finalizes: a worker taking the GIL after that is ended by pthread_exit, which aborted the
+    process ("FATAL: exception not rethrown", exit 134)."""
+    proc = subprocess.run([sys.executable, "-c", _EXIT_WHILE_RUNNING], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "main done", (proc.returncode, proc.stderr[-2000:])
