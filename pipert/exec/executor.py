@@ -43,6 +43,7 @@ from ..ir.semantics import MEMORY_OPS, P2P_OPS, STASH_READERS, TABLE, Queue, Sem
 from .buffers import BoundarySpec
 from .collectives import run_collective, run_memory_op
 from .instrument import NONE, Instrumentation, digest
+from .stash import hooked_units
 from .state import UnitState
 
 __all__ = ["RankExecutor", "StepResult", "SUPPORTED_OPS"]
@@ -119,6 +120,8 @@ class RankExecutor:
         self.record = instrument.record
         self.last_unit = program.num_units - 1
         self.state = state if state is not None else UnitState(rank, program, runners, optimizers)
+        if not self.measure and not forward_only_program(program):
+            self.state.stash.hooked = hooked_units(self.program)
         self.queues = queues if queues is not None else HostQueues()
         self.comms = comms
         """Where communicators are created (``connect``) when they are made at first use (NCCL,

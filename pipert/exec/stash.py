@@ -30,8 +30,10 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from ..device.tensors import tensor_key
+from ..ir.action import Action, Op, Payload
+from ..ir.semantics import UNIT_COMPUTE_OPS
 
-__all__ = ["StashLedger"]
+__all__ = ["StashLedger", "hooked_units"]
 
 
 class _Held:
@@ -67,6 +69,29 @@ def _region(t: torch.Tensor) -> tuple[torch.Tensor, tuple]:
     return raw, (t.device.type, t.device.index, t.data_ptr(), span)
 
 
+def hooked_units(actions: Sequence[Action]) -> set[int]:
+    """Units whose stashes a rank running ``actions`` must hold through the saved-tensor hooks:
+    those whose weights can be rebound, or whose stash moves, while one of their stashes is alive.
+    That is a unit with an action carrying its weights or its stash (a received weight, a FREE,
+    OFFLOAD or PREFETCH, a ZeRO gather) or with a compute after an OPT of it (an OPT may rebind
+    its weights: mixed precision). The graph of any other unit saves its weights as they are."""
+    hooked: set[int] = set()
+    stepped: set[int] = set()
+    every = False   # an OPT without a unit steps them all
+    for a in actions:
+        if a.op is Op.OPT:
+            every = every or a.unit is None
+            if a.unit is not None:
+                stepped.add(a.unit)
+        elif a.unit is None:
+            continue
+        elif a.payload is Payload.WEIGHT or a.payload is Payload.STASH:
+            hooked.add(a.unit)
+        elif a.op in UNIT_COMPUTE_OPS and (every or a.unit in stepped):
+            hooked.add(a.unit)
+    return hooked
+
+
 class StashLedger:
     """Holders of saved tensors per (unit, micro-batch); see the module doc."""
 
@@ -80,6 +105,10 @@ class StashLedger:
         self._held: dict[tuple[int, int], weakref.WeakSet] = {}
         self._staged: dict[tuple[int, int], tuple[dict, list]] = {}
         self._caches: dict[tuple[int, int], list] = {}
+        self.hooked: set[int] | None = None
+        """Units whose stashes :meth:`capture` tracks (None: every unit). Elsewhere autograd keeps
+        the saved tensors itself: no holders, no live bytes, no OFFLOAD (the hooks cost about 8%
+        of a CPU step, each saved tensor going through Python twice)."""
 
     def _excluded_ptrs(self) -> set[int]:
         # recomputed lazily: received weights rebind parameters to new storage
@@ -87,7 +116,11 @@ class StashLedger:
 
     @contextlib.contextmanager
     def capture(self, unit: int, mb: int) -> Iterator[None]:
-        """Track what autograd saves while the block runs as the stash of (unit, mb)."""
+        """Track what autograd saves while the block runs as the stash of (unit, mb) (nothing for a
+        unit outside ``hooked``)."""
+        if self.hooked is not None and unit not in self.hooked:
+            yield
+            return
         self._current = (unit, mb)
         self._excluded = self._excluded_ptrs()
         refs = self._by_reference_fn(unit) if self._by_reference_fn is not None else []
