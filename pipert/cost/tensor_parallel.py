@@ -38,7 +38,7 @@ from typing import Any
 
 from .topology import Links, LinkSpec, Topology, default_link_specs
 
-__all__ = ["PHASES", "piece_collectives", "collectives_time", "tp_problem", "tp_divisors", "CE_REDUCTIONS"]
+__all__ = ["PHASES", "piece_collectives", "layer_collectives", "collectives_time", "tp_problem", "tp_divisors", "CE_REDUCTIONS"]
 
 PHASES = ("F", "D")
 CE_REDUCTIONS = 3
@@ -64,6 +64,16 @@ def piece_collectives(piece: str, model: Any, sp: bool) -> dict[str, list[Collec
         ce = [("allreduce", float(model.tokens * _FP32))] * CE_REDUCTIONS
         return {"F": ([ag] if sp else []) + ce, "D": [rs] if sp else [ar]}
     return {"F": [], "D": []}                     # norm1, attn: nothing crosses the group
+
+
+def layer_collectives(model: Any, sp: bool, parallel: bool = False) -> dict[str, list[Collective]]:
+    """One decoder layer's collectives per phase (``pre_attn`` + ``post_attn``); ``model``: anything
+    with ``tokens``, ``hidden`` and ``dtype_bytes``. ``parallel``: attention and MLP read one
+    input and their outputs are summed (Falcon's parallel blocks), so one gather (or ``f``) and
+    one reduction per layer serve both: half of the collectives."""
+    pre, post = piece_collectives("pre_attn", model, sp), piece_collectives("post_attn", model, sp)
+    out = {ph: pre[ph] + post[ph] for ph in PHASES}
+    return {ph: c[: len(c) // 2] for ph, c in out.items()} if parallel else out
 
 
 def collectives_time(collectives: list[Collective], tp: int, link: LinkSpec | None = None) -> float:
