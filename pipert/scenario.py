@@ -14,7 +14,7 @@ from .cost.uniform import UniformCost
 from .ir import Schedule
 from .schedules import build_schedule, family
 from .scenario_flags import (DEFAULT_MICROBATCHES, DEFAULT_STAGES, check_scenario_flags, check_size, check_tp_flags,
-                             dc_link)
+                             dc_link, node_links)
 
 __all__ = ["Scenario", "scenario_from_args", "file_shape", "shape_flags", "load_or_build", "LAYER_PER_CHUNK"]
 
@@ -193,7 +193,7 @@ def _analytic(args: argparse.Namespace, topo: Topology, tp: int = 1, sp: bool = 
     if problem:
         raise ValueError(f"--tp {tp}{' --sp' if sp else ''}: {problem} of --model {args.model}; allowed --tp: "
                          f"{', '.join(map(str, tp_divisors(spec, sp)))}")
-    specs = default_link_specs()
+    specs = node_links(args, default_link_specs())
 
     def cost(num_units: int) -> TransformerCost:
         kw = dict(tp=tp, sp=sp, tp_link=specs["intra_node"])

@@ -175,6 +175,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                         gated_mlp=False),
     "gpt-7b": ModelSpec(layers=32, hidden=4096, ffn=16384, heads=32, kv_heads=32, vocab=50304, seq=2048,
                         gated_mlp=False),
+    # PipeMesh's Table III models (pipert.planner.workload.PAPER_MODELS): GPT-3 with dropout; Llama2
+    # with its 8h/3 MLP rounded up to a multiple of 256 (LLaMA's rule) so that T = 8 splits it
+    "gpt3-58b": ModelSpec(layers=72, hidden=8192, ffn=32768, heads=64, kv_heads=64, vocab=50304, seq=3072,
+                          gated_mlp=False, dropout=True),
+    "llama2-55b": ModelSpec(layers=80, hidden=8192, ffn=22016, heads=64, kv_heads=8, vocab=32000, seq=4096),
 }
 
 # Layer counts of the weight-passing papers' models (WeiPipe: L=32, TawPipe: L=48).

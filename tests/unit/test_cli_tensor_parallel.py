@@ -80,3 +80,34 @@ def test_helixpipe_paper_configuration(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["units"] == 65 and out["tp"] == 8 and out["sp"]
     assert out["comm_bytes"]["intra_node"] == 0 and out["comm_bytes"]["inter_node"] > 0
+
+
+def test_node_links_price_messages_and_collectives(capsys):
+    base = (*SEVEN_B, "--tp", "8", "--sp", "--ranks-per-node", "8")
+    plain = _sim(capsys, *base)
+    slow_nic = _sim(capsys, *base, "--node-bandwidth", "10Gbps", "--node-latency", "1ms")
+    slow_nvlink = _sim(capsys, *base, "--intra-node-bandwidth", "20GB/s")
+    assert slow_nic["makespan"] > plain["makespan"] and slow_nvlink["makespan"] > plain["makespan"]
+    assert slow_nic["comm_bytes"] == plain["comm_bytes"] == slow_nvlink["comm_bytes"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--node-bandwidth", "100Gbps"), "--node-bandwidth 100Gbps sets a link of the analytic model"),
+    (("--intra-node-bandwidth", "1GB/s"), "--intra-node-bandwidth 1GB/s sets a link of the analytic model"),
+    (("--model", "7b", "--node-latency", "5us"), "--node-latency 5us describes the link between nodes: give "
+                                                 "--ranks-per-node as well"),
+    (("--model", "7b", "--ranks-per-node", "2", "--node-bandwidth", "100"), "--node-bandwidth '100' has no unit"),
+    (("--model", "7b", "--intra-node-bandwidth", "0GB/s"), "--intra-node-bandwidth '0GB/s' must be > 0"),
+])
+def test_bad_node_link_flags_are_named(capsys, argv, message):
+    assert main(["simulate", "1f1b", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_pipemesh_paper_configuration(capsys):
+    """PipeMesh's GPT-3 58B on A100 (Table IV: T, P, D = 8, 3, 3; 12 micro-batches per pipeline, M = 6
+    chunks per stage; 400 Gb/s per node of 8 GPUs): one pipeline of it."""
+    assert main(["simulate", "pipemesh", "-P", "3", "-V", "6", "-M", "12", "--model", "gpt3-58b", "--device", "a100",
+                 "--tp", "8", "--sp", "--ranks-per-node", "8", "--node-bandwidth", "50Gbps", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["units"] == 18 and out["tp"] == 8 and out["comm_bytes"]["inter_node"] > 0

@@ -131,3 +131,13 @@ def test_bad_tp_sizes_name_the_size(kw, t, sp, pattern):
         cost(gpt(**kw), t, sp=sp)
     with pytest.raises(ValueError, match="tp=0"):
         cost(gpt(), 0)
+
+
+@pytest.mark.parametrize("name,billions", [("gpt-1.3b", 1.3), ("gpt-3b", 3.0), ("gpt-7b", 7.0), ("gpt3-58b", 58.0),
+                                           ("llama2-55b", 55.0)])
+def test_paper_presets_shard_by_eight(name, billions):
+    """HelixPipe's and PipeMesh's models: the named size (within the embedding's share) and T = 8
+    with SP splits every one of them, as in the papers' runs."""
+    m = ModelSpec.preset(name)
+    assert abs(m.num_params / 1e9 - billions) / billions < 0.22
+    TransformerCost(m, A100, tp=8, sp=True)
