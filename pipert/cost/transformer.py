@@ -482,6 +482,7 @@ class TransformerCost:
                 acc.rerun_mm = acc.mm
             self._sums.append(acc)
         self._out_bytes = [self._output_bytes(spec) for spec in self.units]
+        self._memo: dict[tuple, float] = {}
 
     # --- per-unit quantities -------------------------------------------------------------
     @property
@@ -525,7 +526,7 @@ class TransformerCost:
         t = self.flops(unit, op) / dev.flops
         if self.elementwise:
             t += self.elementwise_bytes(unit, op) / dev.mem_bandwidth
-        return t + self.tp_comm_time(unit, op)
+        return t + self.tp_comm_time(unit, op) if self.tp > 1 else t
 
     def collectives_of(self, spec: UnitSpec, phase: str) -> list[tuple[str, float]]:
         """(op, bytes) of every TP collective one micro-batch of ``spec`` runs in ``phase`` (F or
@@ -552,9 +553,13 @@ class TransformerCost:
         (as in UniformCost)."""
         if not action.is_compute:
             return 0.0
-        if action.unit is None:
-            raise ValueError(f"{action}: OPT needs a unit for an analytic cost model")
-        return self.unit_time(action.unit, action.op, rank)
+        key = (action.unit, action.op, rank)
+        t = self._memo.get(key)
+        if t is None:     # the model is fixed once built: each (unit, op, rank) is priced once
+            if action.unit is None:
+                raise ValueError(f"{action}: OPT needs a unit for an analytic cost model")
+            t = self._memo[key] = self.unit_time(action.unit, action.op, rank)
+        return t
 
     def _kept_no_attention(self, spec: UnitSpec) -> float:
         """What a unit keeps under recomputation without attention: its input (token ids for
