@@ -88,3 +88,20 @@ def test_given_tp_and_paper_tp(capsys):
 def test_bad_planner_input_is_named(capsys, argv, message):
     assert main(["plan", "--pipemesh", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_ranking_plan_takes_tp(capsys):
+    """plan (the schedule ranking) prices its analytic costs with --tp/--sp as simulate does."""
+    base = ["plan", "--model", "7b", "--seq", "2048", "-P", "4", "-M", "8", "--json"]
+    assert main(base) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert main([*base, "--tp", "8", "--sp", "--ranks-per-node", "8"]) == 0
+    eight = json.loads(capsys.readouterr().out)
+    assert (eight["tp"], eight["sp"], one["tp"]) == (8, True, 1)
+    by = lambda out: {r["schedule"]: r["makespan"] for r in out["ranking"]}   # noqa: E731
+    assert by(eight)["1f1b"] < by(one)["1f1b"] / 2
+    for argv, message in ((["--tp", "8"], "--tp 8 prices tensor parallelism with the analytic model"),
+                          (["--pp-vs-dp", "--sp"], "--sp does not apply to --pp-vs-dp"),
+                          (["--pipemesh", "--paper", "gpt3-a100", "--tp", "4"], "--tp 4 does not apply to --paper")):
+        assert main(["plan", *argv]) == 2
+        assert message in capsys.readouterr().err
