@@ -44,7 +44,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "schedule": sched.name, "stages": sched.num_ranks, "microbatches": sched.num_microbatches,
-            "units": sched.num_units, "tp": sc.tp, "sp": sc.sp, "makespan": res.makespan, "bubble_ratio": res.bubble_ratio,
+            "units": sched.num_units, "tp": sc.tp, "sp": sc.sp, "makespan": res.makespan,
+            "bubble_ratio": res.bubble_ratio,
             "peak_memory": list(res.peak_memory), "comm_bytes": dict(res.comm_bytes),
             "busy": list(res.busy), "exposed_comm": list(res.exposed_comm), **nccl}))
         return 0

@@ -131,9 +131,10 @@ def _check_topology_flags(args: argparse.Namespace, stages: int, tp: int = 1) ->
     per_node = rpn // tp
     if (stages // dcs) % per_node:
         with_tp = f" (--tp {tp}: {per_node} pipeline ranks of {tp} devices per node)" if tp > 1 else ""
-        raise ValueError(f"--ranks-per-node {rpn}{with_tp} does not divide the {stages // dcs} "
-                         f"{'pipeline ' if tp > 1 else ''}ranks of each datacenter; allowed: {'a multiple of --tp whose quotient is ' if tp > 1 else ''}"
-                         f"a divisor of {stages // dcs}")
+        what = "pipeline ranks" if tp > 1 else "ranks"
+        allowed = f"a multiple of --tp {tp} whose quotient is a divisor" if tp > 1 else "a divisor"
+        raise ValueError(f"--ranks-per-node {rpn}{with_tp} does not divide the {stages // dcs} {what} of each "
+                         f"datacenter; allowed: {allowed} of {stages // dcs}")
     return per_node
 
 

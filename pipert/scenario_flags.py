@@ -21,7 +21,8 @@ import argparse
 import math
 from typing import Any, Iterable
 
-__all__ = ["add_scenario_args", "add_tp_args", "check_tp_flags", "node_links", "check_scenario_flags", "seconds_mode", "dc_link", "check_size", "refuse_given",
+__all__ = ["add_scenario_args", "add_tp_args", "check_tp_flags", "node_links", "check_scenario_flags",
+           "seconds_mode", "dc_link", "check_size", "refuse_given",
            "flag", "DEFAULT_STAGES", "DEFAULT_MICROBATCHES", "MAX_RANKS", "MAX_PAIRS", "PAIR_LIMITS"]
 
 DEFAULT_STAGES = 4

@@ -38,7 +38,8 @@ from typing import Any
 
 from .topology import Links, LinkSpec, Topology, default_link_specs
 
-__all__ = ["PHASES", "piece_collectives", "layer_collectives", "collectives_time", "tp_problem", "tp_divisors", "CE_REDUCTIONS"]
+__all__ = ["PHASES", "piece_collectives", "layer_collectives", "collectives_time", "tp_problem", "tp_divisors",
+           "CE_REDUCTIONS"]
 
 PHASES = ("F", "D")
 CE_REDUCTIONS = 3

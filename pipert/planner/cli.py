@@ -81,8 +81,9 @@ def build_problem(args: argparse.Namespace, tp: int | None = None) -> tuple[Comp
     dp, tp = args.dp or 3, tp or args.tp or 8
     stages = args.stages or DEFAULT_STAGES
     if m.layers % stages:
+        allowed_p = ", ".join(str(p) for p in range(1, m.layers + 1) if m.layers % p == 0)
         raise ValueError(f"-P {stages}: {m.name}'s {m.layers} layers do not split into {stages} stages of equal "
-                         f"chunks; allowed -P: {', '.join(str(p) for p in range(1, m.layers + 1) if m.layers % p == 0)}")
+                         f"chunks; allowed -P: {allowed_p}")
     cluster = Cluster(dev, args.ranks_per_node or 8, gbps)
     from .mesh import tp_candidates
     allowed = tp_candidates(m, cluster.gpus_per_node)
