@@ -44,11 +44,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "schedule": sched.name, "stages": sched.num_ranks, "microbatches": sched.num_microbatches,
-            "units": sched.num_units, "makespan": res.makespan, "bubble_ratio": res.bubble_ratio,
+            "units": sched.num_units, "tp": sc.tp, "sp": sc.sp, "makespan": res.makespan,
+            "bubble_ratio": res.bubble_ratio,
             "peak_memory": list(res.peak_memory), "comm_bytes": dict(res.comm_bytes),
             "busy": list(res.busy), "exposed_comm": list(res.exposed_comm), **nccl}))
         return 0
     print(f"schedule      {sched.name}  (P={sched.num_ranks}, M={sched.num_microbatches}, units={sched.num_units})")
+    if sc.tp > 1:
+        print(f"tensor par.   T={sc.tp}{', SP' if sc.sp else ''}: {sched.num_ranks * sc.tp} devices; every time and "
+              f"size below is one device's (TP collectives inside the computes)")
     print(f"makespan      {res.makespan:.6g}")
     print(f"bubble ratio  {res.bubble_ratio:.4f}")
     print(f"peak memory   {', '.join(f'{m:.6g}' for m in res.peak_memory)}")
@@ -162,11 +166,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def _add_simulate(sub: Any) -> None:
-    from .scenario_flags import add_scenario_args
+    from .scenario_flags import add_scenario_args, add_tp_args
     s = sub.add_parser("simulate", help="simulate one schedule on one scenario")
     s.add_argument("schedule", help="registered schedule name, or a schedule file: pipert's .json, torch.pipelining's "
                    ".csv (_dump_csv) or its orders as .json; the file's shape (ranks, units, micro-batches) is kept")
     add_scenario_args(s)
+    add_tp_args(s)
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--trace", help="write a Chrome-trace JSON (open in Perfetto)")
     s.add_argument("--plot", help="write a PNG Gantt chart")
@@ -183,11 +188,12 @@ def _add_simulate(sub: Any) -> None:
 
 
 def _add_compare(sub: Any) -> None:
-    from .scenario_flags import add_scenario_args
+    from .scenario_flags import add_scenario_args, add_tp_args
     c = sub.add_parser("compare", help="simulate every applicable schedule on one scenario, ranked")
     c.add_argument("file", nargs="?", default=None, help="a schedule file (as for simulate), ranked against the "
                    "registered schedules on its shape")
     add_scenario_args(c)
+    add_tp_args(c)
     c.add_argument("--schedules", help="comma-separated names (default: all registered)")
     c.add_argument("--json", action="store_true", help="print a JSON list")
     c.add_argument("--plot", default="pipert-compare.png", help="PNG with one Gantt chart per schedule ('' to skip)")

@@ -54,7 +54,8 @@ def compare(sc: Scenario, names: list[str] | None = None, files: list[Schedule] 
 
 def print_ranking(rows: list[Row], sc: Scenario) -> None:
     links = "free links" if sc.links is None else f"{sc.topology.num_dcs} DC(s)"
-    print(f"P={sc.stages} M={sc.microbatches} cost={type(sc.cost).__name__} {links}")
+    tp = f" T={sc.tp}{' SP' if sc.sp else ''}" if sc.tp > 1 else ""
+    print(f"P={sc.stages} M={sc.microbatches}{tp} cost={type(sc.cost).__name__} {links}")
     head = f"{'rank':<5}{'schedule':<22}{'makespan':>12}{'vs best':>9}{'bubble':>9}{'peak mem':>10}{'comm':>12}"
     print(head)
     print("-" * len(head))

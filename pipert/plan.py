@@ -46,18 +46,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     links = "free links" if dc is None else \
         f"{sc.topology.num_dcs} DCs, latency {dc.latency:g}, transfer {dc.per_message:g}"
     if args.json:
-        print(json.dumps({"stages": sc.stages, "microbatches": sc.microbatches, "memory_limit": sc.memory_limit,
+        print(json.dumps({"stages": sc.stages, "microbatches": sc.microbatches, "tp": sc.tp, "sp": sc.sp,
+                          "memory_limit": sc.memory_limit,
                           "ranking": [{"schedule": c.name, "makespan": _finite(c.makespan),
                                        "peak_memory": _finite(c.peak_memory), "fits": c.fits,
                                        "build_s": c.build_s, "note": c.note} for c in ranked]}))
         return 0
-    print(f"P={sc.stages} M={sc.microbatches} ({links}); times per stage")
+    tp = f", T={sc.tp}{' SP' if sc.sp else ''} per stage" if sc.tp > 1 else ""
+    print(f"P={sc.stages} M={sc.microbatches} ({links}{tp}); times per stage")
     print(format_ranking(ranked, sc.memory_limit))
     return 0
 
 
-_PIPEMESH = ("paper", "dp", "tp", "batch", "memory_budget", "inter_node_gbps")
-"""Flags of PipeMesh's planner (plan --pipemesh)."""
+_PIPEMESH = ("paper", "dp", "batch", "memory_budget", "inter_node_gbps")
+"""Flags of PipeMesh's planner only (plan --pipemesh); --tp and --sp also size the ranking's
+analytic costs (with --model)."""
 _NOT_PIPEMESH = ("tf", "tb", "td", "tw", "seq", "micro_batch_size", "dcs", "dc_latency", "dc_transfer",
                  "dc_bandwidth", "memory_limit", "optimal", "time_limit", "latencies", "bandwidths", "pp_vs_dp")
 """Flags plan --pipemesh does not read (its budget is --memory-budget)."""
@@ -73,7 +76,7 @@ def check_plan_flags(args: argparse.Namespace) -> tuple[list[float], list[float]
         refuse_given(args, _NOT_PIPEMESH, "does not apply to --pipemesh (PipeMesh's planner reads -P, -V, -M, "
                                           "--model, --device, --ranks-per-node and its own flags)")
         if args.paper:
-            refuse_given(args, [n for n in (*SCENARIO_FLAGS, *_PIPEMESH) if n not in ("paper", "memory_budget")],
+            refuse_given(args, [n for n in (*SCENARIO_FLAGS, *_PIPEMESH, "tp") if n not in ("paper", "memory_budget")],
                          f"does not apply to --paper {args.paper}: a Table IV configuration fixes the setting "
                          f"(--memory-budget may change its budget)")
         return [], []
@@ -85,7 +88,7 @@ def check_plan_flags(args: argparse.Namespace) -> tuple[list[float], list[float]
         if args.time_limit is not None and not 0 < args.time_limit < math.inf:
             raise ValueError(f"--time-limit must be a finite time > 0, got {args.time_limit}")
         return [], []
-    refuse_given(args, (*SCENARIO_FLAGS, "optimal", "time_limit"),
+    refuse_given(args, (*SCENARIO_FLAGS, "tp", "sp", "optimal", "time_limit"),
                  "does not apply to --pp-vs-dp, which compares the fixed Llama-3-405B setting of CrossPipe §5.2 "
                  "(its flags: --latencies, --bandwidths)")
     lats = [parse_duration(t, "--latencies") for t in args.latencies or _LATENCIES]
@@ -121,4 +124,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"cross-DC bandwidths with a unit, with --pp-vs-dp (default: {' '.join(_BANDWIDTHS)})")
     from .planner.cli import add_pipemesh_args
     add_pipemesh_args(p)
+    p.add_argument("--sp", action="store_true", help="sequence parallelism over the --tp group (ranking with "
+                   "--model; --pipemesh always plans with it)")
     p.set_defaults(fn=cmd_plan)

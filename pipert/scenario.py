@@ -13,7 +13,8 @@ from .cost.topology import Links, Topology
 from .cost.uniform import UniformCost
 from .ir import Schedule
 from .schedules import build_schedule, family
-from .scenario_flags import DEFAULT_MICROBATCHES, DEFAULT_STAGES, check_scenario_flags, check_size, dc_link
+from .scenario_flags import (DEFAULT_MICROBATCHES, DEFAULT_STAGES, check_scenario_flags, check_size, check_tp_flags,
+                             dc_link, node_links)
 
 __all__ = ["Scenario", "scenario_from_args", "file_shape", "shape_flags", "load_or_build", "LAYER_PER_CHUNK"]
 
@@ -47,6 +48,10 @@ class Scenario:
     layers: int | None = None
     """Layers of the analytic cost model's transformer (None in uniform mode): schedules whose
     units are pieces of layers (HelixPipe: ``chunks`` = layers per stage) get V = layers / P."""
+    tp: int = 1
+    """Tensor-parallel size T: each rank is a group of T devices of one node (analytic costs)."""
+    sp: bool = False
+    """Sequence parallelism over each TP group."""
 
     def cost_for(self, schedule: Schedule) -> Any:
         """The cost model for ``schedule``'s units."""
@@ -112,16 +117,25 @@ def shape_flags(args: argparse.Namespace) -> dict[str, int | None]:
     return {"--stages": args.stages, "--microbatches": args.microbatches, "--chunks": args.chunks}
 
 
-def _check_topology_flags(args: argparse.Namespace, stages: int) -> None:
-    """--dcs and --ranks-per-node against the stage count (the flag's or a schedule file's)."""
+def _check_topology_flags(args: argparse.Namespace, stages: int, tp: int = 1) -> int | None:
+    """--dcs and --ranks-per-node against the stage count (the flag's or a schedule file's);
+    returns the pipeline ranks per node (--ranks-per-node counts devices: with --tp T a node holds
+    ranks-per-node / T pipeline ranks)."""
     dcs = args.dcs or 1
     if stages % dcs:
         raise ValueError(f"--dcs {dcs} does not divide the {stages} stages into equal blocks; allowed: a "
                          f"divisor of {stages}")
     rpn = args.ranks_per_node
-    if rpn is not None and (stages // dcs) % rpn:
-        raise ValueError(f"--ranks-per-node {rpn} does not divide the {stages // dcs} ranks of each "
-                         f"datacenter; allowed: a divisor of {stages // dcs}")
+    if rpn is None:
+        return None
+    per_node = rpn // tp
+    if (stages // dcs) % per_node:
+        with_tp = f" (--tp {tp}: {per_node} pipeline ranks of {tp} devices per node)" if tp > 1 else ""
+        what = "pipeline ranks" if tp > 1 else "ranks"
+        allowed = f"a multiple of --tp {tp} whose quotient is a divisor" if tp > 1 else "a divisor"
+        raise ValueError(f"--ranks-per-node {rpn}{with_tp} does not divide the {stages // dcs} {what} of each "
+                         f"datacenter; allowed: {allowed} of {stages // dcs}")
+    return per_node
 
 
 def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = None,
@@ -131,6 +145,7 @@ def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = Non
     Every flag is checked before anything is built, the shape against the size limits
     (:func:`pipert.scenario_flags.check_size`; one unit per stage at least)."""
     check_scenario_flags(args)
+    tp = check_tp_flags(args)
     if schedule is not None:
         stages, microbatches, chunks = file_shape(schedule, shape_flags(args), path)
         check_size(stages, schedule.num_units, microbatches, what=f"schedule file {path or schedule.name!r}")
@@ -140,13 +155,14 @@ def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = Non
         chunks = args.chunks
         check_size(stages, stages * (chunks or 1), microbatches,
                    what=f"--stages {stages}{f' x --chunks {chunks}' if chunks else ''} --microbatches {microbatches}")
-    _check_topology_flags(args, stages)
-    topo = Topology(stages, ranks_per_node=args.ranks_per_node, num_dcs=args.dcs or 1)
+    per_node = _check_topology_flags(args, stages, tp)
+    topo = Topology(stages, ranks_per_node=per_node, num_dcs=args.dcs or 1)
     options: dict = {}
-    if args.ranks_per_node:
-        options["ranks_per_node"] = args.ranks_per_node
+    if per_node:
+        options["ranks_per_node"] = per_node
+    sp = bool(getattr(args, "sp", False))
     if args.model:
-        cost, links, layers = _analytic(args, topo)
+        cost, links, layers = _analytic(args, topo, tp, sp)
     else:
         tf = args.tf if args.tf is not None else 1.0
         tb = args.tb
@@ -160,27 +176,34 @@ def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = Non
         links = Links(topo, {"inter_dc": dc}) if dc is not None else None
         layers = None
     return Scenario(stages, microbatches, chunks, cost, topo, links, args.memory_limit, options,
-                    layers=layers)
+                    layers=layers, tp=tp, sp=sp)
 
 
-def _analytic(args: argparse.Namespace, topo: Topology) -> tuple[Callable[[int], Any], Links, int]:
+def _analytic(args: argparse.Namespace, topo: Topology, tp: int = 1, sp: bool = False
+              ) -> tuple[Callable[[int], Any], Links, int]:
     """(cost of a partition into n units, links, layers) of the analytic model: preset links, the
-    cross-DC one replaced by what the flags give."""
+    cross-DC one replaced by what the flags give; TP collectives on the intra-node link."""
     from .cost.devices import DeviceSpec
+    from .cost.tensor_parallel import tp_divisors, tp_problem
     from .cost.topology import default_link_specs
     from .cost.transformer import ModelSpec, TransformerCost, partition_helix, partition_layers
     overrides = {k: v for k, v in (("seq", args.seq), ("micro_batch", args.micro_batch_size)) if v is not None}
     spec = ModelSpec.preset(args.model, **overrides)
     device = DeviceSpec.preset(args.device or "h100")
+    problem = tp_problem(spec, tp, sp)
+    if problem:
+        raise ValueError(f"--tp {tp}{' --sp' if sp else ''}: {problem} of --model {args.model}; allowed --tp: "
+                         f"{', '.join(map(str, tp_divisors(spec, sp)))}")
+    specs = node_links(args, default_link_specs())
 
     def cost(num_units: int) -> TransformerCost:
+        kw = dict(tp=tp, sp=sp, tp_link=specs["intra_node"])
         if num_units == 2 * spec.layers + 1:
-            return TransformerCost(spec, device, partition_helix(spec))
+            return TransformerCost(spec, device, partition_helix(spec), **kw)
         if num_units > spec.layers:
             raise ValueError(f"{num_units} units: the {spec.layers}-layer model has at most {spec.layers} "
                              f"units of whole layers, or {2 * spec.layers + 1} HelixPipe units")
-        return TransformerCost(spec, device, partition_layers(spec, num_units))
-    specs = default_link_specs()
+        return TransformerCost(spec, device, partition_layers(spec, num_units), **kw)
     dc = dc_link(args, specs["inter_dc"])
     if dc is not None:
         specs["inter_dc"] = dc

@@ -21,7 +21,8 @@ import argparse
 import math
 from typing import Any, Iterable
 
-__all__ = ["add_scenario_args", "check_scenario_flags", "seconds_mode", "dc_link", "check_size", "refuse_given",
+__all__ = ["add_scenario_args", "add_tp_args", "check_tp_flags", "node_links", "check_scenario_flags",
+           "seconds_mode", "dc_link", "check_size", "refuse_given",
            "flag", "DEFAULT_STAGES", "DEFAULT_MICROBATCHES", "MAX_RANKS", "MAX_PAIRS", "PAIR_LIMITS"]
 
 DEFAULT_STAGES = 4
@@ -67,12 +68,14 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     u.add_argument("--td", type=float, default=None, help="input-gradient time (default tb/2)")
     u.add_argument("--tw", type=float, default=None, help="weight-gradient time (default tb/2)")
     m = p.add_argument_group("analytic transformer costs, in seconds (instead of uniform)")
-    m.add_argument("--model", default=None, help="model preset: tiny, 1b, 7b, 13b, 70b")
+    m.add_argument("--model", default=None, help="model preset: tiny, 1b, 7b, 13b, 70b (LLaMA-style), gpt-1.3b, "
+                   "gpt-3b, gpt-7b (HelixPipe's GPT-3-style models), gpt3-58b, llama2-55b (PipeMesh's)")
     m.add_argument("--seq", type=int, default=None, help="sequence length (with --model)")
     m.add_argument("--micro-batch-size", type=int, default=None, help="sequences per micro-batch (with --model)")
     m.add_argument("--device", default=None, help="device preset (with --model; default h100)")
     t = p.add_argument_group("topology and links")
-    t.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: all on one node)")
+    t.add_argument("--ranks-per-node", type=int, default=None, help="ranks (devices) per node (default: all on one "
+                   "node); with --tp T a node holds ranks-per-node / T pipeline ranks")
     t.add_argument("--dcs", type=int, default=None, help="datacenters; stages split into equal consecutive blocks")
     t.add_argument("--dc-latency", default=None,
                    help="latency of a cross-DC message (with --dcs): uniform costs: a bare number in the time unit "
@@ -83,6 +86,82 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--dc-bandwidth", default=None,
                    help="bandwidth of the cross-DC link (with --dcs and --model): with a unit (10Gbps, 400MB/s)")
     p.add_argument("--memory-limit", type=float, default=None, help="per-rank memory limit (cost-model units)")
+
+
+def add_tp_args(p: argparse.ArgumentParser) -> None:
+    """``--tp`` and ``--sp`` (simulate, compare): every pipeline rank a tensor-parallel group of T
+    devices of one node (docs/tensor_parallel_cost.md)."""
+    g = p.add_argument_group("tensor parallelism inside each pipeline rank (with --model)")
+    g.add_argument("--tp", type=int, default=None,
+                   help="tensor-parallel size T: each pipeline rank is T devices of one node, Megatron-style; "
+                        "their collectives are priced on the intra-node link (default 1). With --tp, "
+                        "--ranks-per-node counts devices: a node holds ranks-per-node / T pipeline ranks")
+    g.add_argument("--sp", action="store_true", help="sequence parallelism over the --tp group (Megatron SP): "
+                   "all-gathers and reduce-scatters instead of all-reduces, activations and boundary messages "
+                   "1/T of the bytes")
+    g.add_argument("--intra-node-bandwidth", default=None, help="bandwidth between two devices of a node, with a "
+                   "unit (450GB/s; with --model; default 200GB/s): TP collectives and messages inside a node")
+    g.add_argument("--node-latency", default=None, help="latency between two devices of different nodes of a "
+                   "datacenter, with a unit (5us; with --model and --ranks-per-node; default 10us)")
+    g.add_argument("--node-bandwidth", default=None, help="bandwidth between two devices of different nodes, with "
+                   "a unit (100Gbps: a node's NICs shared by its devices; with --model and --ranks-per-node; "
+                   "default 200Gbps)")
+
+
+def check_tp_flags(args: argparse.Namespace) -> int:
+    """--tp, --sp and the node links (--intra-node-bandwidth, --node-latency, --node-bandwidth)
+    against --model and --ranks-per-node, in constant time; returns T (1 when not given). A flag
+    parser without them (export, emulate, plan) gives T = 1."""
+    if args.model is None:
+        refuse_given(args, _NODE_LINK, "sets a link of the analytic model (bytes per second): give --model too")
+    elif args.ranks_per_node is None:
+        refuse_given(args, _NODE_LINK[1:], "describes the link between nodes: give --ranks-per-node as well")
+    node_links(args)
+    tp, sp = getattr(args, "tp", None), bool(getattr(args, "sp", False))
+    if tp is None and not sp:
+        return 1
+    if args.model is None:
+        refuse_given(args, ("tp", "sp"), "prices tensor parallelism with the analytic model (FLOPs, bytes and "
+                                         "collectives per layer): give --model too")
+    if tp is not None and tp < 1:
+        raise ValueError(f"--tp must be >= 1, got {tp}")
+    t = tp or 1
+    if sp and t < 2:
+        raise ValueError(f"--sp shards the sequence over the tensor-parallel group, but --tp is {t}: give --tp T "
+                         f"with T >= 2")
+    rpn = args.ranks_per_node
+    if rpn is not None and rpn % t:
+        divisors = ", ".join(str(d) for d in range(1, rpn + 1) if rpn % d == 0)
+        raise ValueError(f"--tp {t}: a tensor-parallel group lies inside one node, and T={t} devices do not fit "
+                         f"a node of --ranks-per-node {rpn} devices in whole groups; allowed --tp: {divisors}")
+    return t
+
+
+_NODE_LINK = ("intra_node_bandwidth", "node_latency", "node_bandwidth")
+
+
+def node_links(args: argparse.Namespace, specs: dict | None = None) -> dict:
+    """``specs`` (link class -> :class:`pipert.cost.LinkSpec`) with the intra-node and inter-node
+    links the flags give replaced (seconds and bytes per second; a parser without these flags
+    changes nothing)."""
+    out = dict(specs or {})
+    given = {k: getattr(args, k, None) for k in _NODE_LINK}
+    if all(v is None for v in given.values()):
+        return out
+    from .cost.topology import LinkSpec, default_link_specs
+    from .linkflags import parse_bandwidth, parse_duration
+    preset = default_link_specs()
+    intra, inter = out.get("intra_node", preset["intra_node"]), out.get("inter_node", preset["inter_node"])
+    if given["intra_node_bandwidth"] is not None:
+        out["intra_node"] = LinkSpec(intra.latency, parse_bandwidth(given["intra_node_bandwidth"],
+                                                                    "--intra-node-bandwidth"), intra.per_message)
+    if given["node_latency"] is not None or given["node_bandwidth"] is not None:
+        lat = inter.latency if given["node_latency"] is None else parse_duration(given["node_latency"],
+                                                                                  "--node-latency")
+        bw = inter.bandwidth if given["node_bandwidth"] is None else parse_bandwidth(given["node_bandwidth"],
+                                                                                      "--node-bandwidth")
+        out["inter_node"] = LinkSpec(lat, bw, inter.per_message)
+    return out
 
 
 def seconds_mode(args: argparse.Namespace) -> bool:

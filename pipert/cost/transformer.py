@@ -37,6 +37,8 @@ from typing import Any, Mapping, Sequence
 
 from ..ir.action import Action, Op, Payload
 from .devices import DeviceSpec, _replace
+from .tensor_parallel import PHASES, collectives_time, piece_collectives, tp_divisors, tp_problem
+from .topology import LinkSpec
 
 __all__ = [
     "ModelSpec", "MODEL_PRESETS", "PAPER_LAYERS", "UnitSpec", "UNIT_KINDS", "TransformerCost",
@@ -165,6 +167,19 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "7b": ModelSpec(layers=32, hidden=4096, ffn=11008, heads=32, kv_heads=32, vocab=32000, seq=4096),
     "13b": ModelSpec(layers=40, hidden=5120, ffn=13824, heads=40, kv_heads=40, vocab=32000, seq=4096),
     "70b": ModelSpec(layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8, vocab=32000, seq=4096),
+    # HelixPipe's GPT-3-style models (pipert.models.gpt presets of the same names: GeLU MLP of 4h,
+    # multi-head attention, GPT-2's vocabulary padded to 50304 as Megatron pads it)
+    "gpt-1.3b": ModelSpec(layers=24, hidden=2048, ffn=8192, heads=16, kv_heads=16, vocab=50304, seq=2048,
+                          gated_mlp=False),
+    "gpt-3b": ModelSpec(layers=16, hidden=4096, ffn=16384, heads=32, kv_heads=32, vocab=50304, seq=2048,
+                        gated_mlp=False),
+    "gpt-7b": ModelSpec(layers=32, hidden=4096, ffn=16384, heads=32, kv_heads=32, vocab=50304, seq=2048,
+                        gated_mlp=False),
+    # PipeMesh's Table III models (pipert.planner.workload.PAPER_MODELS): GPT-3 with dropout; Llama2
+    # with its 8h/3 MLP rounded up to a multiple of 256 (LLaMA's rule) so that T = 8 splits it
+    "gpt3-58b": ModelSpec(layers=72, hidden=8192, ffn=32768, heads=64, kv_heads=64, vocab=50304, seq=3072,
+                          gated_mlp=False, dropout=True),
+    "llama2-55b": ModelSpec(layers=80, hidden=8192, ffn=22016, heads=64, kv_heads=8, vocab=32000, seq=4096),
 }
 
 # Layer counts of the weight-passing papers' models (WeiPipe: L=32, TawPipe: L=48).
@@ -325,16 +340,24 @@ class _Piece:
         return self
 
 
-def _pieces(m: ModelSpec) -> dict[str, _Piece]:
+def _pieces(m: ModelSpec, tp: int = 1, sp: bool = False) -> dict[str, _Piece]:
+    """Per-device costs of each piece under ``tp``-way tensor parallelism (Megatron's split:
+    weights, heads, the MLP width and the vocabulary over the group, so their FLOPs, weights and
+    tensors take ``ks = 1/tp``); the ``[T, h]`` tensors outside attention and the MLP (norms,
+    residuals, dropout masks, the QKV and MLP inputs) are whole on every device unless ``sp``
+    shards the sequence (``kr``). Norm weights are whole on every device (Korthikanti's Table 2:
+    ``sbh(10 + 24/t + 5as/(ht))`` with TP, ``sbh/t (34 + 5as/h)`` with TP + SP)."""
     T, h, kv, f, V, B = m.tokens, m.hidden, m.kv_dim, m.ffn, m.vocab, m.dtype_bytes
     a, s, b = m.heads, m.seq, m.micro_batch
+    ks = 1.0 / tp                                    # split over the group
+    kr = ks if sp else 1.0                           # whole on every device unless SP
     th = T * h * B                                   # bytes of one [T, h] tensor
     drop_mask = T * h if m.dropout else 0            # 1-byte masks of the residual dropouts
     # pre_attn = norm1 (saves its input) + qkv (saves its input; RoPE rewrites q and k).
-    norm1 = _Piece(params=h, ew_f=2 * th, ew_d=4 * th, stash=th)
-    ew = 2 * T * (h + kv) * B
-    proj = _Piece(params=h * (h + 2 * kv), mm=2 * T * h * (h + 2 * kv), ew_f=ew, ew_d=2 * ew, stash=th,
-                  stash_w=th + T * (h + 2 * kv) * B)
+    norm1 = _Piece(params=h, ew_f=2 * th * kr, ew_d=4 * th * kr, stash=th * kr)
+    ew = 2 * T * (h + kv) * B * ks
+    proj = _Piece(params=h * (h + 2 * kv) * ks, mm=2 * T * h * (h + 2 * kv) * ks, ew_f=ew, ew_d=2 * ew,
+                  stash=th * kr, stash_w=th * kr + T * (h + 2 * kv) * B * ks)
     pre = _Piece()
     pre += norm1
     pre += proj
@@ -348,18 +371,20 @@ def _pieces(m: ModelSpec) -> dict[str, _Piece]:
         flops = 4 * b * s * s * h
         stash = qkv + scores * B + (scores * (1 + B) if m.dropout else 0)
         ew = 2 * scores * B + ((2 * scores * B + scores) if m.dropout else 0)
-    attn = _Piece(attn=flops, ew_f=ew, ew_d=2 * ew, stash=stash)
-    # post_attn: out-proj input, norm2 input, MLP input, activation inputs + down-proj input.
+    attn = _Piece(attn=flops * ks, ew_f=ew * ks, ew_d=2 * ew * ks, stash=stash * ks)
+    # post_attn: out-proj input (split), norm2 input, MLP input, activation inputs + down-proj input.
     nmat = 3 if m.gated_mlp else 2
     act_saved = T * f * B * nmat                      # gate+up+down-input, or fc1-out+fc2-in
-    ew = 2 * 3 * th + 2 * th + T * f * B * (3 if m.gated_mlp else 2) + (2 * (2 * th + T * h) if m.dropout else 0)
-    post = _Piece(params=_post_params(m), mm=2 * T * h * h + 2 * T * h * f * nmat, ew_f=ew, ew_d=2 * ew,
-                  stash=3 * th + act_saved + 2 * drop_mask,
-                  stash_w=(2 * th + T * f * B) + (th + T * f * B * (nmat - 1) + th))
-    embed = _Piece(params=V * h, ew_f=2 * th, ew_w=2 * th, stash=T * _ID_BYTES, stash_w=T * _ID_BYTES + th)
-    ew = 2 * th + 2 * T * V * B
-    head = _Piece(params=h + V * h, mm=2 * T * h * V, ew_f=ew, ew_d=2 * ew,
-                  stash=2 * th + T * V * B, stash_w=th + T * V * B)
+    ew = (2 * 3 * th + 2 * th + (2 * (2 * th + T * h) if m.dropout else 0)) * kr + \
+        T * f * B * (3 if m.gated_mlp else 2) * ks
+    post = _Piece(params=(_post_params(m) - h) * ks + h, mm=(2 * T * h * h + 2 * T * h * f * nmat) * ks, ew_f=ew,
+                  ew_d=2 * ew, stash=th * ks + 2 * th * kr + act_saved * ks + 2 * drop_mask * kr,
+                  stash_w=3 * th * kr + (th + T * f * B * nmat) * ks)
+    # the embedding's lookup writes a whole [T, h] (partial sums) on every device before the reduction
+    embed = _Piece(params=V * h * ks, ew_f=2 * th, ew_w=2 * th, stash=T * _ID_BYTES, stash_w=T * _ID_BYTES + th)
+    ew = 2 * th * kr + 2 * T * V * B * ks
+    head = _Piece(params=h + V * h * ks, mm=2 * T * h * V * ks, ew_f=ew, ew_d=2 * ew,
+                  stash=2 * th * kr + T * V * B * ks, stash_w=th * kr + T * V * B * ks)
     return {"embed": embed, "pre_attn": pre, "norm1": norm1, "qkv": proj, "attn": attn, "post_attn": post,
             "head": head}
 
@@ -405,6 +430,16 @@ class TransformerCost:
     """One of RECOMPUTE_MODES. ``no_attention`` (HelixPipe's recomputation without attention,
     for ``layers`` and helix units): a unit keeps only its input and, per attention, the output
     and log-sum-exp; its D (and B) first reruns everything but the attention core."""
+    tp: int = 1
+    """Tensor-parallel size T: every rank of the program is a group of T devices of one node that
+    runs each compute Megatron-style (``pipert.cost.tensor_parallel``): FLOPs, weights and the
+    split tensors per device divide by T, the group's collectives add to the compute's time."""
+    sp: bool = False
+    """Sequence parallelism over the TP group: the norms, residuals and dropouts work on 1/T of
+    the sequence, all-reduces become all-gathers + reduce-scatters, and every [T, h] tensor a
+    unit keeps or sends (its boundary activation included) is 1/T of the bytes."""
+    tp_link: LinkSpec | None = None
+    """The link between the devices of a TP group (default: the preset intra-node link)."""
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -420,12 +455,22 @@ class TransformerCost:
         _check_chain(self.model, self.units)
         if not self.opt_bytes_per_param >= 0:
             raise ValueError(f"TransformerCost.opt_bytes_per_param={self.opt_bytes_per_param!r}: must be >= 0")
-        pieces = _pieces(self.model)
+        _positive_int(self, "tp")
+        problem = tp_problem(self.model, self.tp, self.sp)
+        if problem:
+            raise ValueError(f"TransformerCost.tp={self.tp}: {problem}; allowed: "
+                             f"{', '.join(map(str, tp_divisors(self.model, self.sp)))}")
+        self._ks = 1.0 / self.tp
+        self._kr = self._ks if self.sp else 1.0
+        pieces = _pieces(self.model, self.tp, self.sp)
         self._sums: list[_Piece] = []
-        dup_o = self.model.tokens * self.model.hidden * self.model.dtype_bytes if self.model.flash else 0
+        self._tp_time: list[dict[str, float]] = []     # seconds of the TP collectives per unit and phase
+        dup_o = self.model.tokens * self.model.hidden * self.model.dtype_bytes * self._ks if self.model.flash else 0
         for spec in self.units:
             acc = _Piece()
             parts = spec.parts()
+            self._tp_time.append({ph: collectives_time(self.collectives_of(spec, ph), self.tp, self.tp_link)
+                                  for ph in PHASES})
             for p, l in parts:
                 acc += pieces[p]
                 if p == "post_attn" and ("attn", l) in parts:
@@ -437,6 +482,7 @@ class TransformerCost:
                 acc.rerun_mm = acc.mm
             self._sums.append(acc)
         self._out_bytes = [self._output_bytes(spec) for spec in self.units]
+        self._memo: dict[tuple, float] = {}
 
     # --- per-unit quantities -------------------------------------------------------------
     @property
@@ -471,7 +517,8 @@ class TransformerCost:
         return by_op[op]
 
     def unit_time(self, unit: int, op: Op | str, rank: int | None = None) -> float:
-        """Seconds of ``op`` on ``unit`` for one micro-batch (OPT: one step of the unit)."""
+        """Seconds of ``op`` on ``unit`` for one micro-batch (OPT: one step of the unit), TP
+        collectives included (:meth:`tp_comm_time`)."""
         dev = self.rank_devices.get(rank, self.device) if rank is not None else self.device
         op = Op(op)
         if op is Op.OPT:
@@ -479,7 +526,26 @@ class TransformerCost:
         t = self.flops(unit, op) / dev.flops
         if self.elementwise:
             t += self.elementwise_bytes(unit, op) / dev.mem_bandwidth
-        return t
+        return t + self.tp_comm_time(unit, op) if self.tp > 1 else t
+
+    def collectives_of(self, spec: UnitSpec, phase: str) -> list[tuple[str, float]]:
+        """(op, bytes) of every TP collective one micro-batch of ``spec`` runs in ``phase`` (F or
+        D), in order (``pipert.cost.tensor_parallel.piece_collectives``); none when T = 1."""
+        if self.tp == 1:
+            return []
+        return [c for p, _ in spec.parts() for c in piece_collectives(p, self.model, self.sp)[phase]]
+
+    def tp_comm_time(self, unit: int, op: Op | str) -> float:
+        """Seconds of the TP collectives of ``op`` on ``unit`` for one micro-batch: F and
+        RECOMPUTE run the forward's, D and B the backward's (plus the forward's when D reruns
+        the forward, ``recompute="no_attention"``), W and OPT none."""
+        self._piece(unit)
+        op, t = Op(op), self._tp_time[unit]
+        if op in (Op.F, Op.RECOMPUTE):
+            return t["F"]
+        if op in (Op.D, Op.B):
+            return t["D"] + (t["F"] if self.recompute == "no_attention" else 0.0)
+        return 0.0
 
     # --- CostModel protocol --------------------------------------------------------------
     def compute_time(self, action: Action, rank: int) -> float:
@@ -487,9 +553,13 @@ class TransformerCost:
         (as in UniformCost)."""
         if not action.is_compute:
             return 0.0
-        if action.unit is None:
-            raise ValueError(f"{action}: OPT needs a unit for an analytic cost model")
-        return self.unit_time(action.unit, action.op, rank)
+        key = (action.unit, action.op, rank)
+        t = self._memo.get(key)
+        if t is None:     # the model is fixed once built: each (unit, op, rank) is priced once
+            if action.unit is None:
+                raise ValueError(f"{action}: OPT needs a unit for an analytic cost model")
+            t = self._memo[key] = self.unit_time(action.unit, action.op, rank)
+        return t
 
     def _kept_no_attention(self, spec: UnitSpec) -> float:
         """What a unit keeps under recomputation without attention: its input (token ids for
@@ -499,25 +569,33 @@ class TransformerCost:
         th = m.tokens * m.hidden * m.dtype_bytes
         if spec.kind not in ("layers", "helix_c", "helix_a"):
             raise ValueError(f"recompute='no_attention' is modelled for layers and helix units, not {spec.kind!r}")
-        kept = m.tokens * _ID_BYTES if spec.embed else (2 * th if spec.kind == "helix_c" else th)
+        # the residual and the norm output are whole per device unless SP; the attention output
+        # and log-sum-exp are split by heads
+        kept = m.tokens * _ID_BYTES if spec.embed else \
+            (th * (self._kr + self._ks) if spec.kind == "helix_c" else th * self._kr)
         n_attn = sum(1 for p, _ in spec.parts() if p == "attn")
-        return kept + n_attn * (th + m.tokens * m.heads * _LSE_BYTES)
+        return kept + n_attn * (th + m.tokens * m.heads * _LSE_BYTES) * self._ks
 
     def _output_bytes(self, spec: UnitSpec) -> float:
         """Bytes of the unit's output for one micro-batch (the last piece decides):
         pre_attn sends q, k, v and the residual; attn sends its output and the residual; a helix
         C(l) (ending in the input norm) sends the norm output and the residual; everything else one
-        [T, h] hidden state (nominal for the head, which sends nothing). HelixPipe's messages per
+        [T, h] hidden state (nominal for the head, which sends nothing); per device of a TP group
+        (q, k, v, o split by heads, the rest whole unless SP: the boundary activation under SP is
+        the device's 1/T sequence shard). HelixPipe's messages per
         layer and micro-batch are so 2Th + 2Th activations and the QKV weight ``h(h+2kv)`` once per
         stage and step (``message_bytes(weight, A(l))``), gradients the same back."""
         m = self.model
         th = m.tokens * m.hidden * m.dtype_bytes
+        ks, kr = self._ks, self._kr        # q, k, v and o are split by heads; the rest whole unless SP
         last = spec.parts()[-1][0]
         if last == "pre_attn":
-            return th + m.tokens * (m.hidden + 2 * m.kv_dim) * m.dtype_bytes
-        if last in ("attn", "norm1"):
-            return 2 * th
-        return th
+            return th * kr + m.tokens * (m.hidden + 2 * m.kv_dim) * m.dtype_bytes * ks
+        if last == "attn":
+            return th * (ks + kr)
+        if last == "norm1":
+            return 2 * th * kr
+        return th * kr
 
     def message_bytes(self, payload: Payload | str, unit: int, num_mbs: int = 1) -> float:
         """act/grad: output bytes x ``num_mbs``; weight/wgrad: params x dtype_bytes (any num_mbs)."""
@@ -550,9 +628,10 @@ class TransformerCost:
             for op in ("F", "B", "D", "W", "OPT"):
                 row[op] = self.unit_time(u, op)
             row["flops_F"] = self.flops(u, "F")
+            row["tp_F"], row["tp_D"] = self.tp_comm_time(u, "F"), self.tp_comm_time(u, "D")
             for kind in ("act", "weight", "stash", "stash_w"):
                 row[f"{kind}_bytes"] = self.memory(kind, u)
             rows.append(row)
         totals = {k: sum(r[k] for r in rows) for k in ("F", "B", "D", "W", "OPT", "params", "flops_F")}
-        model = dict(asdict(self.model), num_params=self.model.num_params)
+        model = dict(asdict(self.model), num_params=self.model.num_params, tp=self.tp, sp=self.sp)
         return {"model": model, "device": asdict(self.device), "units": rows, "totals": totals}

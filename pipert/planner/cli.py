@@ -1,6 +1,9 @@
 """``pipert plan --pipemesh``: PipeMesh's plan (q, sequences, ZeRO mix, recomputation), its
 predicted iteration time and per-component memory, beside Megatron and breadth-first under
-the same budget."""
+the same budget. The mesh is T x P x D devices (TP innermost, inside a node, with sequence
+parallelism, as in the paper); without ``--tp`` (and ``--paper``) every T that divides the GPUs
+per node and shards the model is planned, and the one of most sequences per second per device
+that fits the budget is chosen."""
 from __future__ import annotations
 
 import argparse
@@ -22,7 +25,9 @@ def add_pipemesh_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--paper", default=None, help="a Table IV configuration with the paper's measured times: "
                    "gpt3-a100, gpt3-v100, llama2-v100, falcon-v100")
     g.add_argument("--dp", type=int, default=None, help="data-parallel replicas D (default 3)")
-    g.add_argument("--tp", type=int, default=None, help="tensor-parallel size T (inside a node; default 8)")
+    g.add_argument("--tp", type=int, default=None, help="tensor-parallel size T with sequence parallelism, inside "
+                   "a node (default: every divisor of --ranks-per-node that shards the model's heads, the best per "
+                   "device chosen; --paper: the paper's T = 8)")
     g.add_argument("--batch", type=int, default=None, help="global batch in sequences; B = batch / D "
                    "(default: D x --microbatches)")
     g.add_argument("--memory-budget", type=float, default=None, help="GiB per device (default: the device's memory)")
@@ -44,8 +49,9 @@ def choose_chunks(model_layers: int, stages: int, make: Any) -> int:
     return best
 
 
-def build_problem(args: argparse.Namespace) -> tuple[Components, int, list, float, str]:
-    """(components, kept bytes per pass, chunk ops, budget in bytes, description) from the flags."""
+def build_problem(args: argparse.Namespace, tp: int | None = None) -> tuple[Components, int, list, float, str]:
+    """(components, kept bytes per pass, chunk ops, budget in bytes, description) from the flags;
+    ``tp`` replaces --tp (not with --paper)."""
     from ..cost.devices import DeviceSpec
     if args.paper:
         from .paper import TABLE_IV, components, megatron_activation
@@ -62,7 +68,7 @@ def build_problem(args: argparse.Namespace) -> tuple[Components, int, list, floa
             mt = components(cfg, "megatron")
             budget = 12 * mt.params / mt.dp + 4 * mt.params + megatron_activation(cfg)
         return c, base, ops, budget, (f"{cfg.model.name} on {cfg.cluster.upper()} (Table IV: B={cfg.batch}, "
-                                      f"T,P,D={cfg.tp},{cfg.stages},{cfg.dp}); times in ms")
+                                      f"T,P,D={cfg.tp},{cfg.stages},{cfg.dp}, sequence parallel); times in ms")
     from ..scenario_flags import DEFAULT_MICROBATCHES, DEFAULT_STAGES
     name = args.model or "gpt3-58b"
     if name not in PAPER_MODELS:
@@ -72,12 +78,19 @@ def build_problem(args: argparse.Namespace) -> tuple[Components, int, list, floa
     gbps = args.inter_node_gbps if args.inter_node_gbps is not None else 100.0
     if not gbps > 0:
         raise ValueError(f"--inter-node-gbps {gbps}: must be > 0")
-    dp, tp = args.dp or 3, args.tp or 8
+    dp, tp = args.dp or 3, tp or args.tp or 8
     stages = args.stages or DEFAULT_STAGES
-    for flag, v in (("--dp", args.dp), ("--tp", args.tp)):
-        if v is not None and v < 1:
-            raise ValueError(f"{flag} must be >= 1, got {v}")
+    if m.layers % stages:
+        allowed_p = ", ".join(str(p) for p in range(1, m.layers + 1) if m.layers % p == 0)
+        raise ValueError(f"-P {stages}: {m.name}'s {m.layers} layers do not split into {stages} stages of equal "
+                         f"chunks; allowed -P: {allowed_p}")
     cluster = Cluster(dev, args.ranks_per_node or 8, gbps)
+    from .mesh import tp_candidates
+    allowed = tp_candidates(m, cluster.gpus_per_node)
+    if tp not in allowed:
+        raise ValueError(f"--tp {tp}: a tensor-parallel group (with sequence parallelism) lies inside a node of "
+                         f"--ranks-per-node {cluster.gpus_per_node} GPUs and splits {m.name}'s {m.heads} heads, "
+                         f"{m.kv_heads} KV heads and {m.seq} tokens; allowed --tp: {', '.join(map(str, allowed))}")
     if args.batch is not None and (args.batch < 1 or args.batch % dp):
         raise ValueError(f"--batch {args.batch}: must be a positive multiple of --dp {dp}")
     B = args.batch // dp if args.batch is not None else (args.microbatches or DEFAULT_MICROBATCHES)
@@ -89,7 +102,8 @@ def build_problem(args: argparse.Namespace) -> tuple[Components, int, list, floa
     c, base, ops = make(M)
     budget = (args.memory_budget * GiB) if args.memory_budget is not None else dev.memory
     return c, base, ops, budget, (f"{m.name} on {dev.name}, {cluster.gpus_per_node} GPUs/node, "
-                                  f"{cluster.inter_node_gbps:g} Gb/s per node; T={tp}; times in s")
+                                  f"{cluster.inter_node_gbps:g} Gb/s per node; T={tp} (sequence parallel); "
+                                  f"times in s")
 
 
 def _line(p: Plan) -> str:
@@ -98,9 +112,22 @@ def _line(p: Plan) -> str:
             f"{t['bubble']:.6g}, PP {t['pp_crit']:.6g}, DP {t['dp_crit']:.6g})  memory {mem['total'] / GiB:.2f} GiB")
 
 
+def check_pipemesh_flags(args: argparse.Namespace) -> None:
+    """Counts given to the planner must be >= 1 (a 0 is refused, not read as "not given")."""
+    for name, v in (("-P", args.stages), ("-M", args.microbatches), ("-V", args.chunks), ("--dp", args.dp),
+                    ("--tp", args.tp), ("--ranks-per-node", args.ranks_per_node), ("--batch", args.batch)):
+        if v is not None and v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+
+
 def cmd_pipemesh(args: argparse.Namespace) -> int:
-    c, base, ops, budget, what = build_problem(args)
-    best = plan(c, ops, budget, base)
+    check_pipemesh_flags(args)
+    if args.paper or args.tp is not None:
+        c, base, ops, budget, what = build_problem(args)
+        best, tried = plan(c, ops, budget, base), []
+    else:
+        from .mesh import best_tp
+        tried, (c, base, ops, budget, what, best) = best_tp(args, build_problem)
     others: dict[str, Any] = {}
     for kind in ("megatron", "breadth-first"):
         try:
@@ -109,13 +136,20 @@ def cmd_pipemesh(args: argparse.Namespace) -> int:
             others[kind] = str(e)
     zero_spec = _zero_spec(best, c.params)
     if args.json:
-        print(json.dumps({"setting": what, "plan": best.as_dict(), "zero_spec": zero_spec,
+        print(json.dumps({"setting": what, "tp": _tp_of(args, tried), "sp": True, "defaults": _defaults(args),
+                          "tp_candidates": [t.as_dict() for t in tried], "plan": best.as_dict(), "zero_spec": zero_spec,
                           "baselines": {k: (v.as_dict() if isinstance(v, Plan) else {"error": v})
                                         for k, v in others.items()}}))
         return 0
     q = best.queue
     sh = q.sharding
     print(what)
+    defaults = _defaults(args)
+    if defaults:
+        print("defaults: " + ", ".join(f"{k} {v}" for k, v in defaults.items()))
+    if tried:
+        from .mesh import format_candidates
+        print(format_candidates(tried))
     print(f"P={c.stages} D={c.dp} M={c.chunks} B={c.microbatches}; C_fwd {c.fwd:.4g}, C_bwd {c.bwd:.4g}, "
           f"C_DP {c.dp_comm:.4g}, C_PP {c.pp_comm:.4g}; budget {budget / GiB:.2f} GiB")
     print(f"buffer size q={q.q}  enqueue {list(q.enqueue)}  dequeue {list(q.dequeue)}  (case {q.case})")
@@ -135,6 +169,28 @@ def cmd_pipemesh(args: argparse.Namespace) -> int:
     for kind, p in [("pipemesh", best), *others.items()]:
         print("  " + (_line(p) if isinstance(p, Plan) else f"{kind:<14} does not fit: {p}"))
     return 0
+
+
+def _tp_of(args: argparse.Namespace, tried: list) -> int:
+    if args.paper:
+        from .paper import TABLE_IV
+        return TABLE_IV[args.paper].tp if args.paper in TABLE_IV else 0
+    return args.tp if args.tp is not None else next(t.tp for t in tried if t.chosen)
+
+
+def _defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags not given and the values the planner took for them (none with --paper)."""
+    if args.paper:
+        return {}
+    from ..scenario_flags import DEFAULT_MICROBATCHES, DEFAULT_STAGES
+    table = (("--model", args.model, "gpt3-58b"), ("--device", args.device, "h100"),
+             ("-P", args.stages, DEFAULT_STAGES), ("--dp", args.dp, 3),
+             ("--tp", args.tp, "every divisor of the GPUs per node, best per device"),
+             ("--ranks-per-node", args.ranks_per_node, 8), ("--inter-node-gbps", args.inter_node_gbps, 100.0),
+             ("-M", args.microbatches if args.batch is None else args.batch, DEFAULT_MICROBATCHES),
+             ("-V", args.chunks, "the paper's rule (largest M with C_PP <= C_fwd)"),
+             ("--memory-budget", args.memory_budget, "the device's memory"))
+    return {k: d for k, v, d in table if v is None}
 
 
 def _zero_spec(best: Plan, params: float) -> str:

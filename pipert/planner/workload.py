@@ -12,22 +12,28 @@ paper's runs). Recomputing an operation reruns what produces its output from kep
 e.g. the residual after attention reruns the out-projection, dropout and add.
 
 Times: matmul FLOPs / (peak x efficiency), elementwise bytes / memory bandwidth; a backward
-pass costs twice the forward. C_DP is the ring reduce-scatter of a chunk's 2-byte gradients
+pass costs twice the forward. Tensor-parallel traffic (Megatron SP, inside a node): per layer
+2 all-gathers and 2 reduce-scatters of ``[s, h]`` in the forward and as many in the backward (one
+of each in Falcon's parallel blocks), ring collectives on the cluster's intra-node link
+(``pipert.cost.tensor_parallel``), added to C^fwd and C^bwd; recomputing an operation is
+priced without its collective. C_DP is the ring reduce-scatter of a chunk's 2-byte gradients
 over the D replicas, one per node, each GPU getting ``1/gpus_per_node`` of the node's NIC (all
 GPUs of a node run their data-parallel collectives at once); C_PP one [s/T, h] message over
-the same share. Tensor-parallel traffic (inside a node) is not modelled.
+the same share.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import ClassVar
 
 from ..cost.devices import DeviceSpec
-from ..cost.topology import Links, LinkSpec, Topology
+from ..cost.tensor_parallel import collectives_time, layer_collectives
+from ..cost.topology import Links, LinkSpec, Topology, default_link_specs
 from .pipemesh import Components
 from .recompute import OpCost
 
-__all__ = ["LayerShape", "PAPER_MODELS", "Cluster", "layer_items", "chunk_ops", "workload"]
+__all__ = ["LayerShape", "PAPER_MODELS", "Cluster", "layer_items", "chunk_ops", "workload", "tp_layer_times"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,8 @@ class LayerShape:
     their summed output is the next layer's input."""
     dropout: bool = False
     """Dropout after attention and MLP (GPT-3)."""
+    dtype_bytes: ClassVar[int] = 2
+    """Bytes per activation element (fp16/bf16)."""
 
     def __post_init__(self) -> None:
         if self.mlp not in ("gelu", "swiglu"):
@@ -66,6 +74,11 @@ class LayerShape:
     @property
     def kv_dim(self) -> int:
         return self.hidden // self.heads * self.kv_heads
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per micro-batch (one sequence)."""
+        return self.seq
 
     @property
     def params_per_layer(self) -> int:
@@ -132,6 +145,8 @@ class Cluster:
     """The node's network bandwidth in Gbit/s (shared by its GPUs)."""
     latency: float = 10e-6
     """Seconds per inter-node message or ring step."""
+    intra_node: LinkSpec = field(default_factory=lambda: default_link_specs()["intra_node"])
+    """The link between two GPUs of a node (tensor-parallel collectives)."""
 
     @property
     def gpu_bandwidth(self) -> float:
@@ -171,10 +186,18 @@ def workload(m: LayerShape, cluster: Cluster, *, tp: int, stages: int, dp: int, 
     base, ops = chunk_ops(m, tp, cluster, per_chunk)
     flops, ew = _forward_per_layer(m)
     n = Fraction(m.seq * m.hidden, tp)
-    fwd = per_chunk * (float(flops * n) / cluster.device.flops + float(ew * n) / cluster.device.mem_bandwidth)
+    compute = per_chunk * (float(flops * n) / cluster.device.flops + float(ew * n) / cluster.device.mem_bandwidth)
+    tp_f, tp_d = tp_layer_times(m, tp, cluster)
+    fwd, bwd = compute + per_chunk * tp_f, 2 * compute + per_chunk * tp_d
     psi = m.params_per_layer * m.layers / (tp * stages)
     link = LinkSpec(cluster.latency, cluster.gpu_bandwidth)
     links = Links(Topology(dp, ranks_per_node=1), {"inter_node": link})
     dp_comm = links.collective("reducescatter", tuple(range(dp)), 2 * psi / chunks)
     pp_comm = link.latency + link.occupancy(2 * m.seq * m.hidden / tp)
-    return Components(stages, dp, chunks, microbatches, fwd, 2 * fwd, dp_comm, pp_comm, psi), base, ops
+    return Components(stages, dp, chunks, microbatches, fwd, bwd, dp_comm, pp_comm, psi), base, ops
+
+
+def tp_layer_times(m: LayerShape, tp: int, cluster: Cluster) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's tensor-parallel collectives (SP) per sequence."""
+    coll = layer_collectives(m, sp=True, parallel=m.parallel)
+    return tuple(collectives_time(coll[ph], tp, cluster.intra_node) for ph in ("F", "D"))  # type: ignore
