@@ -18,8 +18,11 @@ $(STAMP): setup.py $(CSRC)
 demo: $(STAMP)
 	$(VENV)/bin/pipert train
 
+# pipert's bytecode is compiled once up front: the tests start a few hundred Python processes,
+# each of which would otherwise compile pipert from source where PYTHONDONTWRITEBYTECODE is set.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m compileall -q pipert kernels
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info
