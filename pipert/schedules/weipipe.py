@@ -11,12 +11,18 @@ A generator is two pure steps:
 1. ``weipipe_plan(config)`` -> ``RingPlan``: the compute actions of every (worker, turn),
    and the *streams* derived from them. A stream is one copy (weight or wgrad) of one unit
    and one version that moves one hop ``k -> k+1`` per turn, lock-step, from its first
-   use to its last use (also through laps where nobody uses it, as in the paper).
+   use to its last use (also through laps where nobody uses it, as in the paper). On the
+   paper's ring (``ring="paper"``, the default) a weight stream starts earlier, at its
+   owner's last turn on its phase before the first use (or at turn 0, where the paper's
+   re-seed puts it), and a gradient stream rides on to its owner.
 2. ``lower_ring(plan)`` -> ``Schedule``: SEND/RECV/FREE/OPT from the streams. A worker
    receives a weight for turn t unless it owns that unit or already holds the same
-   version from turn t-1; the first copy of a stream comes straight from the owner (the
-   iteration's seed); a completed gradient goes straight to the owner, whose ``OPT``
-   follows as soon as it is complete.
+   version from turn t-1, from its ring predecessor; a stream's first copy comes from the
+   owner. Paper ring: a gradient moves after its holder's turn and the next holder waits
+   for it (``WAIT RECV wgrad``) before adding to it, so turns are enforced. Direct ring
+   (``ring="direct"``): a gradient moves right after its contribution, nobody waits for
+   it, and a completed one goes straight to the owner. The owner's ``OPT`` follows as soon
+   as its gradient is complete.
 
 Invariants of every generated schedule: each transfer is ``weight`` or ``wgrad``; a rank
 holds at most one version of a unit's weights at a time; ``WZB2`` has
