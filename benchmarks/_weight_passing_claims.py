@@ -60,7 +60,9 @@ def _ring_reason(w: dict) -> str:
     bound = "link-bound" if link > w["turn_compute_s"] else "compute-bound"
     return (f"the ring's 3 chunks of a turn ({w['chunk_GB']:.2f} GB each) take {link:.2f} s on a "
             f"{w['link_GBps']:g} GB/s link against a turn's compute of {w['turn_compute_s']:.2f} s ({bound}); "
-            f"the gradient leaves after the turn and the next worker waits for it (bubble {w['bubble']:.3f})")
+            f"the turn with the head (B of unit P-1 + F of unit 0) computes {w['head_turn_s']:.2f} s and, as the "
+            f"gradient leaves after the turn and the next worker waits for it, turns follow the longest "
+            f"(bubble {w['bubble']:.3f})")
 
 
 def _small(rows: list[dict]) -> dict[str, dict]:
@@ -91,8 +93,8 @@ def weipipe_claims(rows: list[dict]) -> list[dict]:
             reason = (f"pipert/published throughput: 1F1B {eff['1f1b']:.2f}, WeiPipe {eff[WEI]:.2f}; "
                       + _ring_reason(got[WEI]) + f"; 1F1B sends {one['act_GB']:.2f} GB per micro-batch over a stage "
                       f"boundary each way, {one['act_GB'] / one['link_GBps']:.2f} s on the slowest link against a "
-                      f"stage's compute of {one['turn_compute_s']:.2f} s, overlapped in the model (bubble "
-                      f"{one['bubble']:.3f})")
+                      f"stage's compute of {one['turn_compute_s']:.2f} s, overlapped in the model; its slowest stage (the "
+                      f"head's) computes {one['stage_max_s']:.2f} s per micro-batch (bubble {one['bubble']:.3f})")
             out.append(_claim("WeiPipe", f"WeiPipe/1F1B throughput, {label}, H={h} S={s}", paper, ours,
                               f"within {TOL:.0%}", ok, reason, direct=direct))
     return out

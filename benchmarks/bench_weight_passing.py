@@ -97,13 +97,17 @@ def run_one(table: str, h: int, s: int, name: str, device: DeviceSpec, quick: bo
     t0 = time.perf_counter()
     sched = build_schedule(name, stages=gpus, microbatches=n, **opts)
     res = simulate(sched, cost, links=links, topology=topo, nic_bandwidth=eth.bandwidth)
+    def time_of(op: Op, u: int) -> float:
+        return cost.compute_time(Action(op, u, (0,)), 0)
+
     mid = gpus // 2      # a middle unit: one turn's compute and one chunk's bytes
-    turn = cost.compute_time(Action(Op.F, mid, (0,)), 0) + cost.compute_time(Action(Op.B, mid, (0,)), 0)
+    turn = time_of(Op.F, mid) + time_of(Op.B, mid)
     chunk = cost.message_bytes("weight", mid)
     return {"table": table, "hidden": h, "seq": s, "micro_batch": mb, "microbatches": n, "schedule": name,
             "makespan_s": res.makespan, "bubble": res.bubble_ratio, "tok_s_gpu": seqs * s / (res.makespan * gpus),
             "inter_node_GB": res.comm_bytes["inter_node"] / 1e9, "intra_node_GB": res.comm_bytes["intra_node"] / 1e9,
-            "turn_compute_s": turn, "chunk_GB": chunk / 1e9, "act_GB": cost.message_bytes("act", mid) / 1e9, "link_GBps": (eth if gpus > GPN else NVLINK).bandwidth / 1e9,
+            "turn_compute_s": turn, "head_turn_s": time_of(Op.B, gpus - 1) + time_of(Op.F, 0),
+            "stage_max_s": max(time_of(Op.F, u) + time_of(Op.B, u) for u in range(gpus)), "chunk_GB": chunk / 1e9, "act_GB": cost.message_bytes("act", mid) / 1e9, "link_GBps": (eth if gpus > GPN else NVLINK).bandwidth / 1e9,
             "sim_wall_s": time.perf_counter() - t0}
 
 
