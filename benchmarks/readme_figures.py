@@ -92,14 +92,16 @@ def crosspipe_sweep(rows: list[dict], ctx: dict) -> str:
 
 
 def weight_passing(rows: list[dict], ctx: dict) -> str:
-    import bench_weight_passing as wp
-    parts = []
-    for paper in ("weipipe", "tawpipe"):
-        _, ok, n, pair_ok, pairs, _ = wp.table(rows, paper, "travels")
-        parts.append(f"{wp.NAMES[paper if paper == 'tawpipe' else 'weipipe-interleave']}'s Table 2: ranking "
-                     f"reproduced on {ok} of {n} rows, pairwise order on "
-                     f"{pair_ok} of {pairs} pairs")
-    return ("- WeiPipe/TawPipe on the papers' configurations (analytic A800 model): " + "; ".join(parts) + " "
+    from _weight_passing_claims import claims
+    cl = claims(rows)
+    parts = [f"{system}: {sum(c['within_goal'] for c in cl if c['system'] == system)} of "
+             f"{sum(c['system'] == system for c in cl)} claims within their goal" for system in ("WeiPipe", "TawPipe")]
+    bubble = next(c for c in cl if c["claim"].startswith("Interleave bubble"))
+    order = [c for c in cl if c["claim"].startswith("ranking")]
+    return ("- WeiPipe/TawPipe against their papers (analytic A800 model + simulator): " + "; ".join(parts)
+            + f"; WeiPipe-Interleave bubble at P=4, N=8 {bubble['pipert']:.3f} (paper {bubble['paper']:.3f}, "
+            f"pipert's direct variant {bubble['pipert_direct']:.3f}); TawPipe's Table 2 ranking on "
+            f"{sum(c['within_goal'] for c in order)} of {len(order)} rows "
             + _source("bench_weight_passing.py", "weight_passing", ctx) + ".")
 
 

@@ -15,9 +15,8 @@ Per step of node k on shard j:
   one step ahead (prefetch; inter-node P2P only between equal local ranks);
 - ``BROADCAST weight j @node ^master`` (one step ahead), then everyone computes;
 - backward: ``REDUCE wgrad j @node ^root``, root = owner if local else staging; the
-  staging rank accumulates over the node's micro-batches and sends the sum to the owner
-  once, after the node's last backward of j; the owner's ``OPT j`` follows as soon as
-  every node's sum is in.
+  staging rank sends each sum to the owner right after its reduce (once per micro-batch
+  step, as the authors' code does); the owner's ``OPT j`` follows as soon as every sum is in.
 - a shard used at two consecutive steps is kept (the turnaround shard P-1, and shard 0
   between one micro-batch's backward and the next one's forward).
 
@@ -169,10 +168,6 @@ def tawpipe_schedule(config: TawPipeConfig) -> Schedule:
     P, G = config.stages, config.group_size
     owners = tuple(tawpipe_owner(j, P, config.ranks_per_node) for j in range(P))
     prog = SlotProgram(P)
-    last_b: dict[tuple[int, int], int] = {}                        # (node, shard) -> step of its last B
-    for (k, t), st in plan.steps.items():
-        if st.op is Op.B:
-            last_b[(k, st.unit)] = max(last_b.get((k, st.unit), -1), t)
     arrivals: dict[int, list[int]] = defaultdict(list)             # shard -> slots its sums leave their node
     owner_sends: dict[int, list[Action]] = defaultdict(list)          # shard -> the owner's weight sends
     for (k, t), st in sorted(plan.steps.items(), key=lambda x: (x[0][1], x[0][0])):
@@ -195,12 +190,11 @@ def tawpipe_schedule(config: TawPipeConfig) -> Schedule:
                 for d in ranks:
                     prog.add(d, t, COLL1, Action(Op.REDUCE, unit=j, payload=Payload.WGRAD, group=ranks, root=root,
                                                  tag=t), (0,))
-            if last_b[(k, j)] == t:
-                if root != owners[j]:
-                    prog.transfer(t, COLL1, (1,), root, owners[j], Payload.WGRAD, j, t + 1)
-                    arrivals[j].append(t + 1)
-                else:
-                    arrivals[j].append(t)
+            if root != owners[j]:     # every micro-batch step's sum leaves its node at once
+                prog.transfer(t, COLL1, (1,), root, owners[j], Payload.WGRAD, j, t + 1)
+                arrivals[j].append(t + 1)
+            else:
+                arrivals[j].append(t)
     for j, slots in arrivals.items():
         opt_with_waits(prog, owners[j], max(slots), j, owner_sends[j])
     actions, starts = prog.build()
@@ -220,7 +214,7 @@ def tawpipe_bytes(stages: int, microbatches: int, ranks_per_node: int | None, sh
     c = TawPipeConfig(stages, microbatches, ranks_per_node)
     P, G, D, n = c.stages, c.group_size, c.nodes, c.microbatches // c.stages
     fetches = 2 * n * (P - 1) + 1                         # new shards per node per iteration
-    inter = (D - 1) * (fetches + P)                       # remote weights + one gradient per remote shard
+    inter = (D - 1) * (fetches + n * P)                   # remote weights + a gradient per remote backward step
     intra = D * (G - 1) * (fetches + n * P)               # broadcasts + reduces (one per backward step)
     return {"local": 0.0, "intra_node": intra * shard_bytes, "inter_node": inter * shard_bytes, "inter_dc": 0.0}
 

@@ -11,12 +11,18 @@ A generator is two pure steps:
 1. ``weipipe_plan(config)`` -> ``RingPlan``: the compute actions of every (worker, turn),
    and the *streams* derived from them. A stream is one copy (weight or wgrad) of one unit
    and one version that moves one hop ``k -> k+1`` per turn, lock-step, from its first
-   use to its last use (also through laps where nobody uses it, as in the paper).
+   use to its last use (also through laps where nobody uses it, as in the paper). On the
+   paper's ring (``ring="paper"``, the default) a weight stream starts earlier, at its
+   owner's last turn on its phase before the first use (or at turn 0, where the paper's
+   re-seed puts it), and a gradient stream rides on to its owner.
 2. ``lower_ring(plan)`` -> ``Schedule``: SEND/RECV/FREE/OPT from the streams. A worker
    receives a weight for turn t unless it owns that unit or already holds the same
-   version from turn t-1; the first copy of a stream comes straight from the owner (the
-   iteration's seed); a completed gradient goes straight to the owner, whose ``OPT``
-   follows as soon as it is complete.
+   version from turn t-1, from its ring predecessor; a stream's first copy comes from the
+   owner. Paper ring: a gradient moves after its holder's turn and the next holder waits
+   for it (``WAIT RECV wgrad``) before adding to it, so turns are enforced. Direct ring
+   (``ring="direct"``): a gradient moves right after its contribution, nobody waits for
+   it, and a completed one goes straight to the owner. The owner's ``OPT`` follows as soon
+   as its gradient is complete.
 
 Invariants of every generated schedule: each transfer is ``weight`` or ``wgrad``; a rank
 holds at most one version of a unit's weights at a time; ``WZB2`` has
@@ -34,9 +40,13 @@ from .registry import PipelineConfig, available, register
 
 __all__ = ["VARIANTS", "WeiPipeConfig", "Stream", "RingPlan", "SlotProgram", "weipipe_plan", "lower_ring",
            "weipipe_schedule", "weipipe_naive", "weipipe_interleave", "weipipe_zb1", "weipipe_zb2",
+           "weipipe_interleave_direct", "RINGS",
            "check_weipipe", "ring_message_count", "lockstep_makespan"]
 
 VARIANTS = ("naive", "interleave", "zb1", "zb2")
+RINGS = ("paper", "direct")
+"""``paper``: every copy travels the ring turn by turn from its circle position (the default);
+``direct``: pipert's faster variant, first copies straight from the owner (docs/weight_passing.md)."""
 
 
 @dataclass(frozen=True)
@@ -51,9 +61,16 @@ class WeiPipeConfig:
     """One of VARIANTS: naive, interleave, zb1 (even P and even n), zb2."""
     ranks_per_node: int | None = None
     """Ranks per node (only recorded in meta; the ring is rank order either way)."""
+    ring: str = "paper"
+    """One of RINGS: ``paper`` (copies move one ring hop per turn from their circle position;
+    a gradient accumulator moves after its holder's turn and the next holder adds to it only
+    once it arrived) or ``direct`` (a copy starts at its first use, sent there by the owner;
+    finished gradients go straight to the owner; turns are not enforced)."""
 
     def __post_init__(self) -> None:
         check_weipipe(self.variant, self.stages, self.microbatches, self.ranks_per_node)
+        if self.ring not in RINGS:
+            raise ValueError(f"weipipe ring {self.ring!r} unknown; allowed: {', '.join(RINGS)}")
 
     @property
     def per_worker(self) -> int:
@@ -111,6 +128,8 @@ class RingPlan:
     """One of VARIANTS."""
     stages: int
     """P."""
+    ring: str
+    """One of RINGS."""
     microbatches: int
     """N."""
     owners: tuple[int, ...]
@@ -224,7 +243,7 @@ def weipipe_plan(config: WeiPipeConfig) -> RingPlan:
     """The compute actions and streams of one iteration (pure)."""
     P, N, v = config.stages, config.microbatches, config.variant
     owners = tuple([P - 1] * P) if v == "zb2" else tuple(range(P))
-    plan = RingPlan(v, P, N, owners, _OPS[v](P, N // P), P if v == "zb2" else None)
+    plan = RingPlan(v, P, config.ring, N, owners, _OPS[v](P, N // P), P if v == "zb2" else None)
     uses: dict[tuple[str, int, int], list[tuple[int, int]]] = defaultdict(list)
     for (k, t), acts in plan.ops.items():
         for a in acts:
@@ -235,8 +254,24 @@ def weipipe_plan(config: WeiPipeConfig) -> RingPlan:
         if len(phases) != 1:
             raise AssertionError(f"weipipe-{v}: uses of {role} u{u} v{ver} are not on one ring phase: {sorted(pos)}")
         ts = [t for _, t in pos]
-        plan.streams.append(Stream(role, u, ver, phases.pop(), min(ts), max(ts)))
+        stream = Stream(role, u, ver, phases.pop(), min(ts), max(ts))
+        plan.streams.append(_on_paper_ring(stream, owners[u], P) if config.ring == "paper" else stream)
     return plan
+
+
+def _on_paper_ring(s: Stream, owner: int, stages: int) -> Stream:
+    """The stream as the paper's circle runs it: a weight copy starts at the owner's last turn
+    on its phase before the first use (or at turn 0, where the re-seed of the previous
+    iteration put it); a gradient accumulator rides on to its owner after the last
+    contribution. A later version (WZB2) starts where it does: the owner sends it on right
+    after its OPT, one ring hop, since its owner P-1 precedes worker 0."""
+    if s.role == "D":
+        return Stream(s.role, s.unit, s.version, s.phase, s.first,
+                      s.last + (owner - s.holder(s.last, stages)) % stages)
+    if s.version:
+        return s
+    first = s.first - (s.holder(s.first, stages) - owner) % stages
+    return Stream(s.role, s.unit, s.version, s.phase, max(first, 0), s.last)
 
 
 def lockstep_makespan(plan: RingPlan, cost: object) -> float:
@@ -276,14 +311,18 @@ class SlotProgram:
         self.items[rank].append(((slot, stage) + tuple(sub) + (self._seq,), action))
 
     def transfer(self, slot: int, stage: int, sub: tuple, src: int, dst: int, payload: Payload, unit: int,
-                 tag: int) -> Action:
-        """SEND on src at (slot, stage, *sub, unit); the RECV on dst in the slot's early
-        (pre-compute and post-OPT sends) or late (post-compute sends) receive section at (stage, *sub, src, unit): a directed link has the same order on both
-        sides (FIFO matching). ``sub`` must have the same length for every transfer that
+                 tag: int, early: bool | None = None) -> Action:
+        """SEND on src at (slot, stage, *sub, unit); the RECV on dst in the slot's early or late
+        receive section at (stage, *sub, src, unit): a directed link has the same order on both
+        sides (FIFO matching). ``early`` None: early for pre-compute and post-OPT sends, late for
+        post-compute sends; a link's transfers of one slot must all be early or all late with
+        the default order kept. ``sub`` must have the same length for every transfer that
         shares ``stage``. Returns the SEND."""
         send = Action(Op.SEND, unit=unit, payload=payload, peer=dst, tag=tag)
         self.add(src, slot, stage, send, tuple(sub) + (unit,))
-        self.add(dst, slot, RECV if stage in (SEND0, SEND2) else RECV_LATE,
+        if early is None:
+            early = stage in (SEND0, SEND2)
+        self.add(dst, slot, RECV if early else RECV_LATE,
                  Action(Op.RECV, unit=unit, payload=payload, peer=src, tag=tag), (stage,) + tuple(sub) + (src, unit))
         return send
 
@@ -345,14 +384,16 @@ def lower_ring(plan: RingPlan, name: str | None = None,
 
     prog = SlotProgram(P)
     owner_sends: dict[int, list[tuple[tuple[int, int], Action]]] = defaultdict(list)  # unit -> ((slot, stage), SEND)
-    compute_index: dict[tuple[int, int, int], int] = {}                     # (k, t, unit) -> last contributor
+    compute_index: dict[tuple[int, int, int], int] = {}                     # (k, t, unit) -> after its last contributor
+    first_index: dict[tuple[int, int, int], int] = {}                       # (k, t, unit) -> before its first one
     for (k, t), acts in plan.ops.items():
-        for i, a in enumerate(acts):
-            prog.add(k, t, COMPUTE, a, (2 * i,))
+        for i, a in enumerate(acts):   # compute i at sub 3i+1: a WAIT before it at 3i, its sends after at 3i+2
+            prog.add(k, t, COMPUTE, a, (3 * i + 1,))
             if a.op in LOCAL_WGRAD_OPS:
                 if a.unit not in dheld.get((k, t), ()):
                     raise AssertionError(f"worker {k} contributes to u{a.unit} at turn {t} off its D stream")
-                compute_index[(k, t, a.unit)] = 2 * i + 1
+                compute_index[(k, t, a.unit)] = 3 * i + 2
+                first_index.setdefault((k, t, a.unit), 3 * i)
     # weights: receive unless owned or already held (same version) from the previous turn
     for (k, t), units in sorted(held.items()):
         for u, ver in sorted(units.items()):
@@ -368,6 +409,8 @@ def lower_ring(plan: RingPlan, name: str | None = None,
             if held.get((prev, t - 1), none).get(u) == ver and prev != owners[u]:
                 src, stage = prev, SEND0
             else:
+                if plan.ring == "paper" and t > 0 and prev != owners[u]:
+                    raise AssertionError(f"paper ring: u{u} v{ver} reaches worker {k} at turn {t} off the ring")
                 src = owners[u]
                 if version(u, t - 1, False) == ver:
                     stage = SEND0
@@ -392,6 +435,14 @@ def lower_ring(plan: RingPlan, name: str | None = None,
                 continue
             if s.unit in dheld.get((dst, t), ()):
                 raise AssertionError(f"worker {dst} would merge two gradient streams of u{s.unit} at turn {t}")
+            if plan.ring == "paper":
+                # after the holder's turn; the next holder adds to it only once it has arrived
+                prog.transfer(t, COLL1, (0,), k, dst, Payload.WGRAD, s.unit, t + 1, early=True)
+                w = first_index.get((dst, t + 1, s.unit))
+                if w is not None:
+                    prog.add(dst, t + 1, COMPUTE, Action(Op.WAIT, unit=s.unit, payload=Payload.WGRAD, peer=k,
+                                                         tag=t + 1, waits=Op.RECV), (w,))
+                continue
             sub = compute_index.get((k, t, s.unit))
             # right after the turn's last contribution; passing through: before the compute
             stage, sub = (SEND0, (1,)) if sub is None else (COMPUTE, (sub,))
@@ -404,7 +455,7 @@ def lower_ring(plan: RingPlan, name: str | None = None,
             opt_with_waits(prog, owners[u], slot, u, sends)
             done = (slot, OPT_)
     actions, starts = prog.build()
-    meta = {"family": name or f"weipipe-{plan.variant}", "variant": plan.variant, "stages": P, "chunks": 1,
+    meta = {"family": name or f"weipipe-{plan.variant}", "variant": plan.variant, "ring": plan.ring, "stages": P, "chunks": 1,
             "split_backward": plan.variant in ("zb1", "zb2"), "turns": plan.turns,
             "ranks_per_node": ranks_per_node,
             "turn_start": [[st.get(t, -1) for t in range(-1, plan.turns + 1)] for st in starts]}
@@ -418,14 +469,16 @@ def lower_ring(plan: RingPlan, name: str | None = None,
 
 def weipipe_schedule(config: WeiPipeConfig) -> Schedule:
     """The schedule of ``config`` (pure)."""
-    return lower_ring(weipipe_plan(config), f"weipipe-{config.variant}", config.ranks_per_node)
+    name = f"weipipe-{config.variant}" + ("-direct" if config.ring == "direct" else "")
+    return lower_ring(weipipe_plan(config), name, config.ranks_per_node)
 
 
-def _builder(variant: str):
-    def build(config: PipelineConfig, *, ranks_per_node: int | None = None) -> Schedule:
-        return weipipe_schedule(WeiPipeConfig(config.stages, config.microbatches, variant, ranks_per_node))
-    build.__name__ = f"weipipe_{variant}"
-    build.__doc__ = f"WeiPipe-{variant} (see pipert.schedules.weipipe)."
+def _builder(variant: str, fixed_ring: str | None = None):
+    def build(config: PipelineConfig, *, ranks_per_node: int | None = None, ring: str = "paper") -> Schedule:
+        return weipipe_schedule(WeiPipeConfig(config.stages, config.microbatches, variant, ranks_per_node,
+                                              fixed_ring or ring))
+    build.__name__ = f"weipipe_{variant}" + (f"_{fixed_ring}" if fixed_ring else "")
+    build.__doc__ = f"WeiPipe-{variant} (see pipert.schedules.weipipe); option ring: one of RINGS."
     return build
 
 
@@ -433,11 +486,12 @@ weipipe_naive = _builder("naive")
 weipipe_interleave = _builder("interleave")
 weipipe_zb1 = _builder("zb1")
 weipipe_zb2 = _builder("zb2")
+weipipe_interleave_direct = _builder("interleave", "direct")
 
 
 def ring_message_count(variant: str, stages: int, microbatches: int) -> dict[str, int]:
-    """Messages of one iteration (closed forms of docs/weight_passing.md), for
-    interleave, naive and zb2: {"weight": ..., "wgrad": ...}."""
+    """Messages of one iteration of the ``direct`` ring (closed forms of
+    docs/weight_passing.md), for interleave, naive and zb2: {"weight": ..., "wgrad": ...}."""
     P, n = stages, microbatches // stages
     if variant == "zb2":
         # per round: every F copy and every B copy but B_{P-1} (kept from its F) makes P-1
@@ -470,14 +524,19 @@ _DESCRIPTIONS = {
 }
 _CONSTRAINTS = {"naive": "V = 1; P >= 2; P | N", "interleave": "V = 1; P >= 2; P | N",
                 "zb1": "V = 1; P even >= 2; P | N; N/P even", "zb2": "V = 1; P >= 2; P | N (update every P)"}
+_RING_DOC = " (the paper's ring, turn by turn; option ring=direct: first copies from the owner)"
 
 
 def _register() -> None:
     for v, fn in (("naive", weipipe_naive), ("interleave", weipipe_interleave), ("zb1", weipipe_zb1),
                   ("zb2", weipipe_zb2)):
         name = f"weipipe-{v}"
-        register(name, fn, _DESCRIPTIONS[v], split_backward=v in ("zb1", "zb2"), check=_check(v),
+        register(name, fn, _DESCRIPTIONS[v] + _RING_DOC, split_backward=v in ("zb1", "zb2"), check=_check(v),
                  constraints=_CONSTRAINTS[v], replace=name in available())
+    name = "weipipe-interleave-direct"
+    register(name, weipipe_interleave_direct, "WeiPipe-Interleave, pipert's faster ring: first copies straight "
+             "from the owner, finished gradients straight to it, turns not enforced", check=_check("interleave"),
+             constraints=_CONSTRAINTS["interleave"], replace=name in available())
 
 
 _register()

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from ..ir.action import Action, Op
+from ..ir.ops import Payload
 from ..ir.semantics import LOCAL_WGRAD_OPS, Value
 from .errors import ScheduleError
 from .keys import SHIFT
@@ -17,6 +18,7 @@ __all__ = ["OpRules"]
 
 _WGRAD = int(Value.WGRAD)
 _F, _D, _W, _RECOMPUTE, _SEND, _RECV, _FREE = Op.F, Op.D, Op.W, Op.RECOMPUTE, Op.SEND, Op.RECV, Op.FREE
+_P_WGRAD = Payload.WGRAD
 _WHOLE = (1, 1)  # the class fraction of a unit's only slot
 
 
@@ -146,6 +148,21 @@ class OpRules:
         if p >= 0:
             self.edge(p, n, 1 if a.waits is _RECV else 0)
             self.comm_in.append((n, p))
+        if a.waits is _RECV and a.payload is _P_WGRAD:
+            self.merge_wgrad(a.unit, n)
+
+    def merge_wgrad(self, u: int, n: int) -> None:
+        """A WAIT for a received weight gradient of unit u: what the rank received of it joins its
+        local accumulator (the executor adds the buffers into the unit's gradients), which holds
+        one weight gradient from node n on."""
+        for (uu, shard, slot), st in self.wg.items():
+            if uu != u or shard or not st[1]:
+                continue
+            if st[2] < 0:
+                st[2] = n
+            size = self.wgrad_size(u, slot) if self.sem.counted(Value.WGRAD, u, self.r, False, slot) else 0.0
+            self.mem += size - st[3]
+            st[3] = size
 
     def mark_done(self, a: Action, r: int, i: int) -> None:
         """Exactly one F, one B or D, and a W after a D per (unit, micro-batch)."""

@@ -15,8 +15,9 @@ import heapq
 from typing import Any, Sequence
 
 from .graph import Graph
+from .timing import Times
 
-__all__ = ["shared_makespan", "shared_step"]
+__all__ = ["shared_makespan", "shared_times", "shared_step"]
 
 _EPS = 1e-12
 
@@ -40,53 +41,64 @@ def shared_makespan(g: Graph, device_of_rank: Sequence[int], capacity: Sequence[
         raise ValueError(f"device_of_rank: one device per rank ({P}), got {len(device_of_rank)}")
     if any(not 0 <= d < len(capacity) for d in device_of_rank):
         raise ValueError(f"device_of_rank {list(device_of_rank)}: devices are 0..{len(capacity) - 1}")
+    dev = _device_of_nodes(g, device_of_rank)
+    return shared_times(g, [(d,) if d >= 0 else () for d in dev], capacity).makespan
+
+
+def shared_times(g: Graph, resources: Sequence[tuple[int, ...]], capacity: Sequence[float]) -> Times:
+    """Node times of graph ``g`` when node n runs on the shared resources ``resources[n]`` (none:
+    at full speed, as in the engine): with k nodes active on resource x of capacity c, each
+    progresses at ``min(1, c / k)``, a node on several resources at the least of their rates.
+    Raises ValueError for a graph the engine could not time (a cycle) or a bad capacity."""
     if any(c <= 0 for c in capacity):
         raise ValueError(f"capacity {list(capacity)}: every device needs a positive capacity")
-    dev = _device_of_nodes(g, device_of_rank)
+    N = len(g.kind)
     indeg = list(g.indeg)
-    ready = [0.0] * len(g.kind)
-    releases = [(0.0, n) for n in range(len(g.kind)) if not indeg[n]]
+    ready, start, end0, end1 = [0.0] * N, [0.0] * N, [0.0] * N, [0.0] * N
+    releases = [(0.0, n) for n in range(N) if not indeg[n]]
     heapq.heapify(releases)
-    active: list[dict[int, float]] = [{} for _ in capacity]  # device -> node -> work left
-    now, makespan, done = 0.0, 0.0, 0
+    active: dict[int, float] = {}          # node -> work left
+    load = [0] * len(capacity)             # resource -> active nodes on it
+    now, done = 0.0, 0
 
     def finish(n: int, e0: float) -> None:
-        nonlocal makespan, done
+        nonlocal done
         done += 1
-        e1 = e0 + g.lat[n]
-        makespan = max(makespan, e1)
+        end0[n], end1[n] = e0, e0 + g.lat[n]
         for x in g.succ[n]:
             m = x >> 1
-            ready[m] = max(ready[m], e1 if x & 1 else e0)
+            ready[m] = max(ready[m], end1[n] if x & 1 else e0)
             indeg[m] -= 1
             if not indeg[m]:
                 heapq.heappush(releases, (ready[m], m))
 
-    def rate(d: int) -> float:
-        return min(1.0, capacity[d] / len(active[d])) if active[d] else 0.0
+    def rate(n: int) -> float:
+        return min(1.0, min(capacity[x] / load[x] for x in resources[n]))
 
-    while releases or any(active):
-        step = min((left / rate(d) for d, nodes in enumerate(active) for left in nodes.values()),
-                   default=float("inf"))
+    while releases or active:
+        rates = {n: rate(n) for n in active}
+        step = min((left / rates[n] for n, left in active.items()), default=float("inf"))
         t_next = min(releases[0][0] if releases else float("inf"), now + step)
-        for d, nodes in enumerate(active):
-            r = rate(d)
-            for n in nodes:
-                nodes[n] -= (t_next - now) * r
+        for n in active:
+            active[n] -= (t_next - now) * rates[n]
         now = t_next
-        for d, nodes in enumerate(active):
-            for n in [n for n, left in nodes.items() if left <= _EPS * max(1.0, now)]:
-                del nodes[n]
-                finish(n, now)
+        for n in [n for n, left in active.items() if left <= _EPS * max(1.0, now)]:
+            del active[n]
+            for x in resources[n]:
+                load[x] -= 1
+            finish(n, now)
         while releases and releases[0][0] <= now:
             _, n = heapq.heappop(releases)
-            if dev[n] < 0 or g.dur[n] <= 0:
-                finish(n, max(now, ready[n]) + g.dur[n])
+            start[n] = max(now, ready[n])
+            if not resources[n] or g.dur[n] <= 0:
+                finish(n, start[n] + g.dur[n])
             else:
-                active[dev[n]][n] = g.dur[n]
-    if done < len(g.kind):
+                active[n] = g.dur[n]
+                for x in resources[n]:
+                    load[x] += 1
+    if done < N:
         raise ValueError("the graph has a cycle (the engine reports it as a deadlock)")
-    return makespan
+    return Times(start, end0, end1)
 
 
 def shared_step(program: Any, cost: Any, links: Any, device_of_rank: Sequence[int],

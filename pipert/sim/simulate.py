@@ -60,20 +60,26 @@ class SimResult:
 
 
 def simulate(schedule: Program | Schedule, cost: Any, links: Any = None, topology: Any = None,
-             memory_limit: Any = None, transport: str | None = None) -> SimResult:
+             memory_limit: Any = None, transport: str | None = None,
+             nic_bandwidth: float | None = None) -> SimResult:
     """Time a Program (``pipert.compile``: exactly what the ranks run) or, when planning, a
     Schedule (before the replication and executor lowering ``compile`` adds): compute durations
     from ``cost``, messages from ``links``
     (None: every transfer and collective is free). ``topology`` (default: the links'
     topology, else all ranks on one node) classifies links for ``comm_bytes``.
     ``transport``: the communication rules, "gloo" or "nccl" (``pipert.sim.nccl``); default a
-    Program's own, gloo's for a Schedule.
+    Program's own, gloo's for a Schedule. ``nic_bandwidth``: the ranks of a node share one NIC
+    of this bandwidth each way for their inter-node messages (``pipert.sim.nic``; needs
+    ``links``); None: every link has its own bandwidth.
     Raises the first ScheduleError if the schedule breaks a rule."""
     with paused_gc():
         an = analyze(schedule, cost, links, memory_limit, rules_of(schedule, transport))
         if an.errors:
             raise an.errors[0]
         g, t = an.graph, an.times
+        if nic_bandwidth is not None:
+            from .nic import nic_times
+            t = nic_times(g, links, nic_bandwidth)
         if topology is None:
             topology = getattr(links, "topology", None) or Topology(schedule.num_ranks)
         makespan = t.makespan

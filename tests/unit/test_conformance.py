@@ -45,6 +45,7 @@ CONFIGS = {
     "zb-v": dict(stages=2, microbatches=3),
     "weipipe-naive": dict(stages=2, microbatches=4),
     "weipipe-interleave": dict(stages=3, microbatches=6),
+    "weipipe-interleave-direct": dict(stages=3, microbatches=6),
     "weipipe-zb1": dict(stages=2, microbatches=4),
     "weipipe-zb2": dict(stages=2, microbatches=4),
     "tawpipe": dict(stages=4, microbatches=4, ranks_per_node=2),

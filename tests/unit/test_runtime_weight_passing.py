@@ -10,6 +10,7 @@ from pipert.testing import Case, SizedCost, run_case, tiny_units, unit_weight_by
 WEIPIPE = ["weipipe-naive", "weipipe-interleave", "weipipe-zb1", "weipipe-zb2"]
 CASES = [Case(n, P, M, "float64", steps=3) for n in WEIPIPE for P, M in ((2, 2), (2, 4), (3, 6), (4, 8))
          if not (n == "weipipe-zb1" and (P % 2 or (M // P) % 2))]
+CASES += [Case("weipipe-interleave-direct", P, M, "float64", steps=3) for P, M in ((3, 6), (4, 8))]
 CASES += [Case("tawpipe", n * g, n * g, "float64", steps=3, options=(("ranks_per_node", g),))
           for n, g in ((2, 2), (2, 3), (3, 2))]
 

@@ -167,17 +167,33 @@ def test_weight_versions(d, g, n_loc):
 @pytest.mark.parametrize("d,g", SHAPES)
 @pytest.mark.parametrize("n_loc", [1, 3])
 def test_bytes_equal_formula(d, g, n_loc):
-    """Inter-node: (D-1)(2n(P-1)+1) remote weight fetches + P(D-1) gradient sums; intra-node:
+    """Inter-node: (D-1)(2n(P-1)+1) remote weight fetches + nP(D-1) gradient sums (one per
+    remote backward step, as the authors send them); intra-node:
     D(G-1)(2n(P-1)+1 + nP) shards on the broadcast/reduce chains (docs/weight_passing.md)."""
     p, w = d * g, 2.5
     s = build(d, g, n_loc)
     res = simulate(s, UniformCost(1.0, 2.0, weight_bytes=w), topology=Topology(p, ranks_per_node=g))
     assert res.comm_bytes == pytest.approx(tawpipe_bytes(p, n_loc * p, g, w))
     fetch = 2 * n_loc * (p - 1) + 1
-    assert res.comm_bytes["inter_node"] == pytest.approx(w * ((d - 1) * fetch + p * (d - 1)))
+    assert res.comm_bytes["inter_node"] == pytest.approx(w * ((d - 1) * fetch + n_loc * p * (d - 1)))
     assert res.comm_bytes["intra_node"] == pytest.approx(w * d * (g - 1) * (fetch + n_loc * p))
     sent = Counter(a.payload.value for _, _, a in s if a.op is Op.SEND)
-    assert sent["weight"] == (d - 1) * fetch and sent["wgrad"] == p * (d - 1)
+    assert sent["weight"] == (d - 1) * fetch and sent["wgrad"] == n_loc * p * (d - 1)
+
+
+@pytest.mark.parametrize("d,g,n_loc", [(2, 2, 2), (3, 2, 3)])
+def test_gradient_sums_per_microbatch_step(d, g, n_loc):
+    """Each backward step of a node on a remote shard sends its reduced sum to the owner right
+    after the REDUCE (the authors' per-micro-batch sends), from the staging rank, rail-aligned."""
+    s = build(d, g, n_loc)
+    p = d * g
+    for r, acts in enumerate(s.actions):
+        for i, a in enumerate(acts):
+            if a.op is Op.SEND and a.payload is Payload.WGRAD:
+                assert acts[i - 1].op is Op.REDUCE and acts[i - 1].unit == a.unit and acts[i - 1].root == r
+                assert r % g == a.peer % g and r // g != a.peer // g
+    per_shard = Counter(a.unit for _, _, a in s if a.op is Op.SEND and a.payload is Payload.WGRAD)
+    assert per_shard == {j: n_loc * (d - 1) for j in range(p)}
 
 
 def test_inter_node_bytes_below_weipipe_ring():
@@ -187,9 +203,10 @@ def test_inter_node_bytes_below_weipipe_ring():
     topo = Topology(p, ranks_per_node=g)
     taw = simulate(build_schedule("tawpipe", stages=p, microbatches=n, ranks_per_node=g),
                    UniformCost(1.0, 2.0), topology=topo).comm_bytes
-    wei = simulate(build_schedule("weipipe-interleave", stages=p, microbatches=n), UniformCost(1.0, 2.0),
-                   topology=topo).comm_bytes
-    assert taw["inter_node"] < wei["inter_node"]
+    for ring in ("paper", "direct"):
+        wei = simulate(build_schedule("weipipe-interleave", stages=p, microbatches=n, ring=ring),
+                       UniformCost(1.0, 2.0), topology=topo).comm_bytes
+        assert taw["inter_node"] < wei["inter_node"]
     assert sum(wei.values()) == sum(ring_message_count("interleave", p, n).values())
 
 

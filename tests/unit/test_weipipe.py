@@ -28,8 +28,8 @@ def configs():
                 yield v, p, n
 
 
-def sched(v: str, p: int, n: int) -> Schedule:
-    return build_schedule(f"weipipe-{v}", stages=p, microbatches=n * p)
+def sched(v: str, p: int, n: int, ring: str = "paper") -> Schedule:
+    return build_schedule(f"weipipe-{v}", stages=p, microbatches=n * p, ring=ring)
 
 
 def turn_of(s: Schedule) -> list[list[int]]:
@@ -123,22 +123,31 @@ def test_interleave_timeline_matches_notes():
             assert _ops(plan, k, t) == _cell(cell), (k, t)
 
 
-def test_interleave_holdings_match_paper_circle():
-    """Worker k at turn t holds W^F_{(t-k) mod P} and W^B_{(k-t-1) mod P} (with D) while they are in use."""
+@pytest.mark.parametrize("ring", ["paper", "direct"])
+def test_interleave_holdings_match_paper_circle(ring):
+    """Worker k at turn t holds W^F_{(t-k) mod P} and W^B_{(k-t-1) mod P} (with D): direct,
+    while they are in use; paper, from the owner's last turn on the copy's phase before its
+    first use (turn 0 at the earliest), and D until it reaches its owner."""
     for p, n in ((3, 2), (4, 2), (5, 3)):
-        plan = weipipe_plan(WeiPipeConfig(p, n * p, "interleave"))
+        plan = weipipe_plan(WeiPipeConfig(p, n * p, "interleave", ring=ring))
+        paper = ring == "paper"
         for k in range(p):
             for t in range(plan.turns):
                 h = plan.holdings(k, t)
                 rho = t - k
-                assert h["F"] == (((t - k) % p,) if 0 <= t - ((t - k) % p) <= n * p - 1 else ())
+                f = (t - k) % p
+                f0 = max(0, f - (-f) % p) if paper else f
+                assert h["F"] == ((f,) if f0 <= t <= f + n * p - 1 else ())
                 b = (k - t - 1) % p
-                inb = 2 * p - 1 - b <= t <= (n + 2) * p - 2 - b
-                assert h["B"] == h["D"] == ((b,) if inb else ())
+                b0 = 2 * p - 1 - b - ((-b) % p if paper else 0)
+                b1 = (n + 2) * p - 2 - b
+                assert h["B"] == ((b,) if b0 <= t <= b1 else ())
+                d1 = b1 + ((b + 1) % p if paper else 0)
+                assert h["D"] == ((b,) if 2 * p - 1 - b <= t <= d1 else ())
                 if p <= rho < (n + 1) * p:        # steady and drain: B of chunk P-1-(rho mod P) uses W^B
                     assert (p - 1 - rho % p) in h["B"]
     # Fig. 1 caption: at t=5 worker 1 has W0, W3, D3 and receives W1, W2, D2 from worker 0
-    plan = weipipe_plan(WeiPipeConfig(4, 8, "interleave"))
+    plan = weipipe_plan(WeiPipeConfig(4, 8, "interleave", ring=ring))
     assert plan.holdings(1, 5) == {"F": (0,), "B": (3,), "D": (3,)}
     assert plan.holdings(1, 6) == {"F": (1,), "B": (2,), "D": (2,)}
     assert plan.holdings(0, 5) == {"F": (1,), "B": (2,), "D": (2,)}
@@ -277,27 +286,31 @@ def test_weight_versions_follow_update_rule(v, p, n):
 
 # --- bytes --------------------------------------------------------------------------------------
 
-def paper_circle_messages(v: str, p: int, n: int) -> int:
+def paper_circle_messages(v: str, p: int, n: int, ring: str = "direct") -> int:
     """Weight messages from the paper's circle positions (weipipe.md §2.2, §2.3) and the
-    documented rule: a worker receives a unit for turn t unless it owns it or held it at t-1."""
+    documented rule: a worker receives a unit for turn t unless it owns it or held it at t-1.
+    ``direct``: a copy is on the circle from its first use; ``paper``: from the owner's last
+    turn on its phase before that (or turn 0, where the re-seed put it)."""
     held: dict[tuple[int, int], set] = defaultdict(set)
 
-    def put(worker, t0, t1, unit):
+    def put(phase, t0, t1, unit):
+        if ring == "paper":
+            t0 = max(0, t0 - ((t0 - phase - unit) % p))
         for t in range(t0, t1 + 1):
-            held[(worker(t), t)].add(unit)
+            held[((t - phase) % p, t)].add(unit)
 
     for j in range(p):
         if v in ("interleave", "naive"):
             laps = n if v == "interleave" else 2 * n - 1
-            put(lambda t, j=j: (t - j) % p, j, j + laps * p - 1, j)
-            put(lambda t, j=j: (t + j + 1) % p, 2 * p - 1 - j, 2 * p - 1 - j + laps * p - 1, j)
+            put(j, j, j + laps * p - 1, j)
+            put(-j - 1, 2 * p - 1 - j, 2 * p - 1 - j + laps * p - 1, j)
         else:   # zb1: forward copies, and pairs (W_{P-1-i}, W_{P/2-1-i}) at circle index 2i
             h = p // 2
-            put(lambda t, j=j: (t - j) % p, j, j + (3 * n // 2 - 1) * p - 1, j)
+            put(j, j, j + (3 * n // 2 - 1) * p - 1, j)
             i = p - 1 - j if j >= h else h - 1 - j
             first = (p if j >= h else 2 * p) + 2 * i
             last = p - 1 + (3 * n // 2 - (1 if j >= h else 0)) * p + 2 * i
-            put(lambda t, i=i: (t - 2 * i) % p, first, last, j)
+            put(2 * i, first, last, j)
     return sum(1 for (k, t), us in held.items() for u in us if u != k and u not in held.get((k, t - 1), ()))
 
 
@@ -307,12 +320,13 @@ def _sends(s: Schedule) -> Counter:
 
 @pytest.mark.parametrize("v,p,n", [(v, p, n) for v, p, n in configs() if v != "zb2"])
 def test_weight_messages_equal_paper_circle(v, p, n):
-    assert _sends(sched(v, p, n))["weight"] == paper_circle_messages(v, p, n)
+    for ring in ("paper", "direct"):
+        assert _sends(sched(v, p, n, ring))["weight"] == paper_circle_messages(v, p, n, ring), ring
 
 
 @pytest.mark.parametrize("v,p,n", [(v, p, n) for v, p, n in configs() if v != "zb1"])
 def test_message_counts_closed_form(v, p, n):
-    assert dict(_sends(sched(v, p, n))) == ring_message_count(v, p, n * p)
+    assert dict(_sends(sched(v, p, n, "direct"))) == ring_message_count(v, p, n * p)
 
 
 def test_hand_count_interleave_p4_n2():
@@ -326,14 +340,14 @@ def test_per_turn_sends():
     and finished gradients go straight between owner and worker: at most one more."""
     for v, p, n, cap in (("interleave", 4, 4, 3), ("naive", 4, 2, 3), ("zb1", 4, 4, 3), ("zb2", 4, 3, 1),
                          ("interleave", 5, 2, 3), ("naive", 3, 2, 3)):
-        s = sched(v, p, n)
+        s = sched(v, p, n, "direct")
         turns = turn_of(s)
         ring = Counter((r, turns[r][i]) for r, i, a in s if a.op is Op.SEND and a.peer == (r + 1) % p)
         per = Counter((r, turns[r][i]) for r, i, a in s if a.op is Op.SEND)
         assert max(ring.values()) == cap, v
         assert max(per.values()) <= cap + 1, v
     # steady state of interleave, P=4: a lap of P turns moves 3P chunks minus the held-over and own units
-    s = sched("interleave", 4, 4)
+    s = sched("interleave", 4, 4, "direct")
     turns = turn_of(s)
     for r in range(4):
         lap = sum(1 for i, a in enumerate(s.actions[r]) if a.op is Op.RECV and 8 + r <= turns[r][i] < 12 + r)
@@ -341,8 +355,9 @@ def test_per_turn_sends():
 
 
 @pytest.mark.parametrize("v,p,n", [("interleave", 4, 2), ("naive", 4, 2), ("zb1", 4, 2), ("zb2", 4, 2)])
-def test_simulator_bytes(v, p, n):
-    s, w = sched(v, p, n), 3.0
+@pytest.mark.parametrize("ring", ["paper", "direct"])
+def test_simulator_bytes(v, p, n, ring):
+    s, w = sched(v, p, n, ring), 3.0
     topo = Topology(p, ranks_per_node=2)
     res = simulate(s, UniformCost(1.0, 2.0, weight_bytes=w), topology=topo)
     by_class: Counter = Counter()
@@ -354,7 +369,7 @@ def test_simulator_bytes(v, p, n):
     assert res.comm_bytes == {"local": 0.0, "intra_node": by_class["intra_node"],
                               "inter_node": by_class["inter_node"], "inter_dc": 0.0}
     assert sum(sent) == sum(res.comm_bytes.values()) == w * sum(_sends(s).values())
-    if v != "zb1":
+    if v != "zb1" and ring == "direct":
         assert sum(res.comm_bytes.values()) == w * sum(ring_message_count(v, p, n * p).values())
 
 
@@ -379,10 +394,10 @@ def test_lockstep_interleave_n1_differs():
 
 @pytest.mark.parametrize("v", VARIANTS)
 def test_simulated_bubble_is_hop_latency(v):
-    """Weights do not wait for compute, so the simulated warm-up costs P-1 hop latencies
-    (plus one for the last gradient to reach its owner), not P-1 turns."""
+    """The direct ring: weights do not wait for compute, so the simulated warm-up costs P-1
+    hop latencies (plus one for the last gradient to reach its owner), not P-1 turns."""
     p, n = 4, 2
-    s = sched(v, p, n)
+    s = sched(v, p, n, "direct")
     busy = n * p * 3.0
     for c in (0.0, 0.25, 0.5):
         links = Links(Topology(p), {"intra_node": LinkSpec(c, math.inf)})
