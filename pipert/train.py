@@ -268,8 +268,10 @@ def build_program(cfg: TrainConfig, rules: str = "gloo") -> Program:
         accepted = family(cfg.schedule).options()  # None: any option
         takes_nodes = cfg.ranks_per_node and (accepted is None or "ranks_per_node" in accepted)
         opts = {"ranks_per_node": cfg.ranks_per_node} if takes_nodes else {}  # else it shapes the links only
-        opts.update(cfg.option_dict())
         chunks = _layers_per_stage(cfg) if cfg.schedule in LAYER_PER_CHUNK else cfg.chunks
+        if accepted is not None and "links" in accepted:
+            opts.update(_link_plan(cfg, cfg.stages * (chunks or family(cfg.schedule).default_chunks)))
+        opts.update(cfg.option_dict())
         s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp,
                            chunks=chunks, **opts)
     units = None
@@ -278,6 +280,38 @@ def build_program(cfg: TrainConfig, rules: str = "gloo") -> Program:
         units = _rank_units(cfg, s, torch.device("cpu"), keep=[])  # names and shapes only (meta device)
     return compile(s, passes=cfg.pass_names(), dp=cfg.dp, zero=cfg.zero, zero3_buffers=cfg.zero3_buffers, units=units,
                    rules=rules)
+
+
+def _link_plan(cfg: TrainConfig, num_units: int) -> dict:
+    """What a generator that plans around the links (CrossPipe's) is told of this run: the links of
+    the link flags (seconds, bytes per second) and the units' times and sizes measured on this
+    machine for one micro-batch of the run's shape (``pipert.tools.profile``), so it weighs the
+    same latency the run emulates against the same computes. Without emulated links: nothing
+    (every transfer free, the generator's default)."""
+    link_opts = cfg.link_options()
+    if not link_opts.active:
+        return {}
+    if cfg.dp > 1:
+        raise ValueError(f"--schedule {cfg.schedule} plans one pipeline across the links, but --dp {cfg.dp} "
+                         f"replicas put rank d*P+s of replica d elsewhere in the datacenters; allowed with link "
+                         f"flags: --dp 1")
+    import torch
+    from .cost.profiled import ProfiledCost
+    from .data import ByteCorpus
+    from .models import build_units
+    from .tools.profile import profile_units
+    units = build_units(cfg.model, num_units, seed=cfg.seed, max_seq=cfg.seq, dtype=cfg.dtype,
+                        recompute=cfg.recompute, device=torch.device("cpu"), **_mlp_overrides(cfg))
+    x, y = next(iter(ByteCorpus(cfg.seq, seed=cfg.seed).batches(cfg.batch_size // cfg.microbatches, 1)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs (_proc)
+    try:
+        profile_units(units, x, y)  # warm-up: first calls allocate
+        profiles = profile_units(units, x, y, repeats=5)
+    finally:
+        torch.set_num_threads(threads)
+    links = link_opts.links(cfg.stages)
+    return {"cost": ProfiledCost(profiles), "links": links, "topology": links.topology}
 
 
 def program_rules(backend: str) -> str:

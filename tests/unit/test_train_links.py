@@ -36,3 +36,19 @@ def test_train_with_links_and_profile_reports_prediction_and_stays_exact(capsys)
 def test_bad_link_flags_fail_before_training(flags, needle, capsys):
     assert main(["train", "--backend", "local", "--stages", "4", "--steps", "1", *flags]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_crosspipe_in_train_plans_around_the_link_flags_in_seconds():
+    """The generator gets the run's links (seconds, bytes/s) and unit costs measured here: a
+    different program from the link-blind one, its prediction in seconds past both crossings."""
+    from pipert.train import TrainConfig, build_program
+    shape = dict(schedule="crosspipe-greedy", stages=4, microbatches=8, batch_size=8, seq=16, steps=1)
+    blind = build_program(TrainConfig(**shape))
+    told = build_program(TrainConfig(**shape, dcs=2, dc_latency="20ms", dc_bandwidth="1Gbps"))
+    assert told.validated != blind.validated
+    # uniform costs: T_F units, a few per action; measured costs: seconds, every forward then
+    # backward crossing the 20 ms link at least once each
+    assert told.meta["predicted_makespan"] > 2 * 20e-3
+    assert told.meta["predicted_makespan"] < blind.meta["predicted_makespan"] / 10
+    with pytest.raises(ValueError, match=r"--dp 2 .*allowed with link flags: --dp 1"):
+        build_program(TrainConfig(**{**shape, "microbatches": 16}, dp=2, dcs=2, dc_latency="20ms"))
