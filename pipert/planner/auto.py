@@ -1,0 +1,285 @@
+"""``pipert plan --auto``: one search over every schedule family and layout of a cluster, ranked
+by simulated step time within the per-device memory (docs/planner.md).
+
+Each layout (:mod:`pipert.planner.layouts`) is priced in two parts:
+
+- one replica's pipeline by the simulator (``pipert.sim.simulate``) on the analytic cost model
+  (``TransformerCost`` with the layout's T, SP, micro-batch and recomputation; or the hook
+  ``cost_for``, e.g. measured units) and the links its P ranks cross;
+- the data-parallel part analytically: each stage's gradient collectives over its D replicas
+  (ring, on the slowest link the group crosses: ``Links.collective`` over the cluster's ranks),
+  started when that stage's last backward ends, then its optimizer step; ZeRO-1/2 reduce-scatter
+  and all-gather (the bytes of an all-reduce, 1/D of the optimizer step), ZeRO-3 also gathers the
+  weights once before the step's first forward (counted exposed).
+
+Memory per device = model states (bf16 weights and gradients, 12 bytes of fp32 master weights and
+AdamW moments per parameter, each sharded over D by the ZeRO stage; ZeRO-3 adds one unit's whole
+weights) + the simulator's peak of everything else (stashes, buffers, weights in flight).
+
+Pruning, cheapest first: a layout whose fully sharded model states exceed the memory is not
+simulated; layouts are simulated in order of a lower bound on their step (one replica's compute
+divided over its P ranks, no bubble, no communication), and the search stops once the bound
+reaches the step of the ``top``-th best found; recomputation is tried only where a layout does
+not fit without it (it only adds time).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..cost.transformer import ModelSpec, TransformerCost, partition_helix, partition_layers
+from .cluster import Cluster
+from .layouts import FAMILIES, WEIGHT_PASSING, Layout, layouts
+
+__all__ = ["Candidate", "Search", "search", "analytic_cost", "schedule_of", "STATE_BYTES"]
+
+STATE_BYTES = {"weight": 2.0, "grad": 2.0, "optimizer": 12.0}
+"""Bytes per parameter of the model states (mixed precision with AdamW, as PipeMesh counts them)."""
+_TOLERANCE = 1e-12
+
+
+@dataclass
+class Candidate:
+    """One simulated layout with its best ZeRO stage and recomputation that fit."""
+
+    layout: Layout
+    recompute: str
+    """none, or no_attention (HelixPipe's recomputation without attention)."""
+    zero: int
+    """ZeRO stage over the D replicas (0 with D = 1)."""
+    step: float
+    """Predicted seconds per training step."""
+    makespan: float
+    """The pipeline of one replica alone (with its own optimizer step, unsharded)."""
+    bubble: float
+    """The pipeline's bubble ratio."""
+    exposed_comm: float
+    """Seconds the step waits on communication: the pipeline's worst rank, plus the data-parallel
+    collectives and optimizer step not hidden behind it."""
+    memory: float
+    """Peak bytes of the fullest device."""
+    bound: float
+    """The lower bound the search ordered it by."""
+    extrapolated_from: tuple[int, ...] = ()
+    """Micro-batch counts simulated when the step was too large to simulate (pipert.planner.pipe)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        lay = self.layout
+        return {"schedule": lay.family, "P": lay.stages, "D": lay.dp, "T": lay.tp, "sp": lay.sp, "V": lay.chunks,
+                "M": lay.microbatches, "micro_batch": lay.micro_batch, "recompute": self.recompute,
+                "zero": self.zero, "step_s": self.step, "pipeline_s": self.makespan, "bubble": self.bubble,
+                "exposed_comm_s": self.exposed_comm, "memory_bytes": self.memory, "bound_s": self.bound,
+                "extrapolated_from": list(self.extrapolated_from)}
+
+
+@dataclass
+class Search:
+    """What a search found and what it left out."""
+
+    ranked: list[Candidate]
+    """Fastest first (ties: less memory, then the name)."""
+    budget: float
+    """Bytes per device."""
+    layouts: int = 0
+    """Layouts that passed the shape checks."""
+    simulated: int = 0
+    pruned_memory: int = 0
+    """Layouts whose model states or simulated peak exceed the memory."""
+    pruned_bound: int = 0
+    """Layouts whose lower bound was no better than the top ones found."""
+    not_run: int = 0
+    """Layouts left when the time budget ran out."""
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Shapes left out before any work, by reason."""
+    failed: dict[str, int] = field(default_factory=dict)
+    """Layouts whose build or simulation failed, by reason."""
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"budget_bytes": self.budget, "layouts": self.layouts, "simulated": self.simulated,
+                "pruned_memory": self.pruned_memory, "pruned_bound": self.pruned_bound, "not_run": self.not_run,
+                "skipped": dict(self.skipped), "failed": dict(self.failed), "seconds": self.seconds}
+
+
+CostFor = Callable[[ModelSpec, Layout, str, int], Any]
+"""(model, layout, recompute, units) -> the cost model of one replica's units."""
+
+
+def analytic_cost(cluster: Cluster) -> CostFor:
+    """The analytic transformer cost of a layout, TP collectives on the intra-node link."""
+    def cost(model: ModelSpec, lay: Layout, recompute: str, units: int) -> TransformerCost:
+        spec = ModelSpec(**{**model.__dict__, "micro_batch": lay.micro_batch})
+        parts = partition_helix(spec) if units == 2 * spec.layers + 1 else partition_layers(spec, units)
+        return TransformerCost(spec, cluster.device, parts, recompute=recompute, tp=lay.tp, sp=lay.sp,
+                               tp_link=cluster.links.get("intra_node"))
+    return cost
+
+
+def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[str, ...] = FAMILIES,
+           tp: int | None = None, sp: bool = False, stages: int | None = None, dp: int | None = None,
+           micro_batch: int | None = None, top: int = 5, time_budget: float = 25.0,
+           cost_for: CostFor | None = None) -> Search:
+    """Rank the layouts of ``model`` on ``cluster`` for a global batch of ``batch`` sequences
+    (module doc). The fixed dimensions (``tp``, ``stages``, ``dp``, ``micro_batch``) narrow it."""
+    t0 = time.perf_counter()
+    cost_for = cost_for or analytic_cost(cluster)
+    out = Search([], cluster.device.memory)
+    lays = list(layouts(cluster, model, batch, families, tp=tp, sp=sp, stages=stages, dp=dp,
+                        micro_batch=micro_batch, skipped=out.skipped))
+    out.layouts = len(lays)
+    work: dict[tuple, tuple[float, float, float]] = {}  # (T, SP, b) -> compute, parameters, OPT of the model
+    dp_bound: dict[tuple, float] = {}
+    bounded = []
+    for lay in lays:
+        key = (lay.tp, lay.sp, lay.micro_batch)
+        if key not in work:
+            c = cost_for(model, lay, "none", model.layers)
+            units = range(c.num_units)
+            work[key] = (sum(c.unit_time(u, "F") + c.unit_time(u, "B") for u in units),
+                         sum(c.params(u) for u in units), sum(c.unit_time(u, "OPT") for u in units),
+                         c.message_bytes("act", 0), sum(c.unit_time(u, "F") for u in units))
+        compute, params, opt, act, forward = work[key]
+        if params / lay.stages * sum(STATE_BYTES.values()) / lay.dp > out.budget:
+            out.pruned_memory += 1    # even ZeRO-3 over D does not fit: no schedule can
+            continue
+        gkey = (lay.tp, lay.stages, lay.dp)
+        if gkey not in dp_bound:      # the collectives are convex in the bytes: the mean stage bounds the worst
+            dp_bound[gkey] = cluster.rank_links(lay.tp).collective(
+                "allreduce", lay.dp_group(0), params / lay.stages * model.dtype_bytes)
+        per_rank = compute * lay.microbatches / lay.stages
+        bound = max(per_rank + _warm_up(lay, cluster, act, forward), _link_bound(lay, cluster, act)) + \
+            dp_bound[gkey] + opt / lay.stages / lay.dp
+        bounded.append((bound, lay))
+    bounded.sort(key=lambda x: (x[0], FAMILIES.index(x[1].family) if x[1].family in FAMILIES else 0))
+    found: list[Candidate] = []
+    for k, (bound, lay) in enumerate(bounded):
+        if len(found) >= top and bound >= found[top - 1].step - _TOLERANCE:
+            out.pruned_bound = len(bounded) - k
+            break
+        if found and time.perf_counter() - t0 > time_budget:   # past the budget, once something was found
+            out.not_run = len(bounded) - k
+            break
+        try:
+            cand = _evaluate(model, cluster, lay, bound, cost_for, out)
+        except Exception as e:  # noqa: BLE001 - a family's builder or the engine refusing a shape
+            from ..sim import ScheduleError
+            if not isinstance(e, (ValueError, ScheduleError)):
+                raise
+            why = f"{lay.family}: {str(e).splitlines()[0][:160]}"
+            out.failed[why] = out.failed.get(why, 0) + 1
+            continue
+        if cand is None:
+            out.pruned_memory += 1
+            continue
+        found.append(cand)
+        found.sort(key=_order)
+    out.ranked = found
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _link_bound(lay: Layout, cluster: Cluster, act: float) -> float:
+    """Activation passing: each of the M activations crosses every stage boundary, so the
+    slowest boundary link is busy M x (bytes / bandwidth) at least (0 for the other families)."""
+    if lay.family in WEIGHT_PASSING or lay.stages == 1:
+        return 0.0
+    links = lay.links(cluster)
+    return lay.microbatches * max(links.spec(p, p + 1).occupancy(act) for p in range(lay.stages - 1))
+
+
+def _warm_up(lay: Layout, cluster: Cluster, act: float, forward: float) -> float:
+    """Activation passing: the last rank idles until the first micro-batch's forward has run on the
+    P - 1 units before it (each 1/(P V) of the model's ``forward``) and crossed the P - 1 links
+    between them; every rank then still has its share of the compute ahead (0 for the others)."""
+    if lay.family in WEIGHT_PASSING or lay.stages == 1:
+        return 0.0
+    links = lay.links(cluster)
+    hops = sum(links.spec(p, p + 1).occupancy(act) + links.spec(p, p + 1).latency for p in range(lay.stages - 1))
+    return (lay.stages - 1) * forward / (lay.stages * lay.chunks) + hops
+
+
+def _order(c: Candidate) -> tuple:
+    return (c.step, c.memory, c.layout.family, c.layout.stages)
+
+
+def _evaluate(model: ModelSpec, cluster: Cluster, lay: Layout, bound: float, cost_for: CostFor,
+              out: Search) -> Candidate | None:
+    """The layout's best (ZeRO stage, recomputation) that fits; None when none does."""
+    for recompute in ("none", "no_attention"):
+        cand = _simulate(model, cluster, lay, recompute, bound, cost_for, out)
+        if cand is not None:
+            return cand
+    return None
+
+
+def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, bound: float, cost_for: CostFor,
+              out: Search) -> Candidate | None:
+    from ..sim import simulate
+    from .pipe import simulate_pipe
+    cost = cost_for(model, lay, recompute, lay.units)
+    links, topo = lay.links(cluster), lay.topology()
+    owners: list = []
+
+    def run(shape: Layout) -> tuple:
+        sched = _build(shape, cost, links, out.budget)
+        owners[:] = sched.placement.weight_owner
+        out.simulated += 1
+        return sched, simulate(sched, cost, links=links, topology=topo)
+    pipe = simulate_pipe(lay, run)
+    if pipe is None:
+        why = f"{lay.family}: too many (unit, micro-batch) pairs to simulate (a larger --micro-batch-size has fewer)"
+        out.failed[why] = out.failed.get(why, 0) + 1
+        return None
+    P = lay.stages
+    held, opt, biggest = [0.0] * P, [0.0] * P, 0.0
+    for u, r in enumerate(owners):
+        held[r] += cost.params(u)
+        opt[r] += cost.unit_time(u, "OPT")
+        biggest = max(biggest, cost.params(u))
+    rl = cluster.rank_links(lay.tp)
+    grads = [(lay.dp_group(p), held[p] * model.dtype_bytes) for p in range(P)]
+    allreduce = [rl.collective("allreduce", g, n) for g, n in grads]
+    gather = [rl.collective("allgather", g, n) for g, n in grads]
+    scatter = [rl.collective("reducescatter", g, n) for g, n in grads]
+    best: Candidate | None = None
+    for zero in ((0, 1, 2, 3) if lay.dp > 1 else (0,)):
+        gathered = biggest * STATE_BYTES["weight"] if zero == 3 else 0.0   # one ZeRO-3 unit whole at a time
+        mem = max(h * _state_bytes(zero, lay.dp) + gathered + peak for h, peak in zip(held, pipe.peak))
+        if mem > out.budget:
+            continue
+        shard = lay.dp if zero else 1
+        tail = max(pipe.finish[p] + (allreduce[p] if zero == 0 else scatter[p] + gather[p]) + opt[p] / shard
+                   for p in range(P))
+        step = max(pipe.makespan, tail) + (max(gather) if zero == 3 else 0.0)
+        cand = Candidate(lay, recompute, zero, step, pipe.makespan, pipe.bubble,
+                         pipe.exposed + step - pipe.makespan, mem, bound, pipe.extrapolated_from)
+        if best is None or (cand.step, cand.zero) < (best.step, best.zero):
+            best = cand
+    return best
+
+
+def _build(lay: Layout, cost: Any, links: Any, budget: float) -> Any:
+    """The schedule of one replica; delay-aware builders get its costs, links and what memory the
+    model states leave (ZeRO-1 over D, or none with D = 1)."""
+    from ..schedules import build_schedule, family
+    held = sum(cost.params(u) for u in range(cost.num_units)) / lay.stages
+    opts = {"cost": cost, "links": links, "topology": links.topology, "ranks_per_node": lay.ranks_per_node,
+            "memory_limit": max(budget - held * _state_bytes(min(lay.dp - 1, 1), lay.dp), 1.0)}
+    accepted = family(lay.family).options()
+    opts = opts if accepted is None else {k: v for k, v in opts.items() if k in accepted}
+    return build_schedule(lay.family, stages=lay.stages, microbatches=lay.microbatches, chunks=lay.chunks, **opts)
+
+
+def schedule_of(model: ModelSpec, cluster: Cluster, cand: Candidate, cost_for: CostFor | None = None) -> Any:
+    """The schedule ``cand`` was simulated with (for a schedule file ``pipert train`` runs)."""
+    lay = cand.layout
+    cost = (cost_for or analytic_cost(cluster))(model, lay, cand.recompute, lay.units)
+    return _build(lay, cost, lay.links(cluster), cluster.device.memory)
+
+
+def _state_bytes(zero: int, dp: int) -> float:
+    """Bytes per held parameter of its model states under ZeRO stage ``zero`` over ``dp`` replicas."""
+    w, g, o = STATE_BYTES["weight"], STATE_BYTES["grad"], STATE_BYTES["optimizer"]
+    return (w / dp if zero >= 3 else w) + (g / dp if zero >= 2 else g) + (o / dp if zero >= 1 else o)
+

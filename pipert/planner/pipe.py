@@ -1,0 +1,90 @@
+"""One replica's pipeline, simulated: what the planner reads from ``pipert.sim.simulate``, and its
+linear extrapolation in the micro-batch count for steps too large to simulate in the search.
+
+Extrapolation: a step of M micro-batches whose (unit, micro-batch) pairs exceed the planner's
+limit is simulated at m and m/2 micro-batches (the largest halvings of M the family accepts,
+m/2 >= P), and every time and memory is extended along the line through the two: past the
+warm-up, each extra micro-batch adds the same work to a steady-state schedule, and a peak that
+stopped growing (1F1B: P stashes) stays put. The two smaller steps must both be steady, hence
+m/2 >= P.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from .layouts import PLAN_PAIR_LIMIT, PLAN_PAIRS, Layout
+
+__all__ = ["Pipe", "simulate_pipe", "sim_microbatches"]
+
+
+@dataclass
+class Pipe:
+    """The pipeline of one replica (seconds and bytes per device)."""
+
+    makespan: float
+    busy: float
+    """Compute seconds summed over the ranks."""
+    peak: list[float]
+    """Per rank, the simulator's peak (model states of held units not included)."""
+    exposed: float
+    """The worst rank's time waiting on communication."""
+    finish: list[float]
+    """Per rank, when its last compute before the optimizer step ends."""
+    extrapolated_from: tuple[int, ...] = ()
+    """The micro-batch counts simulated when the step itself was too large (else empty)."""
+
+    @property
+    def bubble(self) -> float:
+        n = len(self.finish)
+        return 1.0 - self.busy / (n * self.makespan) if self.makespan > 0 else 0.0
+
+
+def sim_microbatches(lay: Layout) -> tuple[int, ...]:
+    """The micro-batch counts to simulate ``lay`` at: (M,) when it fits the planner's limit, else
+    (m, m/2) to extrapolate from, else () when no such pair exists."""
+    from ..schedules import PipelineConfig, family
+    limit = PLAN_PAIRS.get(lay.family, PLAN_PAIR_LIMIT)
+    if lay.units * lay.microbatches <= limit:
+        return (lay.microbatches,)
+    fam = family(lay.family)
+
+    def ok(m: int) -> bool:
+        try:
+            fam.validate(PipelineConfig(lay.stages, m, lay.chunks))
+        except ValueError:
+            return False
+        return True
+    m = lay.microbatches
+    while m % 2 == 0 and m // 4 >= lay.stages:
+        m //= 2
+        if lay.units * m <= limit and ok(m) and ok(m // 2):
+            return (m, m // 2)
+    return ()
+
+
+def simulate_pipe(lay: Layout, run: Callable[[Layout], tuple[Any, Any]]) -> Pipe | None:
+    """The pipeline of ``lay``; ``run(layout)`` builds and simulates one (returns the schedule and
+    the SimResult). None when ``lay`` is too large and cannot be extrapolated."""
+    counts = sim_microbatches(lay)
+    if not counts:
+        return None
+    pipes = [_pipe(*run(replace(lay, microbatches=m))) for m in counts]
+    if len(pipes) == 1:
+        return pipes[0]
+    (a, ma), (b, mb) = zip(pipes, counts)
+    M = lay.microbatches
+
+    def line(x: float, y: float) -> float:   # x at ma, y at mb: the value at M
+        return x + (x - y) * (M - ma) / (ma - mb)
+    return Pipe(line(a.makespan, b.makespan), line(a.busy, b.busy), [line(x, y) for x, y in zip(a.peak, b.peak)],
+                line(a.exposed, b.exposed), [line(x, y) for x, y in zip(a.finish, b.finish)], counts)
+
+
+def _pipe(sched: Any, res: Any) -> Pipe:
+    from ..ir.action import Op
+    finish = [0.0] * res.num_ranks
+    for rank, queue, action, _start, end in res.events:
+        if queue == "compute" and action.op is not Op.OPT and end > finish[rank]:
+            finish[rank] = end
+    return Pipe(res.makespan, sum(res.busy), list(res.peak_memory), max(res.exposed_comm, default=0.0), finish)
