@@ -251,9 +251,11 @@ def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, b
         shard = lay.dp if zero else 1
         tail = max(pipe.finish[p] + (allreduce[p] if zero == 0 else scatter[p] + gather[p]) + opt[p] / shard
                    for p in range(P))
-        step = max(pipe.makespan, tail) + (max(gather) if zero == 3 else 0.0)
+        # the step ends with the last rank's optimizer step; the pipeline's own makespan times every
+        # OPT unsharded, so it is not a floor once ZeRO shards them
+        step = max(tail, max(pipe.finish)) + (max(gather) if zero == 3 else 0.0)
         cand = Candidate(lay, recompute, zero, step, pipe.makespan, pipe.bubble,
-                         pipe.exposed + step - pipe.makespan, mem, bound, pipe.extrapolated_from)
+                         pipe.exposed + max(step - pipe.makespan, 0.0), mem, bound, pipe.extrapolated_from)
         if best is None or (cand.step, cand.zero) < (best.step, best.zero):
             best = cand
     return best

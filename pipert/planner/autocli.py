@@ -148,12 +148,15 @@ def cmd_auto(args: argparse.Namespace) -> int:
         raise ValueError(f"--tp {args.tp}: a tensor-parallel group lies inside a node of --gpus-per-node "
                          f"{cluster.gpus_per_node}; allowed --tp: divisors of {cluster.gpus_per_node}")
     batch = args.batch if args.batch is not None else 4 * cluster.gpus
-    cost_for, measured = None, {}
+    cost_for, measured, tp = None, {}, args.tp
     if args.profile:
+        if tp not in (None, 1):
+            raise ValueError(f"--tp {tp}: --profile measures whole units on this machine; allowed --tp: 1")
+        tp = 1
         from .measure import measured_cluster
         cluster, cost_for, measured = measured_cluster(name, spec, cluster)
     families = tuple(args.schedules.split(",")) if args.schedules else FAMILIES
-    res = search(spec, cluster, batch, families=families, tp=args.tp, sp=bool(args.sp), stages=args.stages,
+    res = search(spec, cluster, batch, families=families, tp=tp, sp=bool(args.sp), stages=args.stages,
                  dp=args.dp, micro_batch=args.micro_batch_size, top=args.top or 5,
                  time_budget=args.time_limit if args.time_limit is not None else 25.0, cost_for=cost_for)
     rows = _rows(res.ranked[:args.top or 5], name, spec, cluster)
@@ -232,14 +235,21 @@ def _save_schedule(c: Any, spec: Any, cluster: Cluster, path: str) -> None:
 
 def _table(rows: list[dict]) -> str:
     head = (f"{'rank':<5}{'schedule':<20}{'P':>4}{'D':>4}{'T':>3}{'V':>3}{'M':>5}{'b':>3}{'ZeRO':>5}  "
-            f"{'recompute':<13}{'step s':>9}{'bubble':>8}{'exp.comm s':>11}{'mem GiB':>9}  runs")
+            f"{'recompute':<13}{'step s':>10}{'bubble':>8}{'exp.comm s':>11}{'memory':>11}  runs")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['rank']:<5}{r['schedule']:<20}{r['P']:>4}{r['D']:>4}{r['T']:>3}{r['V']:>3}{r['M']:>5}"
-                     f"{r['micro_batch']:>3}{r['zero']:>5}  {r['recompute']:<13}{r['step_s']:>9.4g}"
-                     f"{r['bubble']:>8.1%}{r['exposed_comm_s']:>11.4g}{r['memory_bytes'] / 2**30:>9.2f}  "
+                     f"{r['micro_batch']:>3}{r['zero']:>5}  {r['recompute']:<13}{r['step_s']:>10.4g}"
+                     f"{r['bubble']:>8.1%}{r['exposed_comm_s']:>11.4g}{_size(r['memory_bytes']):>11}  "
                      f"{'yes' if not r['why_not'] else 'no'}")
     return "\n".join(lines)
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n:.0f} B"
 
 
 def _cluster_dict(c: Cluster) -> dict:

@@ -140,3 +140,20 @@ def test_model_sizes_and_parse_size():
                "--schedules", "1f1b", "--json"])
     assert rc == 0
     assert parse_size("80GiB", "--x") == 80 * 2 ** 30 and parse_size("1.5 GB", "--x") == 1.5e9
+
+
+def test_profile_plans_with_measured_units_and_link(monkeypatch):
+    """--profile's cost: the real tiny units profiled per unit count (the link measurement, two gloo
+    processes, replaced by a fixed one here); the ranking uses them and the measured link."""
+    from pipert.planner import measure
+    monkeypatch.setattr(measure, "measure_link", lambda: LinkSpec(1e-4, 1e9))
+    spec = ModelSpec.preset("tiny", seq=16)
+    cluster, cost_for, measured = measure.measured_cluster("tiny", spec, Cluster(2, 1))
+    assert cluster.links["intra_node"] == LinkSpec(1e-4, 1e9) and "latency 100 us" in measured["link"]
+    res = search(spec, cluster, 4, families=("1f1b",), tp=1, micro_batch=1, cost_for=cost_for)
+    best = res.ranked[0]
+    assert best.step > 0 and best.memory > 0
+    cost = cost_for(spec, best.layout, "none", best.layout.units)
+    assert cost.num_units == best.layout.units and all(cost.unit_time(u, "F") > 0 for u in range(cost.num_units))
+    with pytest.raises(ValueError, match="not a pipert train model"):
+        measure.measured_cluster("7b", ModelSpec.preset("7b"), Cluster(2, 1))
