@@ -31,12 +31,16 @@ from typing import Any, Callable
 from ..cost.transformer import ModelSpec, TransformerCost, partition_helix, partition_layers
 from .cluster import Cluster
 from .layouts import FAMILIES, WEIGHT_PASSING, Layout, layouts
+from .runner import Outcome, run_in_order
 
 __all__ = ["Candidate", "Search", "search", "analytic_cost", "schedule_of", "STATE_BYTES"]
 
 STATE_BYTES = {"weight": 2.0, "grad": 2.0, "optimizer": 12.0}
 """Bytes per parameter of the model states (mixed precision with AdamW, as PipeMesh counts them)."""
 _TOLERANCE = 1e-12
+BUILD_OPTIONS = {"zb-v": {"order": "handcrafted"}}
+"""Generator options the planner fixes, and ``pipert train --options`` repeats: ZB-V's handcrafted
+order (its search over greedy orders costs seconds per layout)."""
 
 
 @dataclass
@@ -119,10 +123,13 @@ def analytic_cost(cluster: Cluster) -> CostFor:
 def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[str, ...] = FAMILIES,
            tp: int | None = None, sp: bool = False, stages: int | None = None, dp: int | None = None,
            micro_batch: int | None = None, top: int = 5, time_budget: float = 25.0,
-           cost_for: CostFor | None = None) -> Search:
+           cost_for: CostFor | None = None, jobs: int = 1) -> Search:
     """Rank the layouts of ``model`` on ``cluster`` for a global batch of ``batch`` sequences
-    (module doc). The fixed dimensions (``tp``, ``stages``, ``dp``, ``micro_batch``) narrow it."""
+    (module doc). The fixed dimensions (``tp``, ``stages``, ``dp``, ``micro_batch``) narrow it.
+    ``jobs``: processes simulating at once (forked; 1 with a given ``cost_for``, which may hold
+    torch, not safe to fork)."""
     t0 = time.perf_counter()
+    measured = cost_for is not None
     cost_for = cost_for or analytic_cost(cluster)
     out = Search([], cluster.device.memory)
     lays = list(layouts(cluster, model, batch, families, tp=tp, sp=sp, stages=stages, dp=dp,
@@ -152,28 +159,26 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
             dp_bound[gkey] + opt / lay.stages / lay.dp
         bounded.append((bound, lay))
     bounded.sort(key=lambda x: (x[0], FAMILIES.index(x[1].family) if x[1].family in FAMILIES else 0))
-    found: list[Candidate] = []
-    for k, (bound, lay) in enumerate(bounded):
-        if len(found) >= top and bound >= found[top - 1].step - _TOLERANCE:
-            out.pruned_bound = len(bounded) - k
-            break
-        if found and time.perf_counter() - t0 > time_budget:   # past the budget, once something was found
-            out.not_run = len(bounded) - k
-            break
+
+    def evaluate(lay: Layout, bound: float) -> Outcome:
+        mine = Search([], out.budget)
         try:
-            cand = _evaluate(model, cluster, lay, bound, cost_for, out)
+            return _evaluate(model, cluster, lay, bound, cost_for, mine), mine.simulated, mine.failed
         except Exception as e:  # noqa: BLE001 - a family's builder or the engine refusing a shape
             from ..sim import ScheduleError
             if not isinstance(e, (ValueError, ScheduleError)):
                 raise
+            failed = dict(mine.failed)
             why = f"{lay.family}: {str(e).splitlines()[0][:160]}"
-            out.failed[why] = out.failed.get(why, 0) + 1
-            continue
-        if cand is None:
-            out.pruned_memory += 1
-            continue
-        found.append(cand)
-        found.sort(key=_order)
+            failed[why] = failed.get(why, 0) + 1
+            return None, mine.simulated, failed
+    found, stats = run_in_order(bounded, evaluate, top, time_budget, t0, 1 if measured else jobs)
+    for k, v in stats.items():
+        if k == "failed":
+            for why, n in v.items():
+                out.failed[why] = out.failed.get(why, 0) + n
+        else:
+            setattr(out, k, getattr(out, k) + v)
     out.ranked = found
     out.seconds = time.perf_counter() - t0
     return out
@@ -270,6 +275,7 @@ def _build(lay: Layout, cost: Any, links: Any, budget: float) -> Any:
             "memory_limit": max(budget - held * _state_bytes(min(lay.dp - 1, 1), lay.dp), 1.0)}
     accepted = family(lay.family).options()
     opts = opts if accepted is None else {k: v for k, v in opts.items() if k in accepted}
+    opts.update(BUILD_OPTIONS.get(lay.family, {}))
     return build_schedule(lay.family, stages=lay.stages, microbatches=lay.microbatches, chunks=lay.chunks, **opts)
 
 

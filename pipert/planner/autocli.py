@@ -13,7 +13,7 @@ from .cluster import Cluster, parse_size
 __all__ = ["add_auto_args", "check_auto_flags", "cmd_auto", "model_from_flag", "AUTO_ONLY", "NOT_AUTO"]
 
 AUTO_ONLY = ("gpus_per_node", "nodes", "gpu_memory", "intra_node_latency", "intra_node_bandwidth", "node_latency",
-             "node_bandwidth", "schedules", "top", "profile", "save_schedule")
+             "node_bandwidth", "schedules", "top", "profile", "save_schedule", "jobs")
 """Flags only ``--auto`` reads."""
 NOT_AUTO = ("microbatches", "chunks", "tf", "tb", "td", "tw", "ranks_per_node", "dc_transfer", "memory_limit",
             "optimal", "pp_vs_dp", "latencies", "bandwidths", "pipemesh", "paper", "memory_budget", "inter_node_gbps")
@@ -45,6 +45,8 @@ def add_auto_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top", type=int, default=None, help="rows of the table (default 5)")
     g.add_argument("--profile", action="store_true", help="first measure this machine (one real unit profile of "
                    "--model, a pipert train preset, and the link of two gloo processes) and plan with those")
+    g.add_argument("--jobs", type=int, default=None, help="processes simulating at once (default 1; forked; on "
+                   "a shared 2-core machine 2 was slower than 1)")
     g.add_argument("--save-schedule", default=None, help="write the best runnable layout's schedule as JSON; the "
                    "printed command then runs that file")
 
@@ -119,7 +121,8 @@ def check_auto_flags(args: argparse.Namespace) -> None:
     for name in NOT_AUTO:
         instead = f" (it reads {_INSTEAD[name]})" if name in _INSTEAD else ""
         refuse_given(args, (name,), f"does not apply to --auto{instead}")
-    for name in ("gpus_per_node", "nodes", "dcs", "top", "batch", "tp", "dp", "stages", "seq", "micro_batch_size"):
+    for name in ("gpus_per_node", "nodes", "dcs", "top", "jobs", "batch", "tp", "dp", "stages", "seq",
+                 "micro_batch_size"):
         v = getattr(args, name, None)
         if v is not None and v < 1:
             raise ValueError(f"{flag(name)} must be >= 1, got {v}")
@@ -158,7 +161,8 @@ def cmd_auto(args: argparse.Namespace) -> int:
     families = tuple(args.schedules.split(",")) if args.schedules else FAMILIES
     res = search(spec, cluster, batch, families=families, tp=tp, sp=bool(args.sp), stages=args.stages,
                  dp=args.dp, micro_batch=args.micro_batch_size, top=args.top or 5,
-                 time_budget=args.time_limit if args.time_limit is not None else 25.0, cost_for=cost_for)
+                 time_budget=args.time_limit if args.time_limit is not None else 25.0, cost_for=cost_for,
+                 jobs=args.jobs or 1)
     rows = _rows(res.ranked[:args.top or 5], name, spec, cluster)
     best = _best_runnable(res.ranked, name, spec, cluster, args.save_schedule)
     if args.json:
@@ -215,7 +219,7 @@ def _best_runnable(cands: list, name: str, spec: Any, cluster: Cluster, save: st
             _save_schedule(c, spec, cluster, save)
             schedule = save
             notes.append(f"wrote the simulated schedule to {save}: the command runs exactly that order")
-        elif c.layout.family in ("zb-v", "crosspipe-greedy"):
+        elif c.layout.family == "crosspipe-greedy":
             notes.append(f"{c.layout.family} orders its actions by the planner's costs and links; pipert train "
                          f"builds it without them (give --save-schedule FILE to run the simulated order)")
         argv = train_argv(c, name, spec.seq, spec.dtype_bytes, schedule)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 
-from .auto import Candidate
+from .auto import BUILD_OPTIONS, Candidate
 from .cluster import Cluster
 
 __all__ = ["train_argv", "not_runnable", "command_line", "runtime_models"]
@@ -35,6 +35,8 @@ def train_argv(cand: Candidate, model: str, seq: int, dtype_bytes: int, schedule
         argv += ["--stages", str(lay.stages)]
         if lay.family in _DEFAULT_CHUNKS:
             argv += ["--chunks", str(lay.chunks)]
+    if schedule is None and lay.family in BUILD_OPTIONS:
+        argv += ["--options", ";".join(f"{k}={v}" for k, v in BUILD_OPTIONS[lay.family].items())]
     if lay.dp > 1:
         argv += ["--dp", str(lay.dp)]
     if lay.family == "tawpipe":

@@ -106,8 +106,9 @@ def layouts(cluster: Cluster, model: object, batch: int, families: tuple[str, ..
         skipped[why] = skipped.get(why, 0) + 1
     layers = model.layers  # type: ignore[attr-defined]
     for t in divisors(cluster.gpus_per_node) if tp is None else [tp]:
-        if tp_problem(model, t, sp) or (sp and t == 1):
-            skip(f"T={t}{' SP' if sp else ''} does not shard the model" if t > 1 or not sp else "SP needs T >= 2")
+        t_sp = sp and t > 1       # sequence parallelism splits over a TP group: T = 1 runs without it
+        if tp_problem(model, t, t_sp):
+            skip(f"T={t}{' SP' if t_sp else ''} does not shard the model")
             continue
         ranks, per_node = cluster.gpus // t, cluster.gpus_per_node // t
         per_dc = ranks // cluster.dcs
@@ -131,7 +132,7 @@ def layouts(cluster: Cluster, model: object, batch: int, families: tuple[str, ..
                 m = batch // (d * b)
                 for name in families:
                     for v in _chunks(name, p, layers):
-                        lay = Layout(name, p, d, t, sp, v, m, b, min(p, per_node),
+                        lay = Layout(name, p, d, t, t_sp, v, m, b, min(p, per_node),
                                      p // per_dc if p > per_dc else 1)
                         why = _problem(lay, layers)
                         if why is None:

@@ -157,3 +157,10 @@ def test_profile_plans_with_measured_units_and_link(monkeypatch):
     assert cost.num_units == best.layout.units and all(cost.unit_time(u, "F") > 0 for u in range(cost.num_units))
     with pytest.raises(ValueError, match="not a pipert train model"):
         measure.measured_cluster("7b", ModelSpec.preset("7b"), Cluster(2, 1))
+
+
+def test_forked_workers_find_the_same_top():
+    kw = dict(families=("1f1b", "zb-h1", "interleaved-1f1b"), top=3)
+    one = search(TINY, Cluster(4, 1), 16, **kw)
+    two = search(TINY, Cluster(4, 1), 16, jobs=2, **kw)
+    assert [c.as_dict() for c in two.ranked[:3]] == [c.as_dict() for c in one.ranked[:3]]
