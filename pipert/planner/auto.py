@@ -94,6 +94,8 @@ class Search:
     """Layouts whose lower bound was no better than the top ones found."""
     not_run: int = 0
     """Layouts left when the time budget ran out."""
+    next_bound: float | None = None
+    """The lowest lower bound among them: no layout left out is faster (None: none left out)."""
     skipped: dict[str, int] = field(default_factory=dict)
     """Shapes left out before any work, by reason."""
     failed: dict[str, int] = field(default_factory=dict)
@@ -103,6 +105,7 @@ class Search:
     def as_dict(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget, "layouts": self.layouts, "simulated": self.simulated,
                 "pruned_memory": self.pruned_memory, "pruned_bound": self.pruned_bound, "not_run": self.not_run,
+                "next_bound_s": self.next_bound,
                 "skipped": dict(self.skipped), "failed": dict(self.failed), "seconds": self.seconds}
 
 
@@ -123,11 +126,13 @@ def analytic_cost(cluster: Cluster) -> CostFor:
 def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[str, ...] = FAMILIES,
            tp: int | None = None, sp: bool = False, stages: int | None = None, dp: int | None = None,
            micro_batch: int | None = None, top: int = 5, time_budget: float = 25.0,
-           cost_for: CostFor | None = None, jobs: int = 1) -> Search:
+           cost_for: CostFor | None = None, jobs: int = 1,
+           wanted: Callable[[Candidate], bool] = lambda c: True) -> Search:
     """Rank the layouts of ``model`` on ``cluster`` for a global batch of ``batch`` sequences
     (module doc). The fixed dimensions (``tp``, ``stages``, ``dp``, ``micro_batch``) narrow it.
     ``jobs``: processes simulating at once (forked; 1 with a given ``cost_for``, which may hold
-    torch, not safe to fork)."""
+    torch, not safe to fork). ``wanted``: the time budget stops the search only once it found
+    one such candidate."""
     t0 = time.perf_counter()
     measured = cost_for is not None
     cost_for = cost_for or analytic_cost(cluster)
@@ -155,8 +160,10 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
             dp_bound[gkey] = cluster.rank_links(lay.tp).collective(
                 "allreduce", lay.dp_group(0), params / lay.stages * model.dtype_bytes)
         per_rank = compute * lay.microbatches / lay.stages
-        bound = max(per_rank + _warm_up(lay, cluster, act, forward), _link_bound(lay, cluster, act)) + \
-            dp_bound[gkey] + opt / lay.stages / lay.dp
+        links = _link_bound(lay, cluster, act) if lay.family not in WEIGHT_PASSING else \
+            _weight_bound(lay, cluster, params * model.dtype_bytes)
+        bound = max(per_rank + _warm_up(lay, cluster, act, forward), links) + dp_bound[gkey] + \
+            opt / lay.stages / lay.dp
         bounded.append((bound, lay))
     bounded.sort(key=lambda x: (x[0], FAMILIES.index(x[1].family) if x[1].family in FAMILIES else 0))
 
@@ -172,7 +179,8 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
             why = f"{lay.family}: {str(e).splitlines()[0][:160]}"
             failed[why] = failed.get(why, 0) + 1
             return None, mine.simulated, failed
-    found, stats = run_in_order(bounded, evaluate, top, time_budget, t0, 1 if measured else jobs)
+    found, stats = run_in_order(bounded, evaluate, top, time_budget, t0, 1 if measured else jobs, wanted)
+    out.next_bound = stats.pop("next_bound")
     for k, v in stats.items():
         if k == "failed":
             for why, n in v.items():
@@ -191,6 +199,17 @@ def _link_bound(lay: Layout, cluster: Cluster, act: float) -> float:
         return 0.0
     links = lay.links(cluster)
     return lay.microbatches * max(links.spec(p, p + 1).occupancy(act) for p in range(lay.stages - 1))
+
+
+def _weight_bound(lay: Layout, cluster: Cluster, weight_bytes: float) -> float:
+    """Weight passing: at each level (datacenters, nodes, ranks of the pipeline) a block of k needs
+    the weights held outside it, ``(1 - 1/k)`` of them, through at most two links into it (its
+    ring neighbours), at that level's bandwidth."""
+    topo = lay.topology()
+    rpn = topo.ranks_per_node or topo.ranks_per_dc
+    levels = (("inter_dc", topo.num_dcs), ("inter_node", lay.stages // rpn), ("intra_node", lay.stages))
+    return max((cluster.links[c].occupancy(weight_bytes * (1 - 1 / k) / 2) for c, k in levels if k > 1),
+               default=0.0)
 
 
 def _warm_up(lay: Layout, cluster: Cluster, act: float, forward: float) -> float:

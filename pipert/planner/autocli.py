@@ -143,6 +143,7 @@ def check_auto_flags(args: argparse.Namespace) -> None:
 def cmd_auto(args: argparse.Namespace) -> int:
     from ..linkflags import format_duration
     from .auto import search
+    from .command import not_runnable
     from .layouts import FAMILIES
     check_auto_flags(args)
     spec, name = model_from_flag(args.model, args.seq, None)
@@ -162,7 +163,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
     res = search(spec, cluster, batch, families=families, tp=tp, sp=bool(args.sp), stages=args.stages,
                  dp=args.dp, micro_batch=args.micro_batch_size, top=args.top or 5,
                  time_budget=args.time_limit if args.time_limit is not None else 25.0, cost_for=cost_for,
-                 jobs=args.jobs or 1)
+                 jobs=args.jobs or 1, wanted=lambda c: not not_runnable(c))
     rows = _rows(res.ranked[:args.top or 5], name, spec, cluster)
     best = _best_runnable(res.ranked, name, spec, cluster, args.save_schedule)
     if args.json:
@@ -175,6 +176,11 @@ def cmd_auto(args: argparse.Namespace) -> int:
           f"simulated, {res.pruned_bound} left out by the lower bound, {res.pruned_memory} by memory"
           + (f", {res.not_run} not reached in the time limit" if res.not_run else "")
           + (f", {sum(res.failed.values())} failed" if res.failed else ""))
+    if res.not_run:
+        print(f"stopped at the time limit ({args.time_limit or 25.0:g} s, --time-limit): the layouts not reached "
+              f"have lower bounds from {format_duration(res.next_bound)}"
+              + ("; none of them beats the best found" if res.ranked and res.next_bound >= res.ranked[0].step
+                 else ""))
     if measured:
         print("measured: " + ", ".join(f"{k} {v}" for k, v in measured.items() if k != "units"))
     if not res.ranked:

@@ -26,10 +26,9 @@ FAMILIES = ("1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "weipipe-interleave", "
             "crosspipe-greedy")
 """One registered schedule per family of the seed papers (CP-SAT's crosspipe-optimal is left out:
 its solve alone takes longer than the whole search may)."""
-WEIGHT_PASSING = ("weipipe-naive", "weipipe-interleave", "weipipe-zb1", "weipipe-zb2", "tawpipe", "helixpipe",
-                  "helixpipe-2fold")
-"""Families whose stage boundaries are not crossed by every micro-batch's activation (weights
-travel, or attention moves between stages)."""
+WEIGHT_PASSING = ("weipipe-naive", "weipipe-interleave", "weipipe-zb1", "weipipe-zb2", "tawpipe")
+"""Families whose weights travel and activations stay: their stage boundaries are not crossed by
+every micro-batch's activation, but every rank needs every unit's weights."""
 PLAN_PAIRS = {"crosspipe-greedy": 512, "helixpipe": 2560}
 """Most (unit, micro-batch) pairs the planner simulates per family (default :data:`PLAN_PAIR_LIMIT`):
 the engine's time grows with them and the whole search has seconds."""

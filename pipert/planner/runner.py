@@ -2,7 +2,8 @@
 
 Branch and bound: ``items`` are (bound, layout) sorted by bound; a layout is started only while its
 bound is below the step of the ``top``-th best found (every later one's bound is no smaller, so
-none of them can enter the top), and while the time budget lasts once something was found. With
+none of them can enter the top), and while the time budget lasts once something ``wanted`` was
+found (twice the budget once anything was). With
 ``jobs > 1`` up to ``2 * jobs`` layouts run at once in forked processes (the evaluation and the
 items reach them through this module's state at fork time; only indices and results are
 pickled), so the stop is checked as results arrive: the top found is the same, the count of
@@ -28,12 +29,14 @@ def _call(i: int) -> Outcome:
 
 
 def run_in_order(items: list, evaluate: Callable[[Any, float], Outcome], top: int, time_budget: float,
-                 t0: float, jobs: int = 1) -> tuple[list, dict[str, Any]]:
-    """(candidates found, sorted by ``key`` of ``order``; counts: simulated, pruned_memory,
-    pruned_bound, not_run, failed)."""
+                 t0: float, jobs: int = 1, wanted: Callable[[Any], bool] = lambda c: True
+                 ) -> tuple[list, dict[str, Any]]:
+    """(candidates found, fastest first; counts: simulated, pruned_memory, pruned_bound, not_run,
+    failed, and next_bound: the lowest bound of the layouts the time budget left out, None if none)."""
     from .auto import _order
     found: list = []
-    stats: dict[str, Any] = {"simulated": 0, "pruned_memory": 0, "pruned_bound": 0, "not_run": 0, "failed": {}}
+    stats: dict[str, Any] = {"simulated": 0, "pruned_memory": 0, "pruned_bound": 0, "not_run": 0, "failed": {},
+                             "next_bound": None}
 
     def merge(out: Outcome) -> None:
         cand, sims, failed = out
@@ -51,8 +54,11 @@ def run_in_order(items: list, evaluate: Callable[[Any, float], Outcome], top: in
         if len(found) >= top and bound >= found[top - 1].step - 1e-12:
             stats["pruned_bound"] = len(items) - k
             return True
-        if found and time.perf_counter() - t0 > time_budget:   # past the budget, once something was found
-            stats["not_run"] = len(items) - k
+        # past the budget once something ``wanted`` (a layout pipert train runs) was found; past
+        # twice the budget once anything was
+        spent = time.perf_counter() - t0
+        if found and (spent > 2 * time_budget or spent > time_budget and any(wanted(c) for c in found)):
+            stats["not_run"], stats["next_bound"] = len(items) - k, bound
             return True
         return False
     if jobs <= 1:
