@@ -104,8 +104,9 @@ def test_tensor_parallel_layouts_get_a_reason_not_a_command(capsys):
 
 
 def test_7b_on_8x8_gpus_in_2_datacenters_prints_a_table_and_a_command(capsys):
+    """The issue's example, kept short: T = 1 (every layout found has a command) and a 1 s budget."""
     rc, out, _ = _plan(capsys, "--model", "7b", "--gpus-per-node", "8", "--nodes", "8", "--dcs", "2",
-                       "--time-limit", "1s")
+                       "--tp", "1", "--time-limit", "1s")
     assert rc == 0
     assert "rank schedule" in out and "2 DCs" in out
     assert "torchrun --nnodes 8 --nproc-per-node 8" in out and "-m pipert.cli train --schedule" in out
