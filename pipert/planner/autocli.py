@@ -184,8 +184,11 @@ def cmd_auto(args: argparse.Namespace) -> int:
     if measured:
         print("measured: " + ", ".join(f"{k} {v}" for k, v in measured.items() if k != "units"))
     if not res.ranked:
+        common = sorted({**res.skipped, **res.failed}.items(), key=lambda kv: -kv[1])[:3]
         print("nothing fits: " + (f"every layout needs more than {cluster.device.memory / 2**30:g} GiB per device "
-                                  f"(--gpu-memory)" if res.pruned_memory else "no layout could be built"))
+                                  f"(--gpu-memory)" if res.pruned_memory else
+                                  "no layout could be built; most common reasons: " +
+                                  "; ".join(f"{why} ({n}x)" for why, n in common)))
         return 1
     print(_table(rows))
     if best is None:

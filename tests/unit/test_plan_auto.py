@@ -165,3 +165,10 @@ def test_forked_workers_find_the_same_top():
     one = search(TINY, Cluster(4, 1), 16, **kw)
     two = search(TINY, Cluster(4, 1), 16, jobs=2, **kw)
     assert [c.as_dict() for c in two.ranked[:3]] == [c.as_dict() for c in one.ranked[:3]]
+
+
+def test_no_layout_names_the_reasons(capsys):
+    rc, out, _ = _plan(capsys, "--model", "tiny", "--gpus-per-node", "2", "--batch", "4", "--schedules", "helixpipe",
+                       "--micro-batch-size", "4")
+    assert rc == 1
+    assert "no layout could be built; most common reasons:" in out and "helixpipe" in out
