@@ -140,7 +140,7 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
     lays = list(layouts(cluster, model, batch, families, tp=tp, sp=sp, stages=stages, dp=dp,
                         micro_batch=micro_batch, skipped=out.skipped))
     out.layouts = len(lays)
-    work: dict[tuple, tuple[float, float, float]] = {}  # (T, SP, b) -> compute, parameters, OPT of the model
+    work: dict[tuple, tuple] = {}   # (T, SP, b) -> compute, parameters, OPT, activation, forward, least layer
     dp_bound: dict[tuple, float] = {}
     bounded = []
     for lay in lays:
@@ -150,8 +150,9 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
             units = range(c.num_units)
             work[key] = (sum(c.unit_time(u, "F") + c.unit_time(u, "B") for u in units),
                          sum(c.params(u) for u in units), sum(c.unit_time(u, "OPT") for u in units),
-                         c.message_bytes("act", 0), sum(c.unit_time(u, "F") for u in units))
-        compute, params, opt, act, forward = work[key]
+                         c.message_bytes("act", 0), sum(c.unit_time(u, "F") for u in units),
+                         min(c.unit_time(u, "F") + c.unit_time(u, "B") for u in units))
+        compute, params, opt, act, forward, layer = work[key]
         if params / lay.stages * sum(STATE_BYTES.values()) / lay.dp > out.budget:
             out.pruned_memory += 1    # even ZeRO-3 over D does not fit: no schedule can
             continue
@@ -162,7 +163,9 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
         per_rank = compute * lay.microbatches / lay.stages
         links = _link_bound(lay, cluster, act) if lay.family not in WEIGHT_PASSING else \
             _weight_bound(lay, cluster, params * model.dtype_bytes)
-        bound = max(per_rank + _warm_up(lay, cluster, act, forward), links) + dp_bound[gkey] + \
+        # the last rank waits out the warm-up, then runs its own share: at least its whole layers
+        least = lay.microbatches * (model.layers // lay.units) * lay.chunks * layer if _is_chain(lay) else 0.0
+        bound = max(per_rank, least + _warm_up(lay, cluster, act, forward), links) + dp_bound[gkey] + \
             opt / lay.stages / lay.dp
         bounded.append((bound, lay))
     bounded.sort(key=lambda x: (x[0], FAMILIES.index(x[1].family) if x[1].family in FAMILIES else 0))
@@ -212,11 +215,16 @@ def _weight_bound(lay: Layout, cluster: Cluster, weight_bytes: float) -> float:
                default=0.0)
 
 
+def _is_chain(lay: Layout) -> bool:
+    """Units of whole layers passed from rank to rank (not weight passing, not HelixPipe's pieces)."""
+    return lay.family not in WEIGHT_PASSING and lay.units <= lay.stages * lay.chunks and lay.stages > 1
+
+
 def _warm_up(lay: Layout, cluster: Cluster, act: float, forward: float) -> float:
     """Activation passing: the last rank idles until the first micro-batch's forward has run on the
     P - 1 units before it (each 1/(P V) of the model's ``forward``) and crossed the P - 1 links
-    between them; every rank then still has its share of the compute ahead (0 for the others)."""
-    if lay.family in WEIGHT_PASSING or lay.stages == 1:
+    between them (0 for the others)."""
+    if not _is_chain(lay):
         return 0.0
     links = lay.links(cluster)
     hops = sum(links.spec(p, p + 1).occupancy(act) + links.spec(p, p + 1).latency for p in range(lay.stages - 1))
