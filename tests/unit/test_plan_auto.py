@@ -172,3 +172,14 @@ def test_no_layout_names_the_reasons(capsys):
                        "--micro-batch-size", "4")
     assert rc == 1
     assert "no layout could be built; most common reasons:" in out and "helixpipe" in out
+
+
+@pytest.mark.parametrize("model, dc_bandwidth", [("tiny", 1.25e6), ("1b", 1.25e9)])
+def test_every_lower_bound_is_below_its_simulated_step(model, dc_bandwidth):
+    """The search may skip a layout only because its bound reaches the top: every layout it did
+    simulate (all of them, with a large top) has bound <= step, across families and links."""
+    cl = Cluster(2, 4, 2, links={**default_link_specs(), "inter_dc": LinkSpec(1e-3, dc_bandwidth)})
+    res = search(ModelSpec.preset(model), cl, 16, top=10 ** 6, time_budget=60)
+    assert res.pruned_bound == 0 and len({c.layout.family for c in res.ranked}) >= 6
+    for c in res.ranked:
+        assert c.bound <= c.step * (1 + 1e-9), (c.layout, c.bound, c.step)
