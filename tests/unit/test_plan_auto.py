@@ -183,3 +183,17 @@ def test_every_lower_bound_is_below_its_simulated_step(model, dc_bandwidth):
     assert res.pruned_bound == 0 and len({c.layout.family for c in res.ranked}) >= 6
     for c in res.ranked:
         assert c.bound <= c.step * (1 + 1e-9), (c.layout, c.bound, c.step)
+
+
+def test_data_parallel_groups_are_priced_on_the_link_they_cross():
+    """Rank d*P + p (replica-major): with P = 2 on 2 datacenters of 2 devices, replica 0 is DC 0 and
+    replica 1 DC 1, so each stage's all-reduce crosses the DC link; with P = 4 there is no group."""
+    dc = LinkSpec(2e-3, 1e9)
+    cl = Cluster(2, 2, 2, links={**default_link_specs(), "inter_dc": dc})
+    lay = next(x for x in layouts(cl, TINY, 8, ("1f1b",), stages=2, tp=1, micro_batch=1))
+    assert lay.dp == 2 and lay.dp_group(1) == (1, 3) and lay.dcs == 1
+    n = 1e6
+    ring = cl.rank_links(1).collective("allreduce", lay.dp_group(1), n)
+    assert ring == pytest.approx(2 * (dc.latency + n / 2 / 1e9))     # 2(n-1) steps of b/n, n = 2
+    whole = next(x for x in layouts(cl, TINY, 8, ("1f1b",), stages=4, tp=1, micro_batch=1))
+    assert whole.dp == 1 and whole.dcs == 2 and whole.links(cl).spec(1, 2) == dc
