@@ -51,14 +51,14 @@ def add_auto_args(p: argparse.ArgumentParser) -> None:
                    "printed command then runs that file")
 
 
-def model_from_flag(text: str | None, seq: int | None = None, micro_batch: int | None = None) -> tuple[Any, str]:
+def model_from_flag(text: str | None, seq: int | None = None) -> tuple[Any, str]:
     """(ModelSpec, name) of ``--model``: a preset (7b) or sizes (layers=32,hidden=4096,heads=32; optional
     ffn, kv_heads, vocab, seq)."""
     from ..cost.transformer import MODEL_PRESETS, ModelSpec, llama_like
     if text is None:
         raise ValueError(f"--auto plans for a model: give --model, a preset ({', '.join(MODEL_PRESETS)}) or sizes "
                          f"(layers=32,hidden=4096,heads=32)")
-    over = {k: v for k, v in (("seq", seq), ("micro_batch", micro_batch)) if v is not None}
+    over = {"seq": seq} if seq is not None else {}
     if "=" not in text:
         if text not in MODEL_PRESETS:
             raise ValueError(f"--model {text!r} unknown; allowed: {', '.join(MODEL_PRESETS)}, or sizes "
@@ -80,7 +80,7 @@ def model_from_flag(text: str | None, seq: int | None = None, micro_batch: int |
         spec = llama_like(sizes.pop("hidden"), sizes.pop("layers"), **sizes)
     except ValueError as e:
         raise ValueError(f"--model {text!r}: {e}") from None
-    return (ModelSpec(**{**spec.__dict__, "micro_batch": micro_batch}) if micro_batch else spec), "custom"
+    return spec, "custom"
 
 
 def cluster_from_args(args: argparse.Namespace) -> Cluster:
@@ -146,7 +146,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
     from .command import not_runnable
     from .layouts import FAMILIES
     check_auto_flags(args)
-    spec, name = model_from_flag(args.model, args.seq, None)
+    spec, name = model_from_flag(args.model, args.seq)
     cluster = cluster_from_args(args)
     if args.tp is not None and cluster.gpus_per_node % args.tp:
         raise ValueError(f"--tp {args.tp}: a tensor-parallel group lies inside a node of --gpus-per-node "
