@@ -142,6 +142,7 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
     out.layouts = len(lays)
     work: dict[tuple, tuple] = {}   # (T, SP, b) -> compute, parameters, OPT, activation, forward, least layer
     dp_bound: dict[tuple, float] = {}
+    unit_max: dict[tuple, float] = {}   # (T, SP, b, units) -> the heaviest unit's F + B
     bounded = []
     for lay in lays:
         key = (lay.tp, lay.sp, lay.micro_batch)
@@ -165,7 +166,14 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
             _weight_bound(lay, cluster, params * model.dtype_bytes)
         # the last rank waits out the warm-up, then runs its own share: at least its whole layers
         least = lay.microbatches * (model.layers // lay.units) * lay.chunks * layer if _is_chain(lay) else 0.0
-        bound = max(per_rank, least + _warm_up(lay, cluster, act, forward), links) + dp_bound[gkey] + \
+        heaviest = 0.0
+        if _is_chain(lay):            # the rank of the heaviest unit (the head's, often) runs it M times
+            ukey = (*key, lay.units)
+            if ukey not in unit_max:
+                c = cost_for(model, lay, "none", lay.units)
+                unit_max[ukey] = max(c.unit_time(u, "F") + c.unit_time(u, "B") for u in range(c.num_units))
+            heaviest = lay.microbatches * unit_max[ukey]
+        bound = max(per_rank, heaviest, least + _warm_up(lay, cluster, act, forward), links) + dp_bound[gkey] + \
             opt / lay.stages / lay.dp
         bounded.append((bound, lay))
     bounded.sort(key=lambda x: (x[0], FAMILIES.index(x[1].family) if x[1].family in FAMILIES else 0))
