@@ -1,6 +1,7 @@
 """``pipert plan``: rank static and CrossPipe schedules for a scenario, compare cross-DC
-pipeline parallelism with cross-DC data parallelism (CrossPipe §5.2), and plan PipeMesh
-(``--pipemesh``, pipert/planner)."""
+pipeline parallelism with cross-DC data parallelism (CrossPipe §5.2), plan PipeMesh
+(``--pipemesh``, pipert/planner), and search every family and layout of a cluster (``--auto``,
+pipert/planner/auto.py)."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +16,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .scenario_flags import check_size
     from .schedules.crosspipe.select import (CROSSPIPE, STATIC, compare_pp_dp, format_pp_dp, format_ranking,
                                              llama3_405b, rank_schedules)
+    from .planner.autocli import check_auto_flags, cmd_auto
+    if args.auto:
+        return cmd_auto(args)
+    check_auto_flags(args)
     latencies, bandwidths = check_plan_flags(args)
     if args.pipemesh:
         from .planner.cli import cmd_pipemesh
@@ -110,7 +115,8 @@ def _finite(x: float) -> float | None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     from .scenario_flags import add_scenario_args
-    p = sub.add_parser("plan", help="rank static and CrossPipe schedules; cross-DC PP vs DP; PipeMesh plans")
+    p = sub.add_parser("plan", help="rank static and CrossPipe schedules; cross-DC PP vs DP; PipeMesh plans; "
+                       "--auto: every family and layout of a cluster")
     add_scenario_args(p)
     from .linkflags import duration_arg
     p.add_argument("--optimal", action="store_true", help="also solve the CP-SAT optimum (crosspipe-optimal)")
@@ -126,4 +132,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_pipemesh_args(p)
     p.add_argument("--sp", action="store_true", help="sequence parallelism over the --tp group (ranking with "
                    "--model; --pipemesh always plans with it)")
+    from .planner.autocli import add_auto_args
+    add_auto_args(p)
     p.set_defaults(fn=cmd_plan)

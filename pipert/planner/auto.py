@@ -1,0 +1,328 @@
+"""``pipert plan --auto``: one search over every schedule family and layout of a cluster, ranked
+by simulated step time within the per-device memory (docs/planner.md).
+
+Each layout (:mod:`pipert.planner.layouts`) is priced in two parts:
+
+- one replica's pipeline by the simulator (``pipert.sim.simulate``) on the analytic cost model
+  (``TransformerCost`` with the layout's T, SP, micro-batch and recomputation; or the hook
+  ``cost_for``, e.g. measured units) and the links its P ranks cross;
+- the data-parallel part analytically: each stage's gradient collectives over its D replicas
+  (ring, on the slowest link the group crosses: ``Links.collective`` over the cluster's ranks),
+  started when that stage's last backward ends, then its optimizer step; ZeRO-1/2 reduce-scatter
+  and all-gather (the bytes of an all-reduce, 1/D of the optimizer step), ZeRO-3 also gathers the
+  weights once before the step's first forward (counted exposed).
+
+Memory per device = model states (bf16 weights and gradients, 12 bytes of fp32 master weights and
+AdamW moments per parameter, each sharded over D by the ZeRO stage; ZeRO-3 adds one unit's whole
+weights) + the simulator's peak of everything else (stashes, buffers, weights in flight).
+
+Pruning, cheapest first: a layout whose fully sharded model states exceed the memory is not
+simulated; layouts are simulated in order of a lower bound on their step (one replica's compute
+divided over its P ranks, no bubble, no communication), and the search stops once the bound
+reaches the step of the ``top``-th best found; recomputation is tried only where a layout does
+not fit without it (it only adds time).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..cost.transformer import ModelSpec, TransformerCost, partition_helix, partition_layers
+from .cluster import Cluster
+from .layouts import FAMILIES, WEIGHT_PASSING, Layout, layouts
+from .runner import Outcome, run_in_order
+
+__all__ = ["Candidate", "Search", "search", "analytic_cost", "schedule_of", "STATE_BYTES"]
+
+STATE_BYTES = {"weight": 2.0, "grad": 2.0, "optimizer": 12.0}
+"""Bytes per parameter of the model states (mixed precision with AdamW, as PipeMesh counts them)."""
+_TOLERANCE = 1e-12
+BUILD_OPTIONS = {"zb-v": {"order": "handcrafted"}}
+"""Generator options the planner fixes, and ``pipert train --options`` repeats: ZB-V's handcrafted
+order (its search over greedy orders costs seconds per layout)."""
+
+
+@dataclass
+class Candidate:
+    """One simulated layout with its best ZeRO stage and recomputation that fit."""
+
+    layout: Layout
+    recompute: str
+    """none, or no_attention (HelixPipe's recomputation without attention)."""
+    zero: int
+    """ZeRO stage over the D replicas (0 with D = 1)."""
+    step: float
+    """Predicted seconds per training step."""
+    makespan: float
+    """The pipeline of one replica alone (with its own optimizer step, unsharded)."""
+    bubble: float
+    """The pipeline's bubble ratio."""
+    exposed_comm: float
+    """Seconds the step waits on communication: the pipeline's worst rank, plus the data-parallel
+    collectives and optimizer step not hidden behind it."""
+    memory: float
+    """Peak bytes of the fullest device."""
+    bound: float
+    """The lower bound the search ordered it by."""
+    extrapolated_from: tuple[int, ...] = ()
+    """Micro-batch counts simulated when the step was too large to simulate (pipert.planner.pipe)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        lay = self.layout
+        return {"schedule": lay.family, "P": lay.stages, "D": lay.dp, "T": lay.tp, "sp": lay.sp, "V": lay.chunks,
+                "M": lay.microbatches, "micro_batch": lay.micro_batch, "recompute": self.recompute,
+                "zero": self.zero, "step_s": self.step, "pipeline_s": self.makespan, "bubble": self.bubble,
+                "exposed_comm_s": self.exposed_comm, "memory_bytes": self.memory, "bound_s": self.bound,
+                "extrapolated_from": list(self.extrapolated_from)}
+
+
+@dataclass
+class Search:
+    """What a search found and what it left out."""
+
+    ranked: list[Candidate]
+    """Fastest first (ties: less memory, then the name)."""
+    budget: float
+    """Bytes per device."""
+    layouts: int = 0
+    """Layouts that passed the shape checks."""
+    simulated: int = 0
+    pruned_memory: int = 0
+    """Layouts whose model states or simulated peak exceed the memory."""
+    pruned_bound: int = 0
+    """Layouts whose lower bound was no better than the top ones found."""
+    not_run: int = 0
+    """Layouts left when the time budget ran out."""
+    next_bound: float | None = None
+    """The lowest lower bound among them: no layout left out is faster (None: none left out)."""
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Shapes left out before any work, by reason."""
+    failed: dict[str, int] = field(default_factory=dict)
+    """Layouts whose build or simulation failed, by reason."""
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"budget_bytes": self.budget, "layouts": self.layouts, "simulated": self.simulated,
+                "pruned_memory": self.pruned_memory, "pruned_bound": self.pruned_bound, "not_run": self.not_run,
+                "next_bound_s": self.next_bound,
+                "skipped": dict(self.skipped), "failed": dict(self.failed), "seconds": self.seconds}
+
+
+CostFor = Callable[[ModelSpec, Layout, str, int], Any]
+"""(model, layout, recompute, units) -> the cost model of one replica's units."""
+
+
+def analytic_cost(cluster: Cluster) -> CostFor:
+    """The analytic transformer cost of a layout, TP collectives on the intra-node link."""
+    def cost(model: ModelSpec, lay: Layout, recompute: str, units: int) -> TransformerCost:
+        spec = ModelSpec(**{**model.__dict__, "micro_batch": lay.micro_batch})
+        parts = partition_helix(spec) if units == 2 * spec.layers + 1 else partition_layers(spec, units)
+        return TransformerCost(spec, cluster.device, parts, recompute=recompute, tp=lay.tp, sp=lay.sp,
+                               tp_link=cluster.links.get("intra_node"))
+    return cost
+
+
+def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[str, ...] = FAMILIES,
+           tp: int | None = None, sp: bool = False, stages: int | None = None, dp: int | None = None,
+           micro_batch: int | None = None, top: int = 5, time_budget: float = 25.0,
+           cost_for: CostFor | None = None, jobs: int = 1,
+           wanted: Callable[[Candidate], bool] = lambda c: True) -> Search:
+    """Rank the layouts of ``model`` on ``cluster`` for a global batch of ``batch`` sequences
+    (module doc). The fixed dimensions (``tp``, ``stages``, ``dp``, ``micro_batch``) narrow it.
+    ``jobs``: processes simulating at once (forked; 1 with a given ``cost_for``, which may hold
+    torch, not safe to fork). ``wanted``: the time budget stops the search only once it found
+    one such candidate."""
+    t0 = time.perf_counter()
+    measured = cost_for is not None
+    cost_for = cost_for or analytic_cost(cluster)
+    out = Search([], cluster.device.memory)
+    lays = list(layouts(cluster, model, batch, families, tp=tp, sp=sp, stages=stages, dp=dp,
+                        micro_batch=micro_batch, skipped=out.skipped))
+    out.layouts = len(lays)
+    work: dict[tuple, tuple] = {}   # (T, SP, b) -> compute, parameters, OPT, activation, forward, least layer
+    dp_bound: dict[tuple, float] = {}
+    unit_max: dict[tuple, float] = {}   # (T, SP, b, units) -> the heaviest unit's F + B
+    bounded = []
+    for lay in lays:
+        key = (lay.tp, lay.sp, lay.micro_batch)
+        if key not in work:
+            c = cost_for(model, lay, "none", model.layers)
+            units = range(c.num_units)
+            work[key] = (sum(c.unit_time(u, "F") + c.unit_time(u, "B") for u in units),
+                         sum(c.params(u) for u in units), sum(c.unit_time(u, "OPT") for u in units),
+                         c.message_bytes("act", 0), sum(c.unit_time(u, "F") for u in units),
+                         min(c.unit_time(u, "F") + c.unit_time(u, "B") for u in units))
+        compute, params, opt, act, forward, layer = work[key]
+        if params / lay.stages * sum(STATE_BYTES.values()) / lay.dp > out.budget:
+            out.pruned_memory += 1    # even ZeRO-3 over D does not fit: no schedule can
+            continue
+        gkey = (lay.tp, lay.stages, lay.dp)
+        if gkey not in dp_bound:      # the collectives are convex in the bytes: the mean stage bounds the worst
+            dp_bound[gkey] = cluster.rank_links(lay.tp).collective(
+                "allreduce", lay.dp_group(0), params / lay.stages * model.dtype_bytes)
+        per_rank = compute * lay.microbatches / lay.stages
+        links = _link_bound(lay, cluster, act) if lay.family not in WEIGHT_PASSING else \
+            _weight_bound(lay, cluster, params * model.dtype_bytes)
+        # the last rank waits out the warm-up, then runs its own share: at least its whole layers
+        least = lay.microbatches * (model.layers // lay.units) * lay.chunks * layer if _is_chain(lay) else 0.0
+        heaviest = 0.0
+        if _is_chain(lay):            # the rank of the heaviest unit (the head's, often) runs it M times
+            ukey = (*key, lay.units)
+            if ukey not in unit_max:
+                c = cost_for(model, lay, "none", lay.units)
+                unit_max[ukey] = max(c.unit_time(u, "F") + c.unit_time(u, "B") for u in range(c.num_units))
+            heaviest = lay.microbatches * unit_max[ukey]
+        bound = max(per_rank, heaviest, least + _warm_up(lay, cluster, act, forward), links) + dp_bound[gkey] + \
+            opt / lay.stages / lay.dp
+        bounded.append((bound, lay))
+    bounded.sort(key=lambda x: (x[0], FAMILIES.index(x[1].family) if x[1].family in FAMILIES else 0))
+
+    def evaluate(lay: Layout, bound: float) -> Outcome:
+        mine = Search([], out.budget)
+        try:
+            return _evaluate(model, cluster, lay, bound, cost_for, mine), mine.simulated, mine.failed
+        except Exception as e:  # noqa: BLE001 - a family's builder or the engine refusing a shape
+            from ..sim import ScheduleError
+            if not isinstance(e, (ValueError, ScheduleError)):
+                raise
+            failed = dict(mine.failed)
+            why = f"{lay.family}: {str(e).splitlines()[0][:160]}"
+            failed[why] = failed.get(why, 0) + 1
+            return None, mine.simulated, failed
+    found, stats = run_in_order(bounded, evaluate, top, time_budget, t0, 1 if measured else jobs, wanted)
+    out.next_bound = stats.pop("next_bound")
+    for k, v in stats.items():
+        if k == "failed":
+            for why, n in v.items():
+                out.failed[why] = out.failed.get(why, 0) + n
+        else:
+            setattr(out, k, getattr(out, k) + v)
+    out.ranked = found
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _link_bound(lay: Layout, cluster: Cluster, act: float) -> float:
+    """Activation passing: each of the M activations crosses every stage boundary, so the
+    slowest boundary link is busy M x (bytes / bandwidth) at least (0 for the other families)."""
+    if lay.family in WEIGHT_PASSING or lay.stages == 1:
+        return 0.0
+    links = lay.links(cluster)
+    return lay.microbatches * max(links.spec(p, p + 1).occupancy(act) for p in range(lay.stages - 1))
+
+
+def _weight_bound(lay: Layout, cluster: Cluster, weight_bytes: float) -> float:
+    """Weight passing: at each level (datacenters, nodes, ranks of the pipeline) a block of k needs
+    the weights held outside it, ``(1 - 1/k)`` of them, through at most two links into it (its
+    ring neighbours), at that level's bandwidth."""
+    topo = lay.topology()
+    rpn = topo.ranks_per_node or topo.ranks_per_dc
+    levels = (("inter_dc", topo.num_dcs), ("inter_node", lay.stages // rpn), ("intra_node", lay.stages))
+    return max((cluster.links[c].occupancy(weight_bytes * (1 - 1 / k) / 2) for c, k in levels if k > 1),
+               default=0.0)
+
+
+def _is_chain(lay: Layout) -> bool:
+    """Units of whole layers passed from rank to rank (not weight passing, not HelixPipe's pieces)."""
+    return lay.family not in WEIGHT_PASSING and lay.units <= lay.stages * lay.chunks and lay.stages > 1
+
+
+def _warm_up(lay: Layout, cluster: Cluster, act: float, forward: float) -> float:
+    """Activation passing: the last rank idles until the first micro-batch's forward has run on the
+    P - 1 units before it (each 1/(P V) of the model's ``forward``) and crossed the P - 1 links
+    between them (0 for the others)."""
+    if not _is_chain(lay):
+        return 0.0
+    links = lay.links(cluster)
+    hops = sum(links.spec(p, p + 1).occupancy(act) + links.spec(p, p + 1).latency for p in range(lay.stages - 1))
+    return (lay.stages - 1) * forward / (lay.stages * lay.chunks) + hops
+
+
+def _order(c: Candidate) -> tuple:
+    return (c.step, c.memory, c.layout.family, c.layout.stages)
+
+
+def _evaluate(model: ModelSpec, cluster: Cluster, lay: Layout, bound: float, cost_for: CostFor,
+              out: Search) -> Candidate | None:
+    """The layout's best (ZeRO stage, recomputation) that fits; None when none does."""
+    for recompute in ("none", "no_attention"):
+        cand = _simulate(model, cluster, lay, recompute, bound, cost_for, out)
+        if cand is not None:
+            return cand
+    return None
+
+
+def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, bound: float, cost_for: CostFor,
+              out: Search) -> Candidate | None:
+    from ..sim import simulate
+    from .pipe import simulate_pipe
+    cost = cost_for(model, lay, recompute, lay.units)
+    links, topo = lay.links(cluster), lay.topology()
+    owners: list = []
+
+    def run(shape: Layout) -> tuple:
+        sched = _build(shape, cost, links, out.budget)
+        owners[:] = sched.placement.weight_owner
+        out.simulated += 1
+        return sched, simulate(sched, cost, links=links, topology=topo)
+    pipe = simulate_pipe(lay, run)
+    if pipe is None:
+        why = f"{lay.family}: too many (unit, micro-batch) pairs to simulate (a larger --micro-batch-size has fewer)"
+        out.failed[why] = out.failed.get(why, 0) + 1
+        return None
+    P = lay.stages
+    held, opt, biggest = [0.0] * P, [0.0] * P, 0.0
+    for u, r in enumerate(owners):
+        held[r] += cost.params(u)
+        opt[r] += cost.unit_time(u, "OPT")
+        biggest = max(biggest, cost.params(u))
+    rl = cluster.rank_links(lay.tp)
+    grads = [(lay.dp_group(p), held[p] * model.dtype_bytes) for p in range(P)]
+    allreduce = [rl.collective("allreduce", g, n) for g, n in grads]
+    gather = [rl.collective("allgather", g, n) for g, n in grads]
+    scatter = [rl.collective("reducescatter", g, n) for g, n in grads]
+    best: Candidate | None = None
+    for zero in ((0, 1, 2, 3) if lay.dp > 1 else (0,)):
+        gathered = biggest * STATE_BYTES["weight"] if zero == 3 else 0.0   # one ZeRO-3 unit whole at a time
+        mem = max(h * _state_bytes(zero, lay.dp) + gathered + peak for h, peak in zip(held, pipe.peak))
+        if mem > out.budget:
+            continue
+        shard = lay.dp if zero else 1
+        tail = max(pipe.finish[p] + (allreduce[p] if zero == 0 else scatter[p] + gather[p]) + opt[p] / shard
+                   for p in range(P))
+        # the step ends with the last rank's optimizer step; the pipeline's own makespan times every
+        # OPT unsharded, so it is not a floor once ZeRO shards them
+        step = max(tail, max(pipe.finish)) + (max(gather) if zero == 3 else 0.0)
+        cand = Candidate(lay, recompute, zero, step, pipe.makespan, pipe.bubble,
+                         pipe.exposed + max(step - pipe.makespan, 0.0), mem, bound, pipe.extrapolated_from)
+        if best is None or (cand.step, cand.zero) < (best.step, best.zero):
+            best = cand
+    return best
+
+
+def _build(lay: Layout, cost: Any, links: Any, budget: float) -> Any:
+    """The schedule of one replica; delay-aware builders get its costs, links and what memory the
+    model states leave (ZeRO-1 over D, or none with D = 1)."""
+    from ..schedules import build_schedule, family
+    held = sum(cost.params(u) for u in range(cost.num_units)) / lay.stages
+    opts = {"cost": cost, "links": links, "topology": links.topology, "ranks_per_node": lay.ranks_per_node,
+            "memory_limit": max(budget - held * _state_bytes(min(lay.dp - 1, 1), lay.dp), 1.0)}
+    accepted = family(lay.family).options()
+    opts = opts if accepted is None else {k: v for k, v in opts.items() if k in accepted}
+    opts.update(BUILD_OPTIONS.get(lay.family, {}))
+    return build_schedule(lay.family, stages=lay.stages, microbatches=lay.microbatches, chunks=lay.chunks, **opts)
+
+
+def schedule_of(model: ModelSpec, cluster: Cluster, cand: Candidate, cost_for: CostFor | None = None) -> Any:
+    """The schedule ``cand`` was simulated with (for a schedule file ``pipert train`` runs)."""
+    lay = cand.layout
+    cost = (cost_for or analytic_cost(cluster))(model, lay, cand.recompute, lay.units)
+    return _build(lay, cost, lay.links(cluster), cluster.device.memory)
+
+
+def _state_bytes(zero: int, dp: int) -> float:
+    """Bytes per held parameter of its model states under ZeRO stage ``zero`` over ``dp`` replicas."""
+    w, g, o = STATE_BYTES["weight"], STATE_BYTES["grad"], STATE_BYTES["optimizer"]
+    return (w / dp if zero >= 3 else w) + (g / dp if zero >= 2 else g) + (o / dp if zero >= 1 else o)
+

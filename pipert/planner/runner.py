@@ -1,0 +1,97 @@
+"""Evaluating the planner's layouts in the order of their lower bounds, here or in forked workers.
+
+Branch and bound: ``items`` are (bound, layout) sorted by bound; a layout is started only while its
+bound is below the step of the ``top``-th best found (every later one's bound is no smaller, so
+none of them can enter the top), and while the time budget lasts once something ``wanted`` was
+found (twice the budget once anything was). With
+``jobs > 1`` up to ``2 * jobs`` layouts run at once in forked processes (the evaluation and the
+items reach them through this module's state at fork time; only indices and results are
+pickled), so the stop is checked as results arrive: the top found is the same, the count of
+layouts simulated may differ.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+__all__ = ["run_in_order", "Outcome"]
+
+Outcome = tuple[Any, int, dict]
+"""(candidate or None when nothing fits, simulations run, failures by reason)."""
+_JOB: tuple[Callable[[Any, float], Outcome], list] | None = None
+
+
+def _call(i: int) -> Outcome:
+    assert _JOB is not None
+    evaluate, items = _JOB
+    bound, lay = items[i]
+    return evaluate(lay, bound)
+
+
+def run_in_order(items: list, evaluate: Callable[[Any, float], Outcome], top: int, time_budget: float,
+                 t0: float, jobs: int = 1, wanted: Callable[[Any], bool] = lambda c: True
+                 ) -> tuple[list, dict[str, Any]]:
+    """(candidates found, fastest first; counts: simulated, pruned_memory, pruned_bound, not_run,
+    failed, and next_bound: the lowest bound of the layouts the time budget left out, None if none)."""
+    from .auto import _order
+    found: list = []
+    stats: dict[str, Any] = {"simulated": 0, "pruned_memory": 0, "pruned_bound": 0, "not_run": 0, "failed": {},
+                             "next_bound": None}
+
+    def merge(out: Outcome) -> None:
+        cand, sims, failed = out
+        stats["simulated"] += sims
+        for why, n in failed.items():
+            stats["failed"][why] = stats["failed"].get(why, 0) + n
+        if cand is None and not failed:
+            stats["pruned_memory"] += 1
+        elif cand is not None:
+            found.append(cand)
+            found.sort(key=_order)
+
+    def stop(k: int) -> bool:
+        bound = items[k][0]
+        if len(found) >= top and bound >= found[top - 1].step - 1e-12:
+            stats["pruned_bound"] = len(items) - k
+            return True
+        # past the budget once something ``wanted`` (a layout pipert train runs) was found; past
+        # twice the budget once anything was
+        spent = time.perf_counter() - t0
+        if found and (spent > 2 * time_budget or spent > time_budget and any(wanted(c) for c in found)):
+            stats["not_run"], stats["next_bound"] = len(items) - k, bound
+            return True
+        return False
+    if jobs <= 1:
+        for k in range(len(items)):
+            if stop(k):
+                break
+            merge(evaluate(items[k][1], items[k][0]))
+        return found, stats
+    _forked(items, evaluate, jobs, stop, merge)
+    return found, stats
+
+
+def _forked(items: list, evaluate: Callable, jobs: int, stop: Callable[[int], bool],
+            merge: Callable[[Outcome], None]) -> None:
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    global _JOB
+    _JOB = (evaluate, items)
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            pending: set = set()
+            k, stopped = 0, False
+            while pending or (k < len(items) and not stopped):
+                while not stopped and k < len(items) and len(pending) < 2 * jobs:
+                    if stop(k):
+                        stopped = True
+                        break
+                    pending.add(pool.submit(_call, k))
+                    k += 1
+                if not pending:
+                    break
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in done:
+                    merge(f.result())
+    finally:
+        _JOB = None

@@ -1,0 +1,199 @@
+"""``pipert plan --auto``: ranking, memory pruning, extrapolation, JSON shape and flag errors
+(the printed command runs under pipert train: tests/multiproc/test_plan_auto_runs.py)."""
+import json
+
+import pytest
+
+from pipert.cli import main
+from pipert.cost.devices import DeviceSpec
+from pipert.cost.topology import LinkSpec, default_link_specs
+from pipert.cost.transformer import ModelSpec
+from pipert.planner import pipe
+from pipert.planner.auto import STATE_BYTES, analytic_cost, search
+from pipert.planner.cluster import Cluster, parse_size
+from pipert.planner.layouts import Layout, layouts
+
+TINY = ModelSpec.preset("tiny")
+
+
+def _plan(capsys, *args: str) -> tuple[int, str, str]:
+    rc = main(["plan", "--auto", *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_zero_bubble_ranks_above_1f1b_on_the_same_layout():
+    """ZB-H1 runs 1F1B's forwards and input gradients in the same order and fills the bubble with
+    the weight gradients: with free links, on one layout, it is never slower, and here strictly faster."""
+    free = {k: LinkSpec() for k in ("intra_node", "inter_node", "inter_dc")}
+    res = search(TINY, Cluster(4, 1, links=free), 16, families=("1f1b", "zb-h1"), stages=4, micro_batch=1, top=2)
+    assert [c.layout.family for c in res.ranked] == ["zb-h1", "1f1b"]
+    assert res.ranked[0].step < res.ranked[1].step
+
+
+def test_a_slow_datacenter_link_keeps_data_parallelism_inside_a_datacenter():
+    """Two datacenters of one node of 2 devices each, 10 Mbit/s between them: P = 1 and P = 2
+    all-reduce each stage's gradients across the slow link, P = 4 sends only activations over it."""
+    cl = Cluster(2, 2, 2, links={**default_link_specs(), "inter_dc": LinkSpec(1e-3, 1.25e6)})
+    res = search(TINY, cl, 8, families=("1f1b",), tp=1, micro_batch=1, top=3)
+    assert res.ranked[0].layout.stages == 4 and res.ranked[0].layout.dp == 1
+
+
+def test_memory_prunes_and_what_is_ranked_fits():
+    params = TINY.num_params
+    budget = params * sum(STATE_BYTES.values()) / 3       # the whole model's states need P >= 3 or ZeRO
+    dev = DeviceSpec("small", 1.0, memory=budget)
+    res = search(TINY, Cluster(4, 1, device=dev), 16, families=("1f1b",), micro_batch=1, top=10)
+    assert res.pruned_memory > 0 and res.ranked
+    assert all(c.memory <= budget for c in res.ranked)
+    # P = T = 1, D = 4: ZeRO-3's 4 bytes per parameter + a gathered unit + the activations > 16/3
+    assert not any(c.layout.stages == 1 and c.layout.tp == 1 for c in res.ranked)
+    # the whole model's states on one device of P = 4 would not fit without the split over stages
+    assert any(c.layout.stages == 4 for c in res.ranked)
+
+
+def test_nothing_fits_is_said_and_exit_status_1(capsys):
+    rc, out, _ = _plan(capsys, "--model", "tiny", "--gpus-per-node", "2", "--batch", "4", "--gpu-memory", "1MiB")
+    assert rc == 1
+    assert "nothing fits" in out and "--gpu-memory" in out
+
+
+def test_extrapolated_step_matches_the_simulated_one(monkeypatch):
+    """1F1B at M = 32 simulated whole, and from M = 16 and 8 along a line: within 1 %."""
+    cl = Cluster(4, 1)
+    lay = next(x for x in layouts(cl, TINY, 32, ("1f1b",), stages=4, micro_batch=1))
+    cost = analytic_cost(cl)(TINY, lay, "none", lay.units)
+
+    def run(shape: Layout):
+        from pipert.schedules import build_schedule
+        from pipert.sim import simulate
+        s = build_schedule("1f1b", stages=shape.stages, microbatches=shape.microbatches)
+        return s, simulate(s, cost, links=shape.links(cl), topology=shape.topology())
+    whole = pipe.simulate_pipe(lay, run)
+    monkeypatch.setattr(pipe, "PLAN_PAIR_LIMIT", 4 * 16)
+    line = pipe.simulate_pipe(lay, run)
+    assert line.extrapolated_from == (16, 8) and not whole.extrapolated_from
+    assert line.makespan == pytest.approx(whole.makespan, rel=0.01)
+    assert max(line.peak) == pytest.approx(max(whole.peak), rel=0.01)
+
+
+def test_json_shape(capsys):
+    rc, out, _ = _plan(capsys, "--model", "tiny", "--gpus-per-node", "4", "--batch", "8", "--schedules",
+                       "1f1b,zb-h1,interleaved-1f1b", "--top", "3", "--json")
+    assert rc == 0
+    d = json.loads(out)
+    assert set(d) >= {"model", "cluster", "batch", "search", "ranking", "best"}
+    assert d["cluster"]["gpus_per_node"] == 4 and d["batch"] == 8
+    assert 1 <= len(d["ranking"]) <= 3
+    steps = [r["step_s"] for r in d["ranking"]]
+    assert steps == sorted(steps)
+    row = d["ranking"][0]
+    for key in ("schedule", "P", "D", "T", "V", "M", "micro_batch", "zero", "recompute", "step_s", "bubble",
+                "exposed_comm_s", "memory_bytes", "why_not", "command", "train_args"):
+        assert key in row
+    assert row["P"] * row["D"] * row["T"] == 4
+    assert d["best"]["command"].startswith("pipert train --schedule ")
+
+
+def test_tensor_parallel_layouts_get_a_reason_not_a_command(capsys):
+    rc, out, _ = _plan(capsys, "--model", "tiny", "--gpus-per-node", "2", "--batch", "4", "--tp", "2",
+                       "--schedules", "1f1b", "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["best"] is None
+    assert all(r["command"] is None and "no tensor parallelism" in r["why_not"] for r in d["ranking"])
+
+
+def test_7b_on_8x8_gpus_in_2_datacenters_prints_a_table_and_a_command(capsys):
+    """The issue's example, kept short: T = 1 (every layout found has a command) and a 1 s budget."""
+    rc, out, _ = _plan(capsys, "--model", "7b", "--gpus-per-node", "8", "--nodes", "8", "--dcs", "2",
+                       "--tp", "1", "--time-limit", "1s")
+    assert rc == 0
+    assert "rank schedule" in out and "2 DCs" in out
+    assert "torchrun --nnodes 8 --nproc-per-node 8" in out and "-m pipert.cli train --schedule" in out
+    assert "scaled down to a CPU: --model tiny" in out
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--gpu-memory", "80"], ["--gpu-memory '80' has no unit", "GiB"]),
+    (["--gpu-memory", "80GX"], ["unknown size unit", "allowed"]),
+    (["--dcs", "2", "--nodes", "2", "--dc-latency", "20"], ["--dc-latency '20' has no unit"]),
+    (["--node-bandwidth", "fast"], ["--node-bandwidth 'fast'", "allowed units"]),
+    (["--nodes", "3", "--dcs", "2"], ["--nodes 3", "multiple of 2"]),
+    (["--gpus-per-node", "0"], ["--gpus-per-node must be >= 1"]),
+    (["--ranks-per-node", "8"], ["--ranks-per-node 8 does not apply to --auto", "--gpus-per-node"]),
+    (["--schedules", "1f1b,nope"], ["--schedules: unknown nope", "allowed"]),
+    (["--tp", "3"], ["--tp 3", "allowed --tp"]),
+])
+def test_bad_flags_name_flag_value_and_what_is_allowed(capsys, args, words):
+    rc, _, err = _plan(capsys, "--model", "tiny", *args)
+    assert rc == 2
+    for w in words:
+        assert w in err, err
+
+
+def test_auto_flags_without_auto_are_refused(capsys):
+    assert main(["plan", "--gpus-per-node", "8"]) == 2
+    assert "give --auto too" in capsys.readouterr().err
+
+
+def test_model_sizes_and_parse_size():
+    rc = main(["plan", "--auto", "--model", "layers=4,hidden=256,heads=4", "--gpus-per-node", "2", "--batch", "4",
+               "--schedules", "1f1b", "--json"])
+    assert rc == 0
+    assert parse_size("80GiB", "--x") == 80 * 2 ** 30 and parse_size("1.5 GB", "--x") == 1.5e9
+
+
+def test_profile_plans_with_measured_units_and_link(monkeypatch):
+    """--profile's cost: the real tiny units profiled per unit count (the link measurement, two gloo
+    processes, replaced by a fixed one here); the ranking uses them and the measured link."""
+    from pipert.planner import measure
+    monkeypatch.setattr(measure, "measure_link", lambda: LinkSpec(1e-4, 1e9))
+    spec = ModelSpec.preset("tiny", seq=16)
+    cluster, cost_for, measured = measure.measured_cluster("tiny", spec, Cluster(2, 1))
+    assert cluster.links["intra_node"] == LinkSpec(1e-4, 1e9) and "latency 100 us" in measured["link"]
+    res = search(spec, cluster, 4, families=("1f1b",), tp=1, micro_batch=1, cost_for=cost_for)
+    best = res.ranked[0]
+    assert best.step > 0 and best.memory > 0
+    cost = cost_for(spec, best.layout, "none", best.layout.units)
+    assert cost.num_units == best.layout.units and all(cost.unit_time(u, "F") > 0 for u in range(cost.num_units))
+    with pytest.raises(ValueError, match="not a pipert train model"):
+        measure.measured_cluster("7b", ModelSpec.preset("7b"), Cluster(2, 1))
+
+
+def test_forked_workers_find_the_same_top():
+    kw = dict(families=("1f1b", "zb-h1", "interleaved-1f1b"), top=3)
+    one = search(TINY, Cluster(4, 1), 16, **kw)
+    two = search(TINY, Cluster(4, 1), 16, jobs=2, **kw)
+    assert [c.as_dict() for c in two.ranked[:3]] == [c.as_dict() for c in one.ranked[:3]]
+
+
+def test_no_layout_names_the_reasons(capsys):
+    rc, out, _ = _plan(capsys, "--model", "tiny", "--gpus-per-node", "2", "--batch", "4", "--schedules", "helixpipe",
+                       "--micro-batch-size", "4")
+    assert rc == 1
+    assert "no layout could be built; most common reasons:" in out and "helixpipe" in out
+
+
+@pytest.mark.parametrize("model, dc_bandwidth", [("tiny", 1.25e6), ("1b", 1.25e9)])
+def test_every_lower_bound_is_below_its_simulated_step(model, dc_bandwidth):
+    """The search may skip a layout only because its bound reaches the top: every layout it did
+    simulate (all of them, with a large top) has bound <= step, across families and links."""
+    cl = Cluster(2, 4, 2, links={**default_link_specs(), "inter_dc": LinkSpec(1e-3, dc_bandwidth)})
+    res = search(ModelSpec.preset(model), cl, 16, top=10 ** 6, time_budget=60)
+    assert res.pruned_bound == 0 and len({c.layout.family for c in res.ranked}) >= 6
+    for c in res.ranked:
+        assert c.bound <= c.step * (1 + 1e-9), (c.layout, c.bound, c.step)
+
+
+def test_data_parallel_groups_are_priced_on_the_link_they_cross():
+    """Rank d*P + p (replica-major): with P = 2 on 2 datacenters of 2 devices, replica 0 is DC 0 and
+    replica 1 DC 1, so each stage's all-reduce crosses the DC link; with P = 4 there is no group."""
+    dc = LinkSpec(2e-3, 1e9)
+    cl = Cluster(2, 2, 2, links={**default_link_specs(), "inter_dc": dc})
+    lay = next(x for x in layouts(cl, TINY, 8, ("1f1b",), stages=2, tp=1, micro_batch=1))
+    assert lay.dp == 2 and lay.dp_group(1) == (1, 3) and lay.dcs == 1
+    n = 1e6
+    ring = cl.rank_links(1).collective("allreduce", lay.dp_group(1), n)
+    assert ring == pytest.approx(2 * (dc.latency + n / 2 / 1e9))     # 2(n-1) steps of b/n, n = 2
+    whole = next(x for x in layouts(cl, TINY, 8, ("1f1b",), stages=4, tp=1, micro_batch=1))
+    assert whole.dp == 1 and whole.dcs == 2 and whole.links(cl).spec(1, 2) == dc
