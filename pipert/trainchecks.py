@@ -7,7 +7,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_folder_writable", "check_batch_fits", "check_checkpoint_dtype", "host_memory"]
+__all__ = ["check_folder_writable", "check_batch_fits", "check_checkpoint_dtype", "check_tensor_parallel",
+           "host_memory", "TP_FAMILIES"]
+
+TP_FAMILIES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "crosspipe-greedy", "crosspipe-wave",
+               "crosspipe-optimal", "pipemesh")
+"""Families that run with --tp > 1: activation passing over units that are chunks of layers (TP
+lives inside the computes). Weight passing (weipipe-*, tawpipe) and HelixPipe's pieces of layers
+are not supported yet."""
 
 _GiB = float(1 << 30)
 _ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}
@@ -70,3 +77,41 @@ def check_checkpoint_dtype(cfg: Any) -> None:
     raise ValueError(f"{which} with --dtype bfloat16 and --zero {cfg.zero}: checkpoints of ZeRO-sharded bf16 units "
                      f"(their fp32 master copies are sharded) are not supported; allowed: --zero 0, --dtype float32 "
                      f"or float64, or no checkpoint")
+
+
+def check_tensor_parallel(cfg: Any) -> None:
+    """--tp and --sp against the model's sizes, the schedule family and the other flags."""
+    from .models import model_config
+    from .models.tpshard import check_tp_sizes
+    if cfg.tp < 1:
+        raise ValueError(f"--tp must be >= 1 (processes per pipeline rank), got {cfg.tp}")
+    if cfg.sp and cfg.tp == 1:
+        raise ValueError("--sp splits the sequence over the TP group: give --tp > 1 as well")
+    if cfg.tp == 1:
+        return
+    check_tp_sizes(model_config(cfg.model), cfg.tp, cfg.seq if cfg.sp else None)
+    from .ir.files import is_schedule_file
+    if not is_schedule_file(cfg.schedule) and cfg.schedule not in TP_FAMILIES:
+        raise ValueError(f"--tp {cfg.tp}: schedule family {cfg.schedule!r} is not supported with tensor parallelism "
+                         f"(weight passing and HelixPipe are not yet); allowed: {', '.join(TP_FAMILIES)}")
+    refused = {"--backend local": cfg.backend == "local", "--mlp-chunk": cfg.mlp_chunk > 0,
+               "--recompute": cfg.recompute != "none", "--save": bool(cfg.save), "--resume": bool(cfg.resume),
+               "--profile": cfg.profile, "--dcs/--node-*": cfg.link_options().active}
+    bad = [flag for flag, given in refused.items() if given]
+    if bad:
+        raise ValueError(f"--tp {cfg.tp}: {', '.join(bad)} not supported with tensor parallelism yet; "
+                         f"run with --tp 1 or leave {'them' if len(bad) > 1 else 'it'} out")
+
+
+def check_tp_program(program: Any, tp: int) -> None:
+    """A compiled program runs with --tp > 1 only if its units are chunks of layers and no weights
+    travel (a schedule file may hold any family)."""
+    from .ir import Payload
+    if tp == 1:
+        return
+    cut = program.meta.get("cut", "layers")
+    moved = any(a.payload in (Payload.WEIGHT, Payload.WGRAD) for _, _, a in program)
+    if cut != "layers" or moved:
+        what = f"its units are {cut!r} pieces of layers" if cut != "layers" else "it moves weights between ranks"
+        raise ValueError(f"--tp {tp}: schedule {program.name!r} cannot run with tensor parallelism: {what}; "
+                         f"allowed: activation passing over chunks of layers ({', '.join(TP_FAMILIES)})")

@@ -89,13 +89,13 @@ class LlamaUnit(ModelUnit):
 
     def body(self, x: Tensor, targets: Tensor | None = None) -> Tensor:
         if self.embed is not None:
-            x = embed_input(x, self.embed, self.pos)
+            x = embed_input(x, self.embed, self.pos, self.tp)
         for layer in self.layers.values():
             x = layer(x)
         if not self.is_last:
             return x
         w = self.embed.weight if self.head is None else self.head.weight
-        return final_loss(x, self.norm, w, targets)
+        return final_loss(x, self.norm, w, targets, self.tp)
 
 
 class PreAttentionUnit(ModelUnit):
