@@ -105,12 +105,12 @@ def check_tensor_parallel(cfg: Any) -> None:
 
 def check_tp_program(program: Any, tp: int) -> None:
     """A compiled program runs with --tp > 1 only if its units are chunks of layers and no weights
-    travel (a schedule file may hold any family)."""
-    from .ir import Payload
+    travel point to point (a schedule file may hold any family; ZeRO's collectives are fine)."""
+    from .ir import Op, Payload
     if tp == 1:
         return
     cut = program.meta.get("cut", "layers")
-    moved = any(a.payload in (Payload.WEIGHT, Payload.WGRAD) for _, _, a in program)
+    moved = any(a.op in (Op.SEND, Op.RECV) and a.payload in (Payload.WEIGHT, Payload.WGRAD) for _, _, a in program)
     if cut != "layers" or moved:
         what = f"its units are {cut!r} pieces of layers" if cut != "layers" else "it moves weights between ranks"
         raise ValueError(f"--tp {tp}: schedule {program.name!r} cannot run with tensor parallelism: {what}; "
