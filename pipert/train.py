@@ -394,7 +394,8 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
     ref_units = _rank_units(cfg, program, device) if cfg.check and rank == 0 else None
     ref_opt = opt([p for u in ref_units for p in u.parameters()]) if ref_units else None
     sizes = _per_rank(backend, rank, _param_bytes(units))
-    start = {"rank_param_bytes": sizes, "model_param_bytes": _param_bytes(units, materialized_only=False)}
+    whole = units if tp is None else _rank_units(cfg, program, torch.device("meta"), keep=[])  # unsharded shapes
+    start = {"rank_param_bytes": sizes, "model_param_bytes": _param_bytes(whole, materialized_only=False)}
     link_opts = cfg.link_options()
     links = link_opts.links(cfg.world) if link_opts.active else None
     if links is not None:
