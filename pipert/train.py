@@ -126,7 +126,7 @@ class TrainConfig:
         ValueError naming the flag, its value and what is allowed."""
         if self.dtype not in _DTYPES:
             raise ValueError(f"--dtype {self.dtype!r} unknown; allowed: {', '.join(_DTYPES)}")
-        for name in ("stages", "microbatches", "steps", "batch_size", "seq", "dp"):
+        for name in ("stages", "microbatches", "steps", "batch_size", "seq", "dp", "tp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("chunks", "ranks_per_node"):
