@@ -28,7 +28,7 @@ collectives of one group are posted in the same order on every member (NCCL's ru
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -77,47 +77,33 @@ def _scatter(x: Tensor, tp: TensorParallel, dim: int) -> Tensor:
     return _wait(funcol.reduce_scatter_single(x.contiguous(), "sum", dim, tp.group))
 
 
-class _Copy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, tp: TensorParallel) -> Tensor:
-        ctx.tp = tp
-        return x.view_as(x)
+def _same(x: Tensor, tp: TensorParallel) -> Tensor:
+    return x.view_as(x)
+
+
+def _sum(x: Tensor, tp: TensorParallel) -> Tensor:
+    return _all_reduce(x, tp)
+
+
+def _gather_seq(x: Tensor, tp: TensorParallel) -> Tensor:
+    return _gather(x, tp, SEQ_DIM)
+
+
+def _scatter_seq(x: Tensor, tp: TensorParallel) -> Tensor:
+    return _scatter(x, tp, SEQ_DIM)
+
+
+class _Conjugate(torch.autograd.Function):
+    """``fwd(x)`` forward and the conjugate ``bwd(g)`` backward (the pairs of the module doc)."""
 
     @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple:
-        return _all_reduce(g, ctx.tp), None
-
-
-class _Reduce(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, tp: TensorParallel) -> Tensor:
-        return _all_reduce(x, tp)
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple:
-        return g, None
-
-
-class _GatherSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, tp: TensorParallel) -> Tensor:
-        ctx.tp = tp
-        return _gather(x, tp, SEQ_DIM)
+    def forward(ctx: Any, x: Tensor, tp: TensorParallel, fwd: Callable, bwd: Callable) -> Tensor:
+        ctx.tp, ctx.bwd = tp, bwd
+        return fwd(x, tp)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple:
-        return _scatter(g, ctx.tp, SEQ_DIM), None
-
-
-class _ScatterSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, tp: TensorParallel) -> Tensor:
-        ctx.tp = tp
-        return _scatter(x, tp, SEQ_DIM)
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple:
-        return _gather(g, ctx.tp, SEQ_DIM), None
+        return ctx.bwd(g, ctx.tp), None, None, None
 
 
 def enter(tp: TensorParallel | None, x: Tensor) -> Tensor:
@@ -125,7 +111,8 @@ def enter(tp: TensorParallel | None, x: Tensor) -> Tensor:
     group), or under SP the sequence gathered from the group's shards."""
     if tp is None or tp.size == 1:
         return x
-    return (_GatherSeq if tp.sequence_parallel else _Copy).apply(x, tp)
+    pair = (_gather_seq, _scatter_seq) if tp.sequence_parallel else (_same, _sum)
+    return _Conjugate.apply(x, tp, *pair)
 
 
 def leave(tp: TensorParallel | None, x: Tensor) -> Tensor:
@@ -133,7 +120,8 @@ def leave(tp: TensorParallel | None, x: Tensor) -> Tensor:
     sequence shard of it."""
     if tp is None or tp.size == 1:
         return x
-    return (_ScatterSeq if tp.sequence_parallel else _Reduce).apply(x, tp)
+    pair = (_scatter_seq, _gather_seq) if tp.sequence_parallel else (_sum, _same)
+    return _Conjugate.apply(x, tp, *pair)
 
 
 def row_linear(tp: TensorParallel | None, lin: nn.Linear, x: Tensor) -> Tensor:

@@ -84,6 +84,8 @@ def shard_units(units: Iterable[nn.Module], tp: TensorParallel) -> None:
         if getattr(unit, "kind", None) != "layers":
             raise ValueError(f"tensor parallelism shards units that are chunks of layers; unit {u} is "
                              f"{getattr(unit, 'kind', type(unit).__name__)!r} (allowed cut: layers)")
+        if unit.tp is not None:
+            raise ValueError(f"unit {u} is a TP shard already (of {unit.tp.size}); shard a unit once")
         unit.tp = tp
         for m in unit.modules():
             if isinstance(m, Attention):

@@ -36,6 +36,8 @@ def test_shards_have_local_heads_and_columns_and_meta_units_get_shard_shapes():
     assert (attn.heads, attn.kv_heads) == (2, 1) and attn.tp.rank == 1
     meta = dict(units[1].named_parameters())  # not materialised: shapes only
     assert meta["head.weight"].is_meta and meta["head.weight"].shape == (128, 64)
+    with pytest.raises(ValueError, match="unit 0 is a TP shard already"):
+        shard_units(units, TensorParallel(2, 1))
 
 
 def test_tp_of_one_changes_nothing():
