@@ -11,10 +11,11 @@ __all__ = ["check_folder_writable", "check_batch_fits", "check_checkpoint_dtype"
            "host_memory", "TP_FAMILIES"]
 
 TP_FAMILIES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "crosspipe-greedy", "crosspipe-wave",
-               "crosspipe-optimal", "pipemesh")
-"""Families that run with --tp > 1: activation passing over units that are chunks of layers (TP
-lives inside the computes). Weight passing (weipipe-*, tawpipe) and HelixPipe's pieces of layers
-are not supported yet."""
+               "crosspipe-optimal", "pipemesh", "weipipe-naive", "weipipe-interleave", "weipipe-zb1", "weipipe-zb2",
+               "tawpipe")
+"""Families that run with --tp > 1: those whose units are chunks of layers (TP lives inside the
+computes; weights that travel are each TP rank's shard, between the same tp coordinates).
+HelixPipe's units are pieces of layers: not supported yet."""
 
 _GiB = float(1 << 30)
 _ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}
@@ -93,7 +94,7 @@ def check_tensor_parallel(cfg: Any) -> None:
     from .ir.files import is_schedule_file
     if not is_schedule_file(cfg.schedule) and cfg.schedule not in TP_FAMILIES:
         raise ValueError(f"--tp {cfg.tp}: schedule family {cfg.schedule!r} is not supported with tensor parallelism "
-                         f"(weight passing and HelixPipe are not yet); allowed: {', '.join(TP_FAMILIES)}")
+                         f"(its units are pieces of layers); allowed: {', '.join(TP_FAMILIES)}")
     refused = {"--backend local": cfg.backend == "local", "--mlp-chunk": cfg.mlp_chunk > 0,
                "--recompute": cfg.recompute != "none", "--save": bool(cfg.save), "--resume": bool(cfg.resume),
                "--profile": cfg.profile, "--dcs/--node-*": cfg.link_options().active}
@@ -104,14 +105,9 @@ def check_tensor_parallel(cfg: Any) -> None:
 
 
 def check_tp_program(program: Any, tp: int) -> None:
-    """A compiled program runs with --tp > 1 only if its units are chunks of layers and no weights
-    travel point to point (a schedule file may hold any family; ZeRO's collectives are fine)."""
-    from .ir import Op, Payload
-    if tp == 1:
-        return
+    """A compiled program runs with --tp > 1 only if its units are chunks of layers (a schedule
+    file may hold any cut)."""
     cut = program.meta.get("cut", "layers")
-    moved = any(a.op in (Op.SEND, Op.RECV) and a.payload in (Payload.WEIGHT, Payload.WGRAD) for _, _, a in program)
-    if cut != "layers" or moved:
-        what = f"its units are {cut!r} pieces of layers" if cut != "layers" else "it moves weights between ranks"
-        raise ValueError(f"--tp {tp}: schedule {program.name!r} cannot run with tensor parallelism: {what}; "
-                         f"allowed: activation passing over chunks of layers ({', '.join(TP_FAMILIES)})")
+    if tp > 1 and cut != "layers":
+        raise ValueError(f"--tp {tp}: schedule {program.name!r} cannot run with tensor parallelism: its units are "
+                         f"{cut!r} pieces of layers; allowed: units that are chunks of layers ({', '.join(TP_FAMILIES)})")

@@ -69,9 +69,9 @@ def test_sizes_t_must_divide_are_named_with_what_is_allowed():
     ({"tp": 0}, "--tp must be >= 1"),
     ({"sp": True}, "--sp splits the sequence over the TP group: give --tp > 1"),
     ({"tp": 2, "sp": True, "seq": 15}, "--tp 2 must divide seq=15"),
-    ({"tp": 2, "schedule": "weipipe-naive"}, "schedule family 'weipipe-naive' is not supported with tensor "
-                                             "parallelism .*allowed: gpipe, 1f1b"),
-    ({"tp": 2, "schedule": "helixpipe", "stages": 2}, "family 'helixpipe' is not supported"),
+    ({"tp": 2, "schedule": "helixpipe", "stages": 2}, "schedule family 'helixpipe' is not supported with tensor "
+                                                      "parallelism .*allowed: gpipe, 1f1b"),
+    ({"tp": 2, "schedule": "helixpipe-2fold", "stages": 2}, "family 'helixpipe-2fold' is not supported"),
     ({"tp": 2, "backend": "local"}, "--backend local not supported with tensor parallelism"),
     ({"tp": 2, "mlp_chunk": 8}, "--mlp-chunk not supported"),
 ])
@@ -86,9 +86,10 @@ def test_world_counts_tp_processes():
     assert cfg.world == 8
 
 
-def test_a_weight_passing_program_is_refused_with_tp():
-    program = build_program(TrainConfig(schedule="weipipe-naive", stages=2, microbatches=2, batch_size=2))
-    with pytest.raises(ValueError, match="moves weights between ranks; allowed: activation passing"):
+def test_a_program_of_pieces_of_layers_is_refused_with_tp():
+    program = build_program(TrainConfig(schedule="helixpipe", stages=2, microbatches=2, batch_size=2))
+    with pytest.raises(ValueError, match="its units are 'helix' pieces of layers; allowed: units that are chunks"):
         check_tp_program(program, 2)
     check_tp_program(program, 1)  # no TP: nothing to refuse
-    check_tp_program(build_program(TrainConfig(schedule="1f1b", stages=2, microbatches=2, batch_size=2)), 2)
+    for name in ("1f1b", "weipipe-zb2"):
+        check_tp_program(build_program(TrainConfig(schedule=name, stages=2, microbatches=2, batch_size=2)), 2)
