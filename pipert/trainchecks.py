@@ -110,4 +110,5 @@ def check_tp_program(program: Any, tp: int) -> None:
     cut = program.meta.get("cut", "layers")
     if tp > 1 and cut != "layers":
         raise ValueError(f"--tp {tp}: schedule {program.name!r} cannot run with tensor parallelism: its units are "
-                         f"{cut!r} pieces of layers; allowed: units that are chunks of layers ({', '.join(TP_FAMILIES)})")
+                         f"{cut!r} pieces of layers; allowed: units that are chunks of layers "
+                         f"({', '.join(TP_FAMILIES)})")

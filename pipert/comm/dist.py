@@ -179,7 +179,8 @@ class DistTransport:
         if op == "BROADCAST":
             return _posted(lambda: dist.broadcast(tensor, self._peer(root), group=pg, async_op=True), st)
         if op == "REDUCE":
-            return _posted(lambda: dist.reduce(tensor, self._peer(root), op=dist.ReduceOp.SUM, group=pg, async_op=True), st)
+            dst = self._peer(root)
+            return _posted(lambda: dist.reduce(tensor, dst, op=dist.ReduceOp.SUM, group=pg, async_op=True), st)
         if op == "ALLREDUCE":
             return _posted(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=pg, async_op=True), st)
         if op == "ALLGATHER":
