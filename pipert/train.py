@@ -614,9 +614,10 @@ def _as_launched_rank(cfg: TrainConfig, backend: str) -> None:
 def _check_launched(cfg: TrainConfig, backend: str, place) -> None:
     """A torchrun job of the right size, and under NCCL a GPU for this process's local rank."""
     if place.world_size != cfg.world:
+        tp = (f" x --tp {cfg.tp}", "/--tp") if cfg.tp > 1 else ("", "")
         raise ValueError(f"torchrun started {place.world_size} processes (WORLD_SIZE), but --stages {cfg.stages} x "
-                         f"--dp {cfg.dp} x --tp {cfg.tp} needs {cfg.world}; start {cfg.world} in all (--nnodes x "
-                         f"--nproc-per-node) or change --stages/--dp/--tp")
+                         f"--dp {cfg.dp}{tp[0]} needs {cfg.world}; start {cfg.world} in all (--nnodes x "
+                         f"--nproc-per-node) or change --stages/--dp{tp[1]}")
     if process_group_backend(backend) == "nccl":
         from .launch import check_gpus
         check_gpus(1, place.local_rank)
