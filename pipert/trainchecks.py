@@ -12,7 +12,7 @@ __all__ = ["check_folder_writable", "check_batch_fits", "check_checkpoint_dtype"
 
 TP_FAMILIES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "crosspipe-greedy", "crosspipe-wave",
                "crosspipe-optimal", "pipemesh", "weipipe-naive", "weipipe-interleave", "weipipe-zb1", "weipipe-zb2",
-               "tawpipe")
+               "tawpipe", "helixpipe", "helixpipe-2fold")
 """Families that run with --tp > 1: those whose units are chunks of layers (TP lives inside the
 computes; weights that travel are each TP rank's shard, between the same tp coordinates).
 HelixPipe's units are pieces of layers: not supported yet."""
@@ -107,8 +107,8 @@ def check_tensor_parallel(cfg: Any) -> None:
 def check_tp_program(program: Any, tp: int) -> None:
     """A compiled program runs with --tp > 1 only if its units are chunks of layers (a schedule
     file may hold any cut)."""
+    from .models.tpshard import TP_CUTS
     cut = program.meta.get("cut", "layers")
-    if tp > 1 and cut != "layers":
+    if tp > 1 and cut not in TP_CUTS:
         raise ValueError(f"--tp {tp}: schedule {program.name!r} cannot run with tensor parallelism: its units are "
-                         f"{cut!r} pieces of layers; allowed: units that are chunks of layers "
-                         f"({', '.join(TP_FAMILIES)})")
+                         f"the {cut!r} cut; allowed cuts: {', '.join(TP_CUTS)}")

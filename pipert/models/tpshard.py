@@ -22,10 +22,14 @@ import torch
 from torch import Tensor, nn
 
 from .common import Attention
+from .unitbase import QKV
 from .tp import TensorParallel, all_reduce_grad
 
-__all__ = ["shard_dim", "shard_units", "check_tp_sizes", "gather_shards", "tp_divisors"]
+__all__ = ["shard_dim", "shard_units", "check_tp_sizes", "gather_shards", "tp_divisors", "TP_CUTS"]
 
+TP_CUTS = ("layers", "helix")
+"""Cuts whose units shard: chunks of layers, HelixPipe's C(l) and A(l)."""
+TP_KINDS = ("layers", "helix_param", "helix_attn")
 _COLUMN = ("attn.wq.", "attn.wk.", "attn.wv.", "mlp.w1.", "mlp.w3.", "mlp.fc.")
 _ROW = ("attn.wo.weight", "mlp.w2.weight", "mlp.proj.weight")
 _VOCAB = ("embed.weight", "head.weight")
@@ -81,14 +85,14 @@ def shard_units(units: Iterable[nn.Module], tp: TensorParallel) -> None:
     if tp.size == 1:
         return
     for u, unit in enumerate(units):
-        if getattr(unit, "kind", None) != "layers":
-            raise ValueError(f"tensor parallelism shards units that are chunks of layers; unit {u} is "
-                             f"{getattr(unit, 'kind', type(unit).__name__)!r} (allowed cut: layers)")
+        if getattr(unit, "kind", None) not in TP_KINDS:
+            raise ValueError(f"tensor parallelism shards units of the cuts {', '.join(TP_CUTS)}; unit {u} is "
+                             f"{getattr(unit, 'kind', type(unit).__name__)!r}")
         if unit.tp is not None:
             raise ValueError(f"unit {u} is a TP shard already (of {unit.tp.size}); shard a unit once")
         unit.tp = tp
         for m in unit.modules():
-            if isinstance(m, Attention):
+            if isinstance(m, (Attention, QKV)):
                 m.heads, m.kv_heads = m.heads // tp.size, m.kv_heads // tp.size
             if hasattr(type(m), "tp"):
                 m.tp = tp
