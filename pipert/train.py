@@ -577,8 +577,6 @@ def _prepare(cfg: TrainConfig, backend: str) -> Program:
     layers = model_config(cfg.model).layers
     program = build_program(cfg, program_rules(backend))
     check_unit_count(cfg.schedule, program.num_units, cfg.model, layers, program.meta.get("cut"))
-    from .trainchecks import check_tp_program
-    check_tp_program(program, cfg.tp)
     if cfg.resume:
         import torch
         from .resume import prepare_resume

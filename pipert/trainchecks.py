@@ -8,14 +8,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["check_folder_writable", "check_batch_fits", "check_checkpoint_dtype", "check_tensor_parallel",
-           "host_memory", "TP_FAMILIES"]
+           "host_memory"]
 
-TP_FAMILIES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "crosspipe-greedy", "crosspipe-wave",
-               "crosspipe-optimal", "pipemesh", "weipipe-naive", "weipipe-interleave", "weipipe-zb1", "weipipe-zb2",
-               "tawpipe", "helixpipe", "helixpipe-2fold")
-"""Families that run with --tp > 1: those whose units are chunks of layers (TP lives inside the
-computes; weights that travel are each TP rank's shard, between the same tp coordinates).
-HelixPipe's units are pieces of layers: not supported yet."""
 
 _GiB = float(1 << 30)
 _ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}
@@ -81,7 +75,7 @@ def check_checkpoint_dtype(cfg: Any) -> None:
 
 
 def check_tensor_parallel(cfg: Any) -> None:
-    """--tp and --sp against the model's sizes, the schedule family and the other flags."""
+    """--tp and --sp against the model's sizes and the other flags (every family and cut shards)."""
     from .models import model_config
     from .models.tpshard import check_tp_sizes
     if cfg.tp < 1:
@@ -91,24 +85,11 @@ def check_tensor_parallel(cfg: Any) -> None:
     if cfg.tp == 1:
         return
     check_tp_sizes(model_config(cfg.model), cfg.tp, cfg.seq if cfg.sp else None)
-    from .ir.files import is_schedule_file
-    if not is_schedule_file(cfg.schedule) and cfg.schedule not in TP_FAMILIES:
-        raise ValueError(f"--tp {cfg.tp}: schedule family {cfg.schedule!r} is not supported with tensor parallelism "
-                         f"(its units are pieces of layers); allowed: {', '.join(TP_FAMILIES)}")
     refused = {"--backend local": cfg.backend == "local", "--mlp-chunk": cfg.mlp_chunk > 0,
-               "--recompute": cfg.recompute != "none", "--save": bool(cfg.save), "--resume": bool(cfg.resume),
+               "--save": bool(cfg.save), "--resume": bool(cfg.resume),
                "--profile": cfg.profile, "--dcs/--node-*": cfg.link_options().active}
     bad = [flag for flag, given in refused.items() if given]
     if bad:
         raise ValueError(f"--tp {cfg.tp}: {', '.join(bad)} not supported with tensor parallelism yet; "
                          f"run with --tp 1 or leave {'them' if len(bad) > 1 else 'it'} out")
 
-
-def check_tp_program(program: Any, tp: int) -> None:
-    """A compiled program runs with --tp > 1 only if its units are chunks of layers (a schedule
-    file may hold any cut)."""
-    from .models.tpshard import TP_CUTS
-    cut = program.meta.get("cut", "layers")
-    if tp > 1 and cut not in TP_CUTS:
-        raise ValueError(f"--tp {tp}: schedule {program.name!r} cannot run with tensor parallelism: its units are "
-                         f"the {cut!r} cut; allowed cuts: {', '.join(TP_CUTS)}")

@@ -25,11 +25,10 @@ from .common import Attention
 from .unitbase import QKV
 from .tp import TensorParallel, all_reduce_grad
 
-__all__ = ["shard_dim", "shard_units", "check_tp_sizes", "gather_shards", "tp_divisors", "TP_CUTS"]
+__all__ = ["shard_dim", "shard_units", "check_tp_sizes", "gather_shards", "tp_divisors", "TP_KINDS"]
 
-TP_CUTS = ("layers", "helix")
-"""Cuts whose units shard: chunks of layers, HelixPipe's C(l) and A(l)."""
-TP_KINDS = ("layers", "helix_param", "helix_attn")
+TP_KINDS = ("layers", "pre_attn", "attn", "post_attn", "helix_param", "helix_attn")
+"""Units that shard: those of every cut of a built-in model (``pipert.models.partition``)."""
 _COLUMN = ("attn.wq.", "attn.wk.", "attn.wv.", "mlp.w1.", "mlp.w3.", "mlp.fc.")
 _ROW = ("attn.wo.weight", "mlp.w2.weight", "mlp.proj.weight")
 _VOCAB = ("embed.weight", "head.weight")
@@ -86,12 +85,15 @@ def shard_units(units: Iterable[nn.Module], tp: TensorParallel) -> None:
         return
     for u, unit in enumerate(units):
         if getattr(unit, "kind", None) not in TP_KINDS:
-            raise ValueError(f"tensor parallelism shards units of the cuts {', '.join(TP_CUTS)}; unit {u} is "
-                             f"{getattr(unit, 'kind', type(unit).__name__)!r}")
+            raise ValueError(f"tensor parallelism shards the units of a built-in model; unit {u} is "
+                             f"{getattr(unit, 'kind', type(unit).__name__)!r} (allowed: {', '.join(TP_KINDS)})")
         if unit.tp is not None:
             raise ValueError(f"unit {u} is a TP shard already (of {unit.tp.size}); shard a unit once")
         unit.tp = tp
-        for m in unit.modules():
+        for name, m in unit.named_modules():
+            if name.endswith("mlp") and not hasattr(type(m), "tp"):
+                raise ValueError(f"unit {u}: the MLP {type(m).__name__} has no tensor-parallel form (the chunked "
+                                 f"MLPs of pipert.kernels); use the plain MLP (mlp_chunk=0)")
             if isinstance(m, (Attention, QKV)):
                 m.heads, m.kv_heads = m.heads // tp.size, m.kv_heads // tp.size
             if hasattr(type(m), "tp"):

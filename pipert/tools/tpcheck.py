@@ -24,32 +24,43 @@ def _grads(units: list) -> dict[str, torch.Tensor]:
     return {f"unit{i}.{n}": p.grad for i, u in enumerate(units) for n, p in u.named_parameters()}
 
 
-def tp_layer_errors(model: str, tp: TensorParallel, *, batch: int = 2, seq: int = 8, seed: int = 0) -> dict[str, Any]:
+def _loss(units: list, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """The loss of the chain of ``units`` on ``x``, and the shapes of what unit 0 passes on."""
+    out = units[0](x)
+    first = [list(t.shape) for t in (out if isinstance(out, tuple) else (out,))]
+    for unit in units[1:-1]:
+        out = unit(out)
+    return units[-1](out, y), first
+
+
+def tp_layer_errors(model: str, tp: TensorParallel, *, cut: str = "layers", batch: int = 2, seq: int = 8,
+                    seed: int = 0) -> dict[str, Any]:
     """{"loss_err", "grad_err", "boundary"}: the loss's absolute error, the largest relative error
-    of a gradient (``pipert.tools.reference.rel_err``), the shape of the activation between the two
-    units (the local sequence shard under SP). Every member of ``tp.group`` must call this."""
-    kw = {"dtype": "float64", "max_seq": seq, "seed": seed}
-    whole, units = build_units(model, 2, **kw), build_units(model, 2, **kw)
+    of a gradient (``pipert.tools.reference.rel_err``), the shapes of what the first unit passes on
+    (the local sequence shard under SP; q, k, v of the rank's heads). ``cut``: "layers" (two units),
+    "fine" or "helix". Every member of ``tp.group`` must call this."""
+    kw = {"dtype": "float64", "max_seq": seq, "seed": seed, "cut": cut}
+    n = 2 if cut == "layers" else None
+    whole, units = build_units(model, n, **kw), build_units(model, n, **kw)
     shard_units(units, tp)
     gen = torch.Generator().manual_seed(seed)
     x, y = (torch.randint(0, 256, (batch, seq), generator=gen) for _ in range(2))
-    ref = whole[1](whole[0](x), y)
+    ref, _ = _loss(whole, x, y)
     ref.backward()
-    h = units[0](x)
-    loss = units[1](h, y)
+    loss, first = _loss(units, x, y)
     loss.backward()
     return {"loss_err": abs(loss.item() - ref.item()), "grad_err": rel_err(gather_shards(_grads(units), tp),
-                                                                             _grads(whole)),
-            "boundary": list(h.shape)}
+                                                                             _grads(whole)), "boundary": first}
 
 
-def check_ranks(rank: int, world: int, cases: list[tuple[str, bool]], path: str) -> None:
+def check_ranks(rank: int, world: int, cases: list[tuple[str, bool, str]], path: str) -> None:
     """One process of a gloo job of ``world`` = T processes: ``tp_layer_errors`` of every
-    (model, sequence_parallel) case; rank 0 writes [{case..., errors...}] to ``path``."""
+    (model, sequence_parallel, cut) case; rank 0 writes [{case..., errors...}] to ``path``."""
     import torch.distributed as dist
     torch.set_num_threads(1)
     group = dist.new_group(list(range(world)))
-    out = [{"model": m, "sp": sp, **tp_layer_errors(m, TensorParallel(world, rank, group, sp))} for m, sp in cases]
+    out = [{"model": m, "sp": sp, "cut": cut, **tp_layer_errors(m, TensorParallel(world, rank, group, sp), cut=cut)}
+           for m, sp, cut in cases]
     if rank == 0:
         with open(path, "w") as f:
             json.dump(out, f)

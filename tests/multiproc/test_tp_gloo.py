@@ -16,16 +16,20 @@ SHAPE = ["--microbatches", "2", "--batch-size", "2", "--seq", "16", "--steps", "
 
 def test_tp_layers_equal_the_whole_model(tmp_path):
     """LLaMA (GQA, rotary, SwiGLU) and GPT (biases, learned positions, LayerNorm), with and without
-    SP: the loss and every gathered gradient equal the whole model's; under SP the activation
-    between units is the local sequence shard."""
+    SP, every cut: the loss and every gathered gradient equal the whole model's; under SP the
+    activation between units is the local sequence shard, q/k/v hold the rank's heads."""
     path = tmp_path / "tp.json"
-    cases = [("tiny", False), ("tiny", True), ("gpt-tiny", False), ("gpt-tiny", True)]
+    cases = [("tiny", False, "layers"), ("tiny", True, "layers"), ("gpt-tiny", False, "layers"),
+             ("gpt-tiny", True, "layers"), ("tiny", True, "fine"), ("gpt-tiny", True, "helix")]
     launch(check_ranks, 2, args=(cases, str(path)), timeout=60)
     results = json.loads(path.read_text())
-    assert [(r["model"], r["sp"]) for r in results] == cases
+    assert [(r["model"], r["sp"], r["cut"]) for r in results] == cases
+    x = {False: [2, 8, 64], True: [2, 4, 64]}  # [batch, seq (/T under SP), hidden]
+    first = {"layers": lambda sp: [x[sp]], "helix": lambda sp: [x[sp], x[sp]],  # (x, h)
+             "fine": lambda sp: [x[sp], [2, 8, 2, 16], [2, 8, 1, 16], [2, 8, 1, 16]]}  # x; q, k, v: 2 of 4 heads
     for r in results:
         assert r["loss_err"] <= 1e-12 and r["grad_err"] <= TOL, r
-        assert r["boundary"] == [2, 4 if r["sp"] else 8, 64], r
+        assert r["boundary"] == first[r["cut"]](r["sp"]), r
 
 
 def _train(*args: str) -> list[dict]:
@@ -40,7 +44,9 @@ CASES = {
     # weight passing: each TP rank's shard travels between the same tp coordinates
     "weipipe-zb2-sp-gpt": ["--schedule", "weipipe-zb2", "--stages", "2", "--tp", "2", "--sp", "--model", "gpt-tiny",
                            "--backend", "gloo"],
-    "zb-v-sp": ["--schedule", "zb-v", "--stages", "2", "--tp", "2", "--sp", "--backend", "gloo"],
+    # split backward (the SP gradient hooks of norms run in W) and selective recomputation
+    "zb-v-sp-recompute": ["--schedule", "zb-v", "--stages", "2", "--tp", "2", "--sp", "--recompute", "no_attention",
+                          "--backend", "gloo"],
     "1f1b-sp-nccl-sim": ["--schedule", "1f1b", "--stages", "2", "--tp", "2", "--sp", "--backend", "nccl-sim"],
 }
 

@@ -6,8 +6,7 @@ import torch
 from pipert.models import build_units
 from pipert.models.tp import TensorParallel
 from pipert.models.tpshard import check_tp_sizes, shard_dim, shard_units, tp_divisors
-from pipert.train import TrainConfig, build_program
-from pipert.trainchecks import check_tp_program
+from pipert.train import TrainConfig
 
 
 @pytest.mark.parametrize("name, dim", [
@@ -48,10 +47,16 @@ def test_tp_of_one_changes_nothing():
     assert units[0].tp is None and torch.equal(units[1](units[0](x), x), before)
 
 
-def test_only_chunks_of_layers_are_sharded():
-    units = build_units("tiny", 12, cut="fine", max_seq=8)
-    with pytest.raises(ValueError, match="unit 0 is 'pre_attn'.*allowed cut: layers"):
+def test_user_modules_and_the_chunked_mlp_are_refused():
+    from torch import nn
+
+    from pipert.models import partition
+    units = partition(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), 2, loss_fn=lambda o, t: o.sum())
+    with pytest.raises(ValueError, match="unit 0 is 'modules' \\(allowed: layers, pre_attn"):
         shard_units(units, TensorParallel(2, 0))
+    chunked = build_units("tiny", 2, max_seq=8, mlp_chunk=4)
+    with pytest.raises(ValueError, match="ChunkedSwiGLUMLP has no tensor-parallel form"):
+        shard_units(chunked, TensorParallel(2, 0))
 
 
 def test_sizes_t_must_divide_are_named_with_what_is_allowed():
@@ -69,9 +74,6 @@ def test_sizes_t_must_divide_are_named_with_what_is_allowed():
     ({"tp": 0}, "--tp must be >= 1"),
     ({"sp": True}, "--sp splits the sequence over the TP group: give --tp > 1"),
     ({"tp": 2, "sp": True, "seq": 15}, "--tp 2 must divide seq=15"),
-    ({"tp": 2, "schedule": "helixpipe", "stages": 2}, "schedule family 'helixpipe' is not supported with tensor "
-                                                      "parallelism .*allowed: gpipe, 1f1b"),
-    ({"tp": 2, "schedule": "helixpipe-2fold", "stages": 2}, "family 'helixpipe-2fold' is not supported"),
     ({"tp": 2, "backend": "local"}, "--backend local not supported with tensor parallelism"),
     ({"tp": 2, "mlp_chunk": 8}, "--mlp-chunk not supported"),
 ])
@@ -84,12 +86,3 @@ def test_world_counts_tp_processes():
     cfg = TrainConfig(stages=2, dp=2, tp=2, microbatches=4, batch_size=4, seq=16)
     cfg.validate()
     assert cfg.world == 8
-
-
-def test_a_program_of_pieces_of_layers_is_refused_with_tp():
-    program = build_program(TrainConfig(schedule="helixpipe", stages=2, microbatches=2, batch_size=2))
-    with pytest.raises(ValueError, match="its units are 'helix' pieces of layers; allowed: units that are chunks"):
-        check_tp_program(program, 2)
-    check_tp_program(program, 1)  # no TP: nothing to refuse
-    for name in ("1f1b", "weipipe-zb2"):
-        check_tp_program(build_program(TrainConfig(schedule=name, stages=2, microbatches=2, batch_size=2)), 2)
