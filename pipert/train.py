@@ -512,12 +512,11 @@ def _gather(pipe, fn, tp=None) -> dict:
     local = fn()
     if pipe.backend == "local":
         return local
-    local = {k: v.cpu() for k, v in local.items()}
-    if tp is not None:
+    if tp is not None:  # on the device: the TP group may be NCCL's
         from .models.tpshard import gather_shards
         local = gather_shards(local, tp)
         local = local if tp.rank == 0 else {}  # each TP group's whole tensors come from its coordinate 0
-    return gather_to_zero(local)
+    return gather_to_zero({k: v.cpu() for k, v in local.items()})
 
 
 def _per_rank(backend: str, rank: int, value: int) -> list[int]:
