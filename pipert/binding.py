@@ -46,10 +46,16 @@ class RuntimeOptions:
     None: when gloo carries GPU tensors."""
     pool: Any = None
     """The pinned pool of OFFLOAD/PREFETCH and of staged messages (None: one is made when needed)."""
+    tp: int = 1
+    """T processes run each program rank (tensor parallelism, torch.distributed only): the job has
+    ``num_ranks * T`` processes, global rank ``r*T + t`` runs program rank r at tp coordinate t
+    (``pipert.comm.mesh``); the units are the TP shards (``pipert.models.tpshard.shard_units``)."""
 
     def __post_init__(self) -> None:
         if self.queues not in QUEUES:
             raise ValueError(f"queues {self.queues!r} unknown; allowed: {', '.join(QUEUES)}")
+        if self.tp < 1:
+            raise ValueError(f"tp must be >= 1 (processes per program rank), got {self.tp}")
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,8 @@ class TrainingLoop:
         if not self._update_due:
             raise PipelineError("clip_grad_norm_() reads the gradients of a forward_backward(); call it after "
                                 "forward_backward() and before optimizer_step()")
+        if getattr(self, "tp", 1) > 1:  # replicated parameters would count T times, shards of ZeRO mix both kinds
+            raise PipelineError("clip_grad_norm_() is not supported with tensor parallelism (tp > 1) yet")
         norm_type = float(norm_type)
         if not (norm_type > 0):
             raise ValueError(f"norm_type must be positive or inf, got {norm_type}")

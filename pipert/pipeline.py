@@ -134,6 +134,8 @@ class Pipeline(TrainingLoop):
         """Whether every communicator is created before the first step, in one global order
         (``pipert.comm.nccl.warmup_order``); off only through instrumentation, for tests."""
         runtime = runtime or RuntimeOptions()
+        self.tp = _check_tp(runtime.tp, backend, links)
+        """T: processes of this job that run each program rank (tensor parallelism)."""
         self.queues = "host" if self.instrument.serial else runtime.queues
         self.link_emulation = LinkEmulation.of(links)
         self.links = self.link_emulation.emulator(self.program.num_ranks) if self.link_emulation else None
@@ -165,10 +167,11 @@ class Pipeline(TrainingLoop):
         n = self.program.num_ranks
         if self.backend == "local":
             return list(range(n))
-        if dist.get_world_size() != n:
-            raise ValueError(f"program {self.program.name!r} needs {n} ranks, the job has {dist.get_world_size()}")
+        if dist.get_world_size() != n * self.tp:
+            tp = f" x {self.tp} TP processes" if self.tp > 1 else ""
+            raise ValueError(f"program {self.program.name!r} needs {n} ranks{tp}, the job has {dist.get_world_size()}")
         check_same_program(self.program)
-        return [dist.get_rank()]
+        return [dist.get_rank() // self.tp]
 
     def _bind_units(self, units: Sequence[nn.Module], optimizer: OptimizerFactory) -> None:
         """Each local rank's modules (the owner keeps the given one, other local ranks get a copy)
@@ -211,12 +214,14 @@ class Pipeline(TrainingLoop):
         stages = program.meta.get("pp_stages")
         if program.placement.replicas is not None and stages:
             from .comm.mesh import pipeline_mesh, replica_process_groups
-            made = replica_process_groups(pipeline_mesh(stages, program.num_ranks // stages, device.type))
+            made = replica_process_groups(pipeline_mesh(stages, program.num_ranks // stages, device.type, self.tp))
         groups = sorted({tuple(sorted(a.group)) for _, _, a in program if a.group})
-        base = DistTransport(groups, process_groups=made)
+        base = DistTransport(groups, process_groups=made, tp=self.tp)
         if self.simulated_nccl:
             from .comm.ncclsim import NcclSim, StoreRendezvous
-            base = NcclSim(base, StoreRendezvous(), self.timeout)
+            # each tp coordinate is a pipeline of its own: its communicators rendezvous apart
+            store = dist.PrefixStore(f"tp{base.tp_rank}/", dist.distributed_c10d._get_default_store())
+            base = NcclSim(base, StoreRendezvous(store), self.timeout)
             self._closers.append(base.close)
         self._comms = base
         if self.warmup:
@@ -392,6 +397,8 @@ class Pipeline(TrainingLoop):
                 vec[m].add_(t.to(vec.device, torch.float64))  # stays on the device: no host read
                 vec[M + m].add_(1.0)
         if self.backend == "dist":
+            if dist.get_rank() % self.tp:  # a TP group computes each loss once: tp coordinate 0 counts it
+                vec.zero_()
             # on a device the process group's backend reduces: the CPU for gloo, the GPU for NCCL
             vec = vec.to(reduction_device(dist.get_backend(), vec.device))
             dist.all_reduce(vec)
@@ -478,6 +485,16 @@ class Pipeline(TrainingLoop):
         if report:
             raise report[root_cause(report)]
         return results
+
+
+def _check_tp(tp: int, backend: str, links: Any) -> int:
+    """``tp`` if this Pipeline can run T processes per program rank (torch.distributed, no
+    emulated links)."""
+    if tp > 1 and backend != "dist":
+        raise ValueError(f"tp={tp} runs T processes per program rank: it needs backend 'dist', got {backend!r}")
+    if tp > 1 and links is not None:
+        raise ValueError(f"tp={tp}: emulated links are not supported with tensor parallelism; give links=None")
+    return tp
 
 
 def _close_each(closers: list) -> None:

@@ -59,6 +59,11 @@ class TrainConfig:
     zero: str = "0"
     """ZeRO over the replicas (with --dp > 1): a stage 0-3 for every unit, or per parameter by rules
     ("3:mlp,2:attn,1") or shares ("p=0.4,g=0.7"); see pipert.schedules.zero_rules."""
+    tp: int = 1
+    """Tensor-parallel processes T per pipeline rank (stages x dp x tp processes; TP innermost)."""
+    sp: bool = False
+    """Sequence parallelism inside each TP group (with --tp > 1): norms, residuals and stage
+    boundaries split along the sequence."""
     zero3_buffers: int = 1
     """Gathered copies of ZeRO-3 weights: 1, or 2 (forward and backward computes apart)."""
     passes: str = ""
@@ -121,7 +126,7 @@ class TrainConfig:
         ValueError naming the flag, its value and what is allowed."""
         if self.dtype not in _DTYPES:
             raise ValueError(f"--dtype {self.dtype!r} unknown; allowed: {', '.join(_DTYPES)}")
-        for name in ("stages", "microbatches", "steps", "batch_size", "seq", "dp"):
+        for name in ("stages", "microbatches", "steps", "batch_size", "seq", "dp", "tp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("chunks", "ranks_per_node"):
@@ -174,7 +179,8 @@ class TrainConfig:
         links.links(self.world)
         if self.save_every is not None and (self.save_every < 1 or not self.save):
             raise ValueError(f"--save-every {self.save_every}: give a step count >= 1 and a --save folder")
-        from .trainchecks import check_batch_fits, check_checkpoint_dtype, check_folder_writable
+        from .trainchecks import check_batch_fits, check_checkpoint_dtype, check_folder_writable, check_tensor_parallel
+        check_tensor_parallel(self)
         if self.save:
             check_folder_writable("--save", self.save)
         check_checkpoint_dtype(self)
@@ -249,8 +255,8 @@ class TrainConfig:
 
     @property
     def world(self) -> int:
-        """Processes (ranks): stages x data-parallel replicas."""
-        return self.stages * self.dp
+        """Processes: stages x data-parallel replicas x tensor-parallel processes."""
+        return self.stages * self.dp * self.tp
 
 
 def build_program(cfg: TrainConfig, rules: str = "gloo") -> Program:
@@ -277,7 +283,7 @@ def build_program(cfg: TrainConfig, rules: str = "gloo") -> Program:
     units = None
     if cfg.dp > 1:   # ZeRO rules read the parameters' names and sizes
         import torch
-        units = _rank_units(cfg, s, torch.device("cpu"), keep=[])  # names and shapes only (meta device)
+        units = _rank_units(cfg, s, torch.device("cpu"), keep=[], tp=_tp_shapes(cfg))  # names, shard shapes only
     return compile(s, passes=cfg.pass_names(), dp=cfg.dp, zero=cfg.zero, zero3_buffers=cfg.zero3_buffers, units=units,
                    rules=rules)
 
@@ -356,26 +362,38 @@ def process_group_backend(backend: str) -> str:
     return _PROCESS_GROUPS[backend]
 
 
-def _rank_units(cfg: TrainConfig, program: Program, device: torch.device, keep=None) -> list:
+def _rank_units(cfg: TrainConfig, program: Program, device: torch.device, keep=None, tp=None) -> list:
     """The model's units for one process: those in ``keep`` (default: all) materialised on
     ``device`` in ``cfg.dtype``, the others on the meta device. Values are those of the whole
-    model built in one process, whatever ``keep`` is."""
+    model built in one process, whatever ``keep`` is; with ``tp`` (a
+    ``pipert.models.tp.TensorParallel``) each unit is cut to this process's TP shard after it is
+    materialised (a unit's whole parameters exist for a moment)."""
     from .models import build_units
-    return build_units(cfg.model, program.num_units, seed=cfg.seed, keep=keep, device=device, max_seq=cfg.seq,
-                       dtype=cfg.dtype, cut=program.meta.get("cut"), recompute=cfg.recompute, **_mlp_overrides(cfg))
+    units = build_units(cfg.model, program.num_units, seed=cfg.seed, keep=keep, device=device, max_seq=cfg.seq,
+                        dtype=cfg.dtype, cut=program.meta.get("cut"), recompute=cfg.recompute, **_mlp_overrides(cfg))
+    if tp is not None:
+        from .models.tpshard import shard_units
+        shard_units(units, tp)
+    return units
+
+
+def _tp_shapes(cfg: TrainConfig):
+    """The TP layout of ``cfg`` for shard shapes only (no group; None without TP)."""
+    from .models.tp import TensorParallel
+    return TensorParallel(cfg.tp, 0, None, cfg.sp) if cfg.tp > 1 else None
 
 
 def _mlp_overrides(cfg: TrainConfig) -> dict:
     return {"mlp_chunk": cfg.mlp_chunk, "mlp_recompute": cfg.mlp_recompute} if cfg.mlp_chunk else {}
 
 
-def _build(cfg: TrainConfig, device: torch.device, program: Program, rank: int | None):
-    """Model units and data for ``rank`` (None: every rank, in this process); the data is
-    identical in every process for the same config."""
+def _build(cfg: TrainConfig, device: torch.device, program: Program, rank: int | None, tp=None):
+    """Model units (``tp``: this process's TP shards) and data for program rank ``rank`` (None:
+    every rank, in this process); the data is identical in every process for the same config."""
     from .data import ByteCorpus
     from .pipeline import units_needed
     keep = None if rank is None else units_needed(program, rank)
-    units = _rank_units(cfg, program, device, keep)
+    units = _rank_units(cfg, program, device, keep, tp)
     corpus = ByteCorpus(cfg.seq, seed=cfg.seed)
     return program, units, corpus
 
@@ -394,26 +412,31 @@ def _report(cfg: TrainConfig, step: int, loss: float, tokens_per_s: float, extra
         bar.update(1)
 
 
-def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, program: Program) -> list[float]:
+def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, program: Program,
+          tp=None) -> list[float]:
+    """Train on this process (global ``rank``; ``tp``: its TP layout, None without TP)."""
+    from .binding import RuntimeOptions
     from .pipeline import Pipeline
     from .exec.instrument import Instrumentation
     from .tools.reference import grouped_reference_step
     from .tools.reference import rel_err
     import torch
-    program, units, corpus = _build(cfg, device, program, None if backend == "local" else rank)
+    program, units, corpus = _build(cfg, device, program, None if backend == "local" else rank // cfg.tp, tp)
     opt = lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=0.0)  # noqa: E731
     # The reference keeps its own whole model, built in one process, and a persistent optimizer
     # (AdamW state evolves across steps); each step it starts from the pipeline's current weights.
     ref_units = _rank_units(cfg, program, device) if cfg.check and rank == 0 else None
     ref_opt = opt([p for u in ref_units for p in u.parameters()]) if ref_units else None
     sizes = _per_rank(backend, rank, _param_bytes(units))
-    start = {"rank_param_bytes": sizes, "model_param_bytes": _param_bytes(units, materialized_only=False)}
+    whole = units if tp is None else _rank_units(cfg, program, torch.device("meta"), keep=[])  # unsharded shapes
+    start = {"rank_param_bytes": sizes, "model_param_bytes": _param_bytes(whole, materialized_only=False)}
     link_opts = cfg.link_options()
     links = link_opts.links(cfg.world) if link_opts.active else None
     if links is not None:
         start["links"] = link_opts.as_dict()
     pipe = Pipeline(units, program, optimizer=opt, backend="local" if backend == "local" else "dist",
-                    timeout=cfg.timeout, links=links, instrument=Instrumentation(trace=True) if cfg.profile else None)
+                    timeout=cfg.timeout, links=links, runtime=RuntimeOptions(tp=cfg.tp) if cfg.tp > 1 else None,
+                    instrument=Instrumentation(trace=True) if cfg.profile else None)
     bar = None
     if rank == 0 and not cfg.json:
         from tqdm import tqdm
@@ -428,7 +451,7 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
     losses, times, timed = [], [], []
     for step, (x, y) in enumerate(corpus.batches(cfg.batch_size, cfg.steps - first, start=first), first):
         x, y = x.to(device), y.to(device)
-        before = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()}) \
+        before = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()}, tp) \
             if cfg.check else None
         t0 = time.perf_counter()
         loss = pipe.step(x, y)
@@ -440,8 +463,8 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
             timed.append(prof)
             extra.update(prof if cfg.json else {k: v for k, v in prof.items() if k.endswith("_step_s")})
         if cfg.check:
-            grads = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_grads().items()})
-            after = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()})
+            grads = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_grads().items()}, tp)
+            after = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()}, tp)
             if rank == 0:
                 if step == 0:  # the ranks' own materialised units against the whole model built here
                     extra["max_init_rel_err"] = rel_err(before, _named(ref_units))
@@ -516,12 +539,17 @@ def _resume(cfg: TrainConfig, pipe, ref_units, ref_opt) -> int:
     return checkpoint.load(pipe, cfg.resume, hyper)["step"]
 
 
-def _gather(pipe, fn) -> dict:
-    """Merge a per-rank dict on rank 0 (every rank of a dist job must call this)."""
+def _gather(pipe, fn, tp=None) -> dict:
+    """Merge a per-rank dict on rank 0 (every rank of a dist job must call this); with ``tp``,
+    TP shards are first gathered to whole tensors over each TP group."""
     from .launch import gather_to_zero
     local = fn()
     if pipe.backend == "local":
         return local
+    if tp is not None:  # on the device: the TP group may be NCCL's
+        from .models.tpshard import gather_shards
+        local = gather_shards(local, tp)
+        local = local if tp.rank == 0 else {}  # each TP group's whole tensors come from its coordinate 0
     return gather_to_zero({k: v.cpu() for k, v in local.items()})
 
 
@@ -555,7 +583,22 @@ def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, program: Progra
     nccl = process_group_backend(backend) == "nccl"
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if nccl else torch.device("cpu")
     torch.set_num_threads(1)
-    _loop(cfg, rank, backend, device, program)
+    _loop(cfg, rank, backend, device, program, _tensor_parallel(cfg, device))
+
+
+def _tensor_parallel(cfg: TrainConfig, device: torch.device):
+    """This process's TP layout (None without TP): its "tp" group of the (dp, pp, tp) mesh
+    (``pipert.comm.mesh``), whose communicator is created here, before the program's, in the same
+    order on every process."""
+    if cfg.tp == 1:
+        return None
+    import torch
+    import torch.distributed as dist
+    from .comm.mesh import pipeline_mesh, tp_group
+    from .models.tp import TensorParallel
+    group = tp_group(pipeline_mesh(cfg.stages, cfg.dp, device.type, cfg.tp))
+    dist.all_reduce(torch.zeros(1, device=device), group=group)
+    return TensorParallel(cfg.tp, dist.get_rank() % cfg.tp, group, cfg.sp)
 
 
 def _prepare(cfg: TrainConfig, backend: str) -> Program:
@@ -602,9 +645,10 @@ def _as_launched_rank(cfg: TrainConfig, backend: str) -> None:
 def _check_launched(cfg: TrainConfig, backend: str, place) -> None:
     """A torchrun job of the right size, and under NCCL a GPU for this process's local rank."""
     if place.world_size != cfg.world:
+        tp = (f" x --tp {cfg.tp}", "/--tp") if cfg.tp > 1 else ("", "")
         raise ValueError(f"torchrun started {place.world_size} processes (WORLD_SIZE), but --stages {cfg.stages} x "
-                         f"--dp {cfg.dp} needs {cfg.world}; start {cfg.world} in all (--nnodes x --nproc-per-node) "
-                         f"or change --stages/--dp")
+                         f"--dp {cfg.dp}{tp[0]} needs {cfg.world}; start {cfg.world} in all (--nnodes x "
+                         f"--nproc-per-node) or change --stages/--dp{tp[1]}")
     if process_group_backend(backend) == "nccl":
         from .launch import check_gpus
         check_gpus(1, place.local_rank)

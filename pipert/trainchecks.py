@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_folder_writable", "check_batch_fits", "check_checkpoint_dtype", "host_memory"]
+__all__ = ["check_folder_writable", "check_batch_fits", "check_checkpoint_dtype", "check_tensor_parallel",
+           "host_memory"]
+
 
 _GiB = float(1 << 30)
 _ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}
@@ -70,3 +72,24 @@ def check_checkpoint_dtype(cfg: Any) -> None:
     raise ValueError(f"{which} with --dtype bfloat16 and --zero {cfg.zero}: checkpoints of ZeRO-sharded bf16 units "
                      f"(their fp32 master copies are sharded) are not supported; allowed: --zero 0, --dtype float32 "
                      f"or float64, or no checkpoint")
+
+
+def check_tensor_parallel(cfg: Any) -> None:
+    """--tp and --sp against the model's sizes and the other flags (every family and cut shards)."""
+    from .models import model_config
+    from .models.tpshard import check_tp_sizes
+    if cfg.tp < 1:
+        raise ValueError(f"--tp must be >= 1 (processes per pipeline rank), got {cfg.tp}")
+    if cfg.sp and cfg.tp == 1:
+        raise ValueError("--sp splits the sequence over the TP group: give --tp > 1 as well")
+    if cfg.tp == 1:
+        return
+    check_tp_sizes(model_config(cfg.model), cfg.tp, cfg.seq if cfg.sp else None)
+    refused = {"--backend local": cfg.backend == "local", "--mlp-chunk": cfg.mlp_chunk > 0,
+               "--save": bool(cfg.save), "--resume": bool(cfg.resume),
+               "--profile": cfg.profile, "--dcs/--node-*": cfg.link_options().active}
+    bad = [flag for flag, given in refused.items() if given]
+    if bad:
+        raise ValueError(f"--tp {cfg.tp}: {', '.join(bad)} not supported with tensor parallelism yet; "
+                         f"run with --tp 1 or leave {'them' if len(bad) > 1 else 'it'} out")
+

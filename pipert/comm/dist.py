@@ -76,20 +76,24 @@ class DistTransport:
     """Point-to-point and collectives over an initialised default process group."""
 
     def __init__(self, groups: Sequence[Sequence[int]] = (), emulate_reduce_scatter: bool | None = None,
-                 process_groups: dict[tuple[int, ...], Any] | None = None) -> None:
+                 process_groups: dict[tuple[int, ...], Any] | None = None, tp: int = 1) -> None:
         """``groups``: the rank sets collectives run over (every rank must pass the same list);
         ``process_groups``: ones already made for some of them (e.g. a DeviceMesh's "dp" groups),
-        used as they are."""
+        used as they are. ``tp``: T processes per program rank (``pipert.comm.mesh``): this
+        process runs program rank ``global // T`` at tp coordinate ``global % T`` and reaches
+        program rank r at global rank ``r*T + t`` (same tp coordinate); ranks and groups given to
+        this transport are program ranks."""
         if not dist.is_initialized():
             raise RuntimeError("DistTransport needs torch.distributed initialised (torchrun or pipert's launcher)")
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
+        self.tp, self.tp_rank = tp, dist.get_rank() % tp
+        self.rank = dist.get_rank() // tp
+        self.world_size = dist.get_world_size() // tp
         # reduce-scatter as all-reduce plus this rank's slice where torch has no native one
         native = hasattr(dist, "reduce_scatter_single") or hasattr(dist, "reduce_scatter_tensor")
         self.emulate_reduce_scatter = (not native) if emulate_reduce_scatter is None else emulate_reduce_scatter
         # Every rank must create the same groups in the same order.
-        self.up = comm_group(range(self.world_size))
-        self.down = comm_group(range(self.world_size))
+        self.up = self._group(range(self.world_size))
+        self.down = self._group(range(self.world_size))
         # every rank makes the same groups in the same order; those given are made already
         self.groups: dict[tuple[int, ...], Any] = {k: v for k, v in (process_groups or {}).items() if v is not None}
         made = set(process_groups or {})
@@ -97,8 +101,21 @@ class DistTransport:
             key = tuple(sorted(g))
             if key not in made:
                 made.add(key)
-                self.groups[key] = comm_group(key)
+                self.groups[key] = self._group(key)
         self.connected: set = set()
+
+    def _peer(self, rank: int) -> int:
+        """The global rank of program rank ``rank`` at this process's tp coordinate."""
+        return rank * self.tp + self.tp_rank
+
+    def _group(self, ranks: Sequence[int]) -> Any:
+        """The process group of program ranks ``ranks`` at this process's tp coordinate; every
+        process makes the group of every tp coordinate, in one order."""
+        own = None
+        for t in range(self.tp):
+            pg = comm_group([r * self.tp + t for r in ranks])
+            own = pg if t == self.tp_rank else own
+        return own
 
     def _pg(self, src: int, dst: int) -> dist.ProcessGroup:
         return self.up if src < dst else self.down
@@ -113,11 +130,11 @@ class DistTransport:
         return tensor.is_cuda and self._nccl
 
     def isend(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> Handle:
-        return _posted(lambda: dist.isend(tensor, peer, group=self._pg(self.rank, peer), tag=tag),
+        return _posted(lambda: dist.isend(tensor, self._peer(peer), group=self._pg(self.rank, peer), tag=tag),
                        self._on_stream(tensor))
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> Handle:
-        return _posted(lambda: dist.irecv(tensor, peer, group=self._pg(peer, self.rank), tag=tag),
+        return _posted(lambda: dist.irecv(tensor, self._peer(peer), group=self._pg(peer, self.rank), tag=tag),
                        self._on_stream(tensor))
 
     @property
@@ -143,9 +160,9 @@ class DistTransport:
             low, high = comm.ranks
             src, dst = (low, high) if comm.kind == "up" else (high, low)
             if self.rank == src:
-                dist.send(one, dst, group=self._pg(src, dst))
+                dist.send(one, self._peer(dst), group=self._pg(src, dst))
             else:
-                dist.recv(one, src, group=self._pg(src, dst))
+                dist.recv(one, self._peer(src), group=self._pg(src, dst))
         torch.cuda.current_stream(device).synchronize()
         self.connected.add(comm)
 
@@ -160,9 +177,10 @@ class DistTransport:
             raise RuntimeError(f"group {key} was not created up front; pass it to DistTransport(groups=...)")
         st = self._on_stream(tensor)
         if op == "BROADCAST":
-            return _posted(lambda: dist.broadcast(tensor, root, group=pg, async_op=True), st)
+            return _posted(lambda: dist.broadcast(tensor, self._peer(root), group=pg, async_op=True), st)
         if op == "REDUCE":
-            return _posted(lambda: dist.reduce(tensor, root, op=dist.ReduceOp.SUM, group=pg, async_op=True), st)
+            dst = self._peer(root)
+            return _posted(lambda: dist.reduce(tensor, dst, op=dist.ReduceOp.SUM, group=pg, async_op=True), st)
         if op == "ALLREDUCE":
             return _posted(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=pg, async_op=True), st)
         if op == "ALLGATHER":

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .tp import TensorParallel, enter, row_linear, seq_shard, vocab_embed, vocab_parallel_loss
+
 __all__ = [
     "DTYPES", "ConfigBase", "RMSNorm", "Rotary", "apply_rope", "project_qkv", "attention_core", "Attention", "Block",
     "DecoderModel", "embed_input", "final_logits", "lm_loss", "param_seed", "init_parameters",
@@ -216,8 +218,11 @@ class Attention(nn.Module):
     """Grouped-query causal self-attention: ``wo(attention(rope(wq h), rope(wk h), wv h))``.
 
     ``bias`` gives the four projections biases (GPT); ``rotary=False`` leaves positions to the
-    embedding (``rope`` is None then).
+    embedding (``rope`` is None then). With ``tp`` set (``pipert.models.tpshard``) the module holds
+    its TP rank's heads: wq/wk/wv column-parallel, wo row-parallel (``pipert.models.tp``).
     """
+
+    tp: TensorParallel | None = None
 
     def __init__(self, cfg: Any, *, bias: bool = False, rotary: bool = True) -> None:
         super().__init__()
@@ -230,7 +235,8 @@ class Attention(nn.Module):
         self.rope = Rotary(cfg.head_dim, cfg.max_seq, cfg.rope_theta, dt) if rotary else None
 
     def forward(self, h: Tensor) -> Tensor:
-        return self.wo(attention_core(*project_qkv(self, h, self.heads, self.kv_heads)))
+        o = attention_core(*project_qkv(self, enter(self.tp, h), self.heads, self.kv_heads))
+        return row_linear(self.tp, self.wo, o)
 
 
 class Block(nn.Module):
@@ -245,15 +251,17 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-def embed_input(tokens: Tensor, embed: nn.Embedding, pos: nn.Embedding | None) -> Tensor:
-    """Token embedding, plus the learned position embedding of positions ``0..s-1`` if any."""
-    x = embed(tokens)
+def embed_input(tokens: Tensor, embed: nn.Embedding, pos: nn.Embedding | None,
+                tp: TensorParallel | None = None) -> Tensor:
+    """Token embedding, plus the learned position embedding of positions ``0..s-1`` if any; with
+    ``tp`` the vocabulary-parallel embedding (under SP: this rank's sequence shard)."""
+    x = vocab_embed(tp, tokens, embed)
     if pos is None:
         return x
     s = tokens.shape[-1]
     if s > pos.weight.shape[0]:
         raise ValueError(f"sequence length {s} exceeds max_seq={pos.weight.shape[0]}")
-    return x + pos.weight[:s]
+    return x + seq_shard(tp, pos.weight[:s], 0)
 
 
 def final_logits(x: Tensor, norm: nn.Module, head_weight: Tensor) -> Tensor:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .common import Attention, Block, ConfigBase, DecoderModel
+from .tp import TensorParallel, enter, row_linear
 
 __all__ = ["GPTConfig", "GPT_PRESETS", "GeluMLP", "GPTBlock", "GPTModel", "gpt_mlp"]
 
@@ -55,7 +56,10 @@ GPT_PRESETS: dict[str, GPTConfig] = {
 
 
 class GeluMLP(nn.Module):
-    """``proj(gelu(fc x))`` with biases; the parameter names of ``pipert.kernels.ChunkedGeluMLP``."""
+    """``proj(gelu(fc x))`` with biases; the parameter names of ``pipert.kernels.ChunkedGeluMLP``.
+    With ``tp`` set, fc is column-parallel and proj row-parallel."""
+
+    tp: TensorParallel | None = None
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -64,7 +68,8 @@ class GeluMLP(nn.Module):
         self.proj = nn.Linear(cfg.ffn, cfg.hidden, dtype=dt)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(F.gelu(self.fc(x), approximate=GELU_APPROXIMATE))
+        x = enter(self.tp, x)
+        return row_linear(self.tp, self.proj, F.gelu(self.fc(x), approximate=GELU_APPROXIMATE))
 
 
 def gpt_mlp(cfg: GPTConfig) -> nn.Module:

@@ -12,6 +12,11 @@ relays ``x`` unchanged (the paper's residual relay through the attention stage),
 unit takes exactly what its predecessor returns; A(l) declares the relay (``relays``), so the
 attention stage keeps no copy of ``x`` between forward and backward.
 
+With tensor parallelism (``pipert.models.tpshard``) A(l) holds its TP rank's heads: it enters the
+group (under SP: gathers ``h`` along the sequence) and returns ``o`` of its heads only (1/T of the
+bytes); C(l+1)'s row-parallel ``wo`` sums the heads; ``x`` and ``h`` are replicated, or under SP
+the local sequence shard.
+
 Parameters: C(l) owns the parameters of post(l-1) and pre(l); A(l) holds the QKV projection
 of layer l. A schedule keeps A(l)'s weights on the rank of C(l) and moves them to wherever
 A(l) runs as a weight payload (their gradient comes back the same way); the model side
@@ -22,6 +27,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .common import DecoderModel, attention_core, embed_input, project_qkv
+from .tp import enter, row_linear
 from .unitbase import QKV, ModelUnit, final_loss
 
 __all__ = ["HelixUnit", "HelixAttentionUnit", "helix_units"]
@@ -67,14 +73,14 @@ class HelixUnit(ModelUnit):
     def body(self, xs: Tensor | tuple[Tensor, Tensor], targets: Tensor | None = None):
         l = self.layer_index
         if l == 0:
-            x = embed_input(xs, self.embed, self.pos)
+            x = embed_input(xs, self.embed, self.pos, self.tp)
         else:
             x, o = xs
             post = self.layers[str(l - 1)]
-            x = x + post.attn.wo(o)
+            x = x + row_linear(self.tp, post.attn.wo, o)
             x = x + post.mlp(post.mlp_norm(x))
         if self.is_last:
-            return final_loss(x, self.norm, self.head.weight, targets)
+            return final_loss(x, self.norm, self.head.weight, targets, self.tp)
         return x, self.layers[str(l)].attn_norm(x)
 
 
@@ -100,7 +106,7 @@ class HelixAttentionUnit(ModelUnit):
 
     def body(self, h: Tensor) -> Tensor:
         qkv = self.layers[str(self.layer_index)].attn
-        return attention_core(*project_qkv(qkv, h, qkv.heads, qkv.kv_heads))
+        return attention_core(*project_qkv(qkv, enter(self.tp, h), qkv.heads, qkv.kv_heads))
 
 
 def helix_units(model: DecoderModel) -> list[nn.Module]:

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from .common import (Attention, Block, ConfigBase, DecoderModel, RMSNorm, Rotary, apply_rope, attention_core,
                      init_parameters, lm_loss, param_seed, project_qkv)
+from .tp import TensorParallel, enter, row_linear
 
 __all__ = [
     "LlamaConfig", "PRESETS", "RMSNorm", "Rotary", "Attention", "SwiGLU", "DecoderLayer",
@@ -72,7 +73,9 @@ references and checkpoints compare by name."""
 
 
 class SwiGLU(nn.Module):
-    """``w2(silu(w1 x) * w3 x)``."""
+    """``w2(silu(w1 x) * w3 x)``; with ``tp`` set, w1/w3 column-parallel and w2 row-parallel."""
+
+    tp: TensorParallel | None = None
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
@@ -82,7 +85,8 @@ class SwiGLU(nn.Module):
         self.w2 = nn.Linear(cfg.ffn, cfg.hidden, bias=False, dtype=dt)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        x = enter(self.tp, x)
+        return row_linear(self.tp, self.w2, F.silu(self.w1(x)) * self.w3(x))
 
 
 def default_mlp(cfg: LlamaConfig) -> nn.Module:

@@ -42,6 +42,9 @@ of a built-in model run under selective checkpointing (``pipert.models.recompute
 Every unit class names its ``kind`` (``layers``, ``pre_attn``, ``attn``, ``post_attn``,
 ``helix_param``, ``helix_attn``, ``modules``) for cost models.
 
+Every cut of a built-in model shards for tensor parallelism (``pipert.models.tpshard``): q, k, v
+and the attention output ``o`` that units pass are then the TP rank's heads (1/T of the bytes).
+
 User modules (``nn.Sequential`` or a list of modules, plus ``loss_fn(output, targets)``):
 ``num_units`` contiguous, non-empty groups, applied in order to one tensor; the last unit
 applies ``loss_fn``. ``balance="count"``: group sizes differ by at most one (first groups
@@ -62,6 +65,7 @@ from torch import Tensor, nn
 from .common import DecoderModel, attention_core, embed_input, project_qkv
 from .helix import HelixAttentionUnit, HelixUnit, helix_units
 from .recompute import recompute_save_set
+from .tp import enter, row_linear
 from .unitbase import QKV, ModelUnit, final_loss
 
 __all__ = [
@@ -89,13 +93,13 @@ class LlamaUnit(ModelUnit):
 
     def body(self, x: Tensor, targets: Tensor | None = None) -> Tensor:
         if self.embed is not None:
-            x = embed_input(x, self.embed, self.pos)
+            x = embed_input(x, self.embed, self.pos, self.tp)
         for layer in self.layers.values():
             x = layer(x)
         if not self.is_last:
             return x
         w = self.embed.weight if self.head is None else self.head.weight
-        return final_loss(x, self.norm, w, targets)
+        return final_loss(x, self.norm, w, targets, self.tp)
 
 
 class PreAttentionUnit(ModelUnit):
@@ -115,9 +119,9 @@ class PreAttentionUnit(ModelUnit):
 
     def body(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         if self.embed is not None:
-            x = embed_input(x, self.embed, self.pos)
+            x = embed_input(x, self.embed, self.pos, self.tp)
         part = self.layers[str(self.layer_index)]
-        q, k, v = project_qkv(part.attn, part.attn_norm(x), part.attn.heads, part.attn.kv_heads)
+        q, k, v = project_qkv(part.attn, enter(self.tp, part.attn_norm(x)), part.attn.heads, part.attn.kv_heads)
         return x, q, k, v
 
 
@@ -160,11 +164,11 @@ class PostAttentionUnit(ModelUnit):
     def body(self, xs: tuple[Tensor, Tensor], targets: Tensor | None = None) -> Tensor:
         x, o = xs
         part = self.layers[str(self.layer_index)]
-        x = x + part.attn.wo(o)
+        x = x + row_linear(self.tp, part.attn.wo, o)
         x = x + part.mlp(part.mlp_norm(x))
         if self.norm is None:
             return x
-        return final_loss(x, self.norm, self.head.weight, targets)
+        return final_loss(x, self.norm, self.head.weight, targets, self.tp)
 
 
 class SequentialUnit(nn.Module):

@@ -6,6 +6,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from .common import final_logits, lm_loss
+from .tp import TensorParallel, vocab_parallel_loss
 from .recompute import selective_checkpoint
 
 __all__ = ["ModelUnit", "QKV", "final_loss"]
@@ -17,6 +18,8 @@ class ModelUnit(nn.Module):
     selective checkpointing: only the inputs and the outputs of those ops are kept."""
 
     save_ops: frozenset[str] | None = None
+    tp: TensorParallel | None = None
+    """This process's place in its TP group (``pipert.models.tpshard.shard_units`` sets it)."""
 
     def body(self, *args: Any) -> Any:
         raise NotImplementedError
@@ -40,7 +43,11 @@ class QKV(nn.Module):
         self.heads, self.kv_heads = attn.heads, attn.kv_heads
 
 
-def final_loss(x: Tensor, norm: nn.Module, head_weight: Tensor, targets: Tensor | None) -> Tensor:
-    """Final norm, LM head and (with ``targets``) the token-mean cross-entropy."""
+def final_loss(x: Tensor, norm: nn.Module, head_weight: Tensor, targets: Tensor | None,
+               tp: TensorParallel | None = None) -> Tensor:
+    """Final norm, LM head and (with ``targets``) the token-mean cross-entropy; with ``tp`` the
+    head is vocabulary-parallel and so is the cross-entropy."""
+    if tp is not None and tp.size > 1:
+        return vocab_parallel_loss(tp, norm(x), head_weight, targets)
     logits = final_logits(x, norm, head_weight)
     return logits if targets is None else lm_loss(logits, targets)
