@@ -1,8 +1,8 @@
 """The ``pipert train`` (or torchrun) command of a planned layout, and why a layout has none.
 
 A command is printed only for what ``pipert train`` runs as planned: one process per device,
-rank ``d * P + p`` (replica-major, the layout the planner priced). Tensor parallelism is priced
-by the cost model but ``pipert train`` has no ``--tp``: such layouts get a reason, not a command.
+process ``(d * P + p) * T + t`` (replica-major, tensor parallelism innermost: a TP group is T
+consecutive devices of one node, the layout the planner priced).
 """
 from __future__ import annotations
 
@@ -18,11 +18,8 @@ _TORCH_DTYPE = {1: "bfloat16", 2: "bfloat16", 4: "float32", 8: "float64"}
 
 
 def not_runnable(cand: Candidate) -> str:
-    """Why ``pipert train`` cannot run ``cand`` as planned ('' when it can)."""
-    lay = cand.layout
-    if lay.tp > 1:
-        return (f"T={lay.tp}: pipert train has no tensor parallelism yet (no --tp); the cost model prices it "
-                f"(docs/tensor_parallel_cost.md)")
+    """Why ``pipert train`` cannot run ``cand`` as planned ('' when it can). Every layout the search
+    makes runs: T > 1 with ``--tp`` (and ``--sp`` where the layout uses it), whatever the family."""
     return ""
 
 
@@ -39,6 +36,8 @@ def train_argv(cand: Candidate, model: str, seq: int, dtype_bytes: int, schedule
         argv += ["--options", ";".join(f"{k}={v}" for k, v in BUILD_OPTIONS[lay.family].items())]
     if lay.dp > 1:
         argv += ["--dp", str(lay.dp)]
+    if lay.tp > 1:
+        argv += ["--tp", str(lay.tp)] + (["--sp"] if lay.sp else [])
     if lay.family == "tawpipe":
         argv += ["--ranks-per-node", str(lay.ranks_per_node)]
     # train's --microbatches counts every replica's; --batch-size is the global batch

@@ -95,12 +95,14 @@ def test_json_shape(capsys):
     assert d["best"]["command"].startswith("pipert train --schedule ")
 
 
-def test_tensor_parallel_layouts_get_a_reason_not_a_command(capsys):
+def test_tensor_parallel_layouts_get_a_command_with_their_tp(capsys):
     rc, out, _ = _plan(capsys, "--model", "tiny", "--gpus-per-node", "2", "--batch", "4", "--tp", "2",
                        "--schedules", "1f1b", "--json")
     d = json.loads(out)
-    assert rc == 0 and d["best"] is None
-    assert all(r["command"] is None and "no tensor parallelism" in r["why_not"] for r in d["ranking"])
+    assert rc == 0 and d["ranking"] and d["best"] is not None
+    for r in d["ranking"]:
+        argv = r["command"].split()
+        assert argv[argv.index("--tp") + 1] == "2" and not r["why_not"], r
 
 
 def test_7b_on_8x8_gpus_in_2_datacenters_prints_a_table_and_a_command(capsys):
