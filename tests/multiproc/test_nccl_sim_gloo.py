@@ -23,12 +23,14 @@ def test_every_family_trains_exactly_under_ncclsim_at_P4(run_gloo_cases):
 
 
 def test_without_warmup_weipipe_hangs_at_start_and_every_rank_names_its_communicator():
-    sched = build_case_program(Case("weipipe-interleave", 4, 8))
+    """The direct variant's first copies go straight from their owners, both ways around the ring
+    at once (the paper's ring starts along the ring and does not hang at P = 4: test_nccl_rules)."""
+    sched = build_case_program(Case("weipipe-interleave-direct", 4, 8))
     errors = validate(sched, transport="nccl", warmup=False, all_errors=True)
     assert [e.reason for e in errors] == ["deadlock"] and "start-up" in str(errors[0])
     t0 = time.monotonic()
     with pytest.raises(LaunchError) as err:
-        launch(fault_worker, 4, args=("weipipe-interleave", 8, Instrumentation(warmup=False), TIMEOUT, "nccl"),
+        launch(fault_worker, 4, args=("weipipe-interleave-direct", 8, Instrumentation(warmup=False), TIMEOUT, "nccl"),
                timeout=30.0)
     elapsed = time.monotonic() - t0
     msgs = err.value.errors
