@@ -206,17 +206,18 @@ def test_pipemesh_says_whether_the_simulated_pipeline_exceeds_eq1():
     assert not any("PP waits" in p for p in prose)
 
 
-def test_weight_passing_offers_what_the_model_leaves_out_only_when_it_over_predicts_zb():
-    import bench_weight_passing as wp
+def test_weight_passing_counts_tawpipe_over_weipipe_from_the_rows():
+    import _weight_passing_claims as wc
     from _common import RESULTS, read_csv
     rows = read_csv(RESULTS / "weight_passing.csv")
-    (line,) = [s for s in wp.discussion(rows) if s.startswith("- **ZB-H1")]
-    assert "above the published ratio in 13 of 13 rows" in line and "ran out of memory in 5 of 18 rows" in line
+    (line,) = [s for s in wc._prose(rows, wc.claims(rows)) if s.startswith("- TawPipe beats WeiPipe")]
+    beats = [c for c in wc.claims(rows) if c["claim"].startswith("TawPipe/WeiPipe")]
+    assert f"in {sum(c['pipert'] > 1 for c in beats)} of {len(beats)} rows" in line
     for r in rows:
-        if r["schedule"] == "zb-h1":
-            r["tok_s_gpu"] /= 3  # every predicted ZB-H1/1F1B ratio below the published one
-    (line,) = [s for s in wp.discussion(rows) if s.startswith("- **ZB-H1")]
-    assert "above the published ratio in 0 of 13 rows." in line and "memory" not in line
+        if r["schedule"] == wc.TAW:
+            r["tok_s_gpu"] /= 100  # TawPipe now slower than WeiPipe in every row
+    (line,) = [s for s in wc._prose(rows, wc.claims(rows)) if s.startswith("- TawPipe beats WeiPipe")]
+    assert f"in 0 of {len(beats)} rows" in line
 
 
 def test_sim_speed_counts_the_rows_whose_makespan_is_checked_equal():
