@@ -76,7 +76,8 @@ def test_without_warmup_the_validator_and_ncclsim_agree_on_which_families_hang(P
         assert {"weipipe-naive", "weipipe-interleave", "weipipe-zb1"} <= hung
 
 
-@pytest.mark.parametrize("P", [2, 4, 8])
+# P = 8 took 40-45 s of the suite; P = 6 of the weight-passing families runs on gloo processes
+@pytest.mark.parametrize("P", [2, 4])
 def test_every_family_starts_and_trains_exactly_under_nccl_rules(P):
     for case in family_cases(P, rules="nccl"):
         r = run_case(case, timeout=30.0)
