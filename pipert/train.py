@@ -304,10 +304,8 @@ def _link_plan(cfg: TrainConfig, num_units: int) -> dict:
     import torch
     from .cost.profiled import ProfiledCost
     from .data import ByteCorpus
-    from .models import build_units
     from .tools.profile import profile_units
-    units = build_units(cfg.model, num_units, seed=cfg.seed, max_seq=cfg.seq, dtype=cfg.dtype,
-                        recompute=cfg.recompute, device=torch.device("cpu"), **_mlp_overrides(cfg))
+    units = _model_units(cfg, num_units, None, torch.device("cpu"))
     x, y = next(iter(ByteCorpus(cfg.seq, seed=cfg.seed).batches(cfg.batch_size // cfg.microbatches, 1)))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank runs (_proc)
@@ -362,15 +360,20 @@ def process_group_backend(backend: str) -> str:
     return _PROCESS_GROUPS[backend]
 
 
+def _model_units(cfg: TrainConfig, num_units: int, cut: str | None, device: torch.device, keep=None) -> list:
+    """The model of ``cfg`` cut into ``num_units`` units (``pipert.models.build_units``)."""
+    from .models import build_units
+    return build_units(cfg.model, num_units, seed=cfg.seed, keep=keep, device=device, max_seq=cfg.seq,
+                       dtype=cfg.dtype, cut=cut, recompute=cfg.recompute, **_mlp_overrides(cfg))
+
+
 def _rank_units(cfg: TrainConfig, program: Program, device: torch.device, keep=None, tp=None) -> list:
     """The model's units for one process: those in ``keep`` (default: all) materialised on
     ``device`` in ``cfg.dtype``, the others on the meta device. Values are those of the whole
     model built in one process, whatever ``keep`` is; with ``tp`` (a
     ``pipert.models.tp.TensorParallel``) each unit is cut to this process's TP shard after it is
     materialised (a unit's whole parameters exist for a moment)."""
-    from .models import build_units
-    units = build_units(cfg.model, program.num_units, seed=cfg.seed, keep=keep, device=device, max_seq=cfg.seq,
-                        dtype=cfg.dtype, cut=program.meta.get("cut"), recompute=cfg.recompute, **_mlp_overrides(cfg))
+    units = _model_units(cfg, program.num_units, program.meta.get("cut"), device, keep)
     if tp is not None:
         from .models.tpshard import shard_units
         shard_units(units, tp)
