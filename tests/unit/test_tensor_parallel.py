@@ -98,3 +98,10 @@ def test_world_counts_tp_processes():
     cfg = TrainConfig(stages=2, dp=2, tp=2, microbatches=4, batch_size=4, seq=16)
     cfg.validate()
     assert cfg.world == 8
+
+
+def test_train_takes_the_chunked_mlp_with_tp_and_sp():
+    cfg = TrainConfig(stages=2, tp=2, sp=True, mlp_chunk=8, mlp_recompute=True, microbatches=4, batch_size=4,
+                      seq=16, schedule="helixpipe-2fold", recompute="no_attention")
+    cfg.validate()
+    assert (cfg.world, cfg.mlp_chunk) == (4, 8)
