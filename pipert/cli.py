@@ -123,8 +123,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 _FILE_SHAPED = ("stages", "microbatches", "chunks")
-_SHORT_FLAGS = {"stages": "-P", "microbatches": "-M"}  # as in simulate, compare, export, emulate, plan
 """Train flags a schedule file sets (the parser leaves them None unless given)."""
+_PLAN_SHAPED = ("schedule", "dp", "options", "zero", "zero3_buffers", "recompute", "tp")
+"""Train flags a --plan also sets (with _FILE_SHAPED and --sp): parsed as None when not given."""
+_SHORT_FLAGS = {"stages": "-P", "microbatches": "-M"}  # as in simulate, compare, export, emulate, plan
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -132,12 +134,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train import TrainConfig, run_train
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
     defaults = TrainConfig()
-    if is_schedule_file(args.schedule):
+    if args.plan:
+        _take_plan(args.plan, values)
+    for name in _PLAN_SHAPED:
+        if values[name] is None:
+            values[name] = getattr(defaults, name)
+    if is_schedule_file(values["schedule"]):
         from .scenario import file_shape
         given = {"--stages": args.stages, "--microbatches": None if args.microbatches is None else
-                 args.microbatches // max(args.dp, 1), "--chunks": args.chunks}
-        P, M, V = file_shape(load_schedule(args.schedule), given, args.schedule)
-        values.update(stages=P, microbatches=M * max(args.dp, 1), chunks=V)
+                 args.microbatches // max(values["dp"], 1), "--chunks": args.chunks}
+        P, M, V = file_shape(load_schedule(values["schedule"]), given, values["schedule"])
+        values.update(stages=P, microbatches=M * max(values["dp"], 1), chunks=V)
     for name in _FILE_SHAPED:
         if values[name] is None:
             values[name] = getattr(defaults, name)
@@ -148,6 +155,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(e.report(), file=sys.stderr)
         return 1
     return 0
+
+
+def _take_plan(path: str, values: dict) -> None:
+    """The plan's settings into ``values``; a flag given with another value is refused."""
+    from .planner.planfile import load_plan, train_settings
+    for name, want in train_settings(load_plan(path)).items():
+        given = values[name]
+        if given is None or given is False:
+            values[name] = want
+        elif given != want:
+            flag = _SHORT_FLAGS.get(name, "--" + name.replace("_", "-"))
+            raise ValueError(f"{flag} {given} conflicts with --plan {path}, which sets {want!r}; leave {flag} out "
+                             f"(or give the plan's value)")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -234,7 +254,7 @@ def _add_train(sub: Any) -> None:
         else:
             kind = types.get(f.name) or (type(default) if default is not None else int)
             names = (flag, _SHORT_FLAGS[f.name]) if f.name in _SHORT_FLAGS else (flag,)
-            t.add_argument(*names, type=kind, default=None if f.name in _FILE_SHAPED else default,
+            t.add_argument(*names, type=kind, default=None if f.name in _FILE_SHAPED + _PLAN_SHAPED else default,
                            help=doc + (" or a schedule file's" if f.name in _FILE_SHAPED else ""))
     t.set_defaults(fn=cmd_train)
 
@@ -257,6 +277,9 @@ _TRAIN_HELP = {
     "chunks": "units per rank for interleaved schedules", "ranks_per_node": "ranks per node (tawpipe)",
     "options": "generator options name=value;... (pipemesh: enqueue=4,4;dequeue=2,2,2,2;units_per_chunk=1)",
     "dp": "data-parallel replicas D of the pipeline (stages x dp processes)",
+    "plan": "a PipeMesh plan file (pipert plan --pipemesh ... --save FILE): sets --schedule, -P, --dp, --chunks, -M, "
+            "--options (sequences, buckets as units per chunk), --zero, --zero3-buffers, --recompute, --tp/--sp; "
+            "a flag given with another value is refused",
     "zero": "ZeRO over the replicas (needs --dp > 1): a stage 0-3 for every unit, or per parameter: rules "
             "'3:mlp,2:attn,1' (first pattern contained in the name wins, last entry the default) or shares "
             "'p=0.4,g=0.7' (ZeRO-3 and ZeRO-2/3 shares of each unit, largest parameters first)",
@@ -268,7 +291,8 @@ _TRAIN_HELP = {
     "model": "model preset: tiny, small, medium, large, gpt-tiny, gpt-small, gpt-1.3b, gpt-3b, gpt-7b",
     "mlp_chunk": "token rows per chunk of the chunked MLP (pipert.kernels); 0: the plain MLP",
     "mlp_recompute": "chunked MLP: save only its input, recompute pre-activations in backward",
-    "recompute": "recompute inside units: none, no_attention (keep attention output + softmax stats), full",
+    "recompute": "recompute inside units: none, no_attention (keep attention output + softmax stats), full, or "
+                 "keep:GROUP,... (keep those op groups: attention, projection, activation, norm; recompute the rest)",
     "dtype": "float32, float64 or bfloat16",
     "lr": "AdamW learning rate (default 3e-3; on --resume the checkpoint's, which a given --lr replaces)",
     "backend": "auto, gloo, nccl, nccl-sim (gloo processes that follow NCCL's rules) or local", "seed": "initialisation and data seed",
