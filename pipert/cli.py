@@ -124,8 +124,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 _FILE_SHAPED = ("stages", "microbatches", "chunks")
 """Train flags a schedule file sets (the parser leaves them None unless given)."""
-_PLAN_SHAPED = ("schedule", "dp", "options", "zero", "zero3_buffers", "recompute", "tp")
-"""Train flags a --plan also sets (with _FILE_SHAPED and --sp): parsed as None when not given."""
 _SHORT_FLAGS = {"stages": "-P", "microbatches": "-M"}  # as in simulate, compare, export, emulate, plan
 
 
@@ -135,10 +133,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
     defaults = TrainConfig()
     if args.plan:
-        _take_plan(args.plan, values)
-    for name in _PLAN_SHAPED:
-        if values[name] is None:
-            values[name] = getattr(defaults, name)
+        _take_plan(args.plan, values, getattr(args, "given", set()))
     if is_schedule_file(values["schedule"]):
         from .scenario import file_shape
         given = {"--stages": args.stages, "--microbatches": None if args.microbatches is None else
@@ -157,12 +152,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _take_plan(path: str, values: dict) -> None:
+class _Given(argparse.Action):
+    """Stores the value (``const`` for a flag without one) and records the flag's dest in
+    ``namespace.given``, so that a flag given with its default value is told from one left out."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        namespace.given = getattr(namespace, "given", set()) | {self.dest}
+
+
+def _take_plan(path: str, values: dict, given_flags: set) -> None:
     """The plan's settings into ``values``; a flag given with another value is refused."""
     from .planner.planfile import load_plan, train_settings
     for name, want in train_settings(load_plan(path)).items():
         given = values[name]
-        if given is None or given is False:
+        if name not in given_flags:
             values[name] = want
         elif given != want:
             flag = _SHORT_FLAGS.get(name, "--" + name.replace("_", "-"))
@@ -250,11 +254,11 @@ def _add_train(sub: Any) -> None:
         default = getattr(defaults, f.name)
         doc = _TRAIN_HELP.get(f.name, "") + (f" (default: {default})" if default not in (None, False, "") else "")
         if isinstance(default, bool):
-            t.add_argument(flag, action="store_true", help=doc)
+            t.add_argument(flag, action=_Given, nargs=0, const=True, default=False, help=doc)
         else:
             kind = types.get(f.name) or (type(default) if default is not None else int)
             names = (flag, _SHORT_FLAGS[f.name]) if f.name in _SHORT_FLAGS else (flag,)
-            t.add_argument(*names, type=kind, default=None if f.name in _FILE_SHAPED + _PLAN_SHAPED else default,
+            t.add_argument(*names, type=kind, default=None if f.name in _FILE_SHAPED else default, action=_Given,
                            help=doc + (" or a schedule file's" if f.name in _FILE_SHAPED else ""))
     t.set_defaults(fn=cmd_train)
 
