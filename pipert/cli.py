@@ -123,8 +123,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 _FILE_SHAPED = ("stages", "microbatches", "chunks")
-_SHORT_FLAGS = {"stages": "-P", "microbatches": "-M"}  # as in simulate, compare, export, emulate, plan
 """Train flags a schedule file sets (the parser leaves them None unless given)."""
+_SHORT_FLAGS = {"stages": "-P", "microbatches": "-M"}  # as in simulate, compare, export, emulate, plan
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -132,12 +132,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train import TrainConfig, run_train
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
     defaults = TrainConfig()
-    if is_schedule_file(args.schedule):
+    if args.plan:
+        _take_plan(args.plan, values, getattr(args, "given", set()))
+    if is_schedule_file(values["schedule"]):
         from .scenario import file_shape
         given = {"--stages": args.stages, "--microbatches": None if args.microbatches is None else
-                 args.microbatches // max(args.dp, 1), "--chunks": args.chunks}
-        P, M, V = file_shape(load_schedule(args.schedule), given, args.schedule)
-        values.update(stages=P, microbatches=M * max(args.dp, 1), chunks=V)
+                 args.microbatches // max(values["dp"], 1), "--chunks": args.chunks}
+        P, M, V = file_shape(load_schedule(values["schedule"]), given, values["schedule"])
+        values.update(stages=P, microbatches=M * max(values["dp"], 1), chunks=V)
     for name in _FILE_SHAPED:
         if values[name] is None:
             values[name] = getattr(defaults, name)
@@ -148,6 +150,28 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(e.report(), file=sys.stderr)
         return 1
     return 0
+
+
+class _Given(argparse.Action):
+    """Stores the value (``const`` for a flag without one) and records the flag's dest in
+    ``namespace.given``, so that a flag given with its default value is told from one left out."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        namespace.given = getattr(namespace, "given", set()) | {self.dest}
+
+
+def _take_plan(path: str, values: dict, given_flags: set) -> None:
+    """The plan's settings into ``values``; a flag given with another value is refused."""
+    from .planner.planfile import load_plan, train_settings
+    for name, want in train_settings(load_plan(path)).items():
+        given = values[name]
+        if name not in given_flags:
+            values[name] = want
+        elif given != want:
+            flag = _SHORT_FLAGS.get(name, "--" + name.replace("_", "-"))
+            raise ValueError(f"{flag} {given} conflicts with --plan {path}, which sets {want!r}; leave {flag} out "
+                             f"(or give the plan's value)")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -233,11 +257,11 @@ def _add_train(sub: Any) -> None:
         default = getattr(defaults, f.name)
         doc = _TRAIN_HELP.get(f.name, "") + (f" (default: {default})" if default not in (None, False, "") else "")
         if isinstance(default, bool):
-            t.add_argument(flag, action="store_true", help=doc)
+            t.add_argument(flag, action=_Given, nargs=0, const=True, default=False, help=doc)
         else:
             kind = types.get(f.name) or (type(default) if default is not None else int)
             names = (flag, _SHORT_FLAGS[f.name]) if f.name in _SHORT_FLAGS else (flag,)
-            t.add_argument(*names, type=kind, default=None if f.name in _FILE_SHAPED else default,
+            t.add_argument(*names, type=kind, default=None if f.name in _FILE_SHAPED else default, action=_Given,
                            help=doc + (" or a schedule file's" if f.name in _FILE_SHAPED else ""))
     t.set_defaults(fn=cmd_train)
 
@@ -260,6 +284,9 @@ _TRAIN_HELP = {
     "chunks": "units per rank for interleaved schedules", "ranks_per_node": "ranks per node (tawpipe)",
     "options": "generator options name=value;... (pipemesh: enqueue=4,4;dequeue=2,2,2,2;units_per_chunk=1)",
     "dp": "data-parallel replicas D of the pipeline (stages x dp processes)",
+    "plan": "a PipeMesh plan file (pipert plan --pipemesh ... --save FILE): sets --schedule, -P, --dp, --chunks, -M, "
+            "--options (sequences, buckets as units per chunk), --zero, --zero3-buffers, --recompute, --tp/--sp; "
+            "a flag given with another value is refused",
     "zero": "ZeRO over the replicas (needs --dp > 1): a stage 0-3 for every unit, or per parameter: rules "
             "'3:mlp,2:attn,1' (first pattern contained in the name wins, last entry the default) or shares "
             "'p=0.4,g=0.7' (ZeRO-3 and ZeRO-2/3 shares of each unit, largest parameters first)",
@@ -271,7 +298,8 @@ _TRAIN_HELP = {
     "model": "model preset: tiny, small, medium, large, gpt-tiny, gpt-small, gpt-1.3b, gpt-3b, gpt-7b",
     "mlp_chunk": "token rows per chunk of the chunked MLP (pipert.kernels); 0: the plain MLP",
     "mlp_recompute": "chunked MLP: save only its input, recompute pre-activations in backward",
-    "recompute": "recompute inside units: none, no_attention (keep attention output + softmax stats), full "
+    "recompute": "recompute inside units: none, no_attention (keep attention output + softmax stats), full, or "
+                 "keep:GROUP,... (keep those op groups: attention, projection, activation, norm; recompute the rest) "
                  "(default: the schedule's: no_attention for helixpipe-2fold, else none)",
     "sync_folds": "helixpipe-2fold: one compute and one message per fold pair, not the asynchronous two-fold",
     "loss_in_forward": "helixpipe-2fold: LM head and loss in the last unit's forward, not its backward",

@@ -63,7 +63,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-_PIPEMESH = ("paper", "dp", "batch", "memory_budget", "inter_node_gbps")
+_PIPEMESH = ("paper", "dp", "batch", "memory_budget", "inter_node_gbps", "save")
 """Flags of PipeMesh's planner only (plan --pipemesh); --tp and --sp also size the ranking's
 analytic costs (with --model)."""
 _NOT_PIPEMESH = ("tf", "tb", "td", "tw", "seq", "micro_batch_size", "dcs", "dc_latency", "dc_transfer",

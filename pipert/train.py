@@ -54,6 +54,10 @@ class TrainConfig:
     """Ranks per node, for topology-aware schedules (tawpipe)."""
     options: str = ""
     """Generator options as name=value pairs separated by ';' (pipemesh: "enqueue=4,4;dequeue=2,2,2,2")."""
+    plan: str = ""
+    """A PipeMesh plan file (``pipert plan --pipemesh ... --save FILE``): it fixes the schedule, P, D,
+    chunks, micro-batches, options, ZeRO mix, recomputation and TP (``pipert.planner.planfile``);
+    each of those fields must equal the plan's."""
     dp: int = 1
     """Data-parallel replicas D of the pipeline (stages x dp processes)."""
     zero: str = "0"
@@ -140,6 +144,8 @@ class TrainConfig:
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
         self._validate_model()
+        if self.plan:
+            self._validate_plan()
         self.option_dict()
         self._validate_schedule()
         if self.lr is not None and not 0 < self.lr < math.inf:
@@ -168,10 +174,15 @@ class TrainConfig:
             raise ValueError(f"--mlp-chunk must be >= 0 (0: the plain MLP), got {self.mlp_chunk}")
         if self.mlp_recompute and not self.mlp_chunk:
             raise ValueError("--mlp-recompute applies to the chunked MLP; give --mlp-chunk N > 0 as well")
-        from .models import RECOMPUTE_MODES
-        if self.recompute and self.recompute not in RECOMPUTE_MODES:
-            raise ValueError(f"--recompute {self.recompute!r} unknown; allowed: {', '.join(RECOMPUTE_MODES)} (or leave "
-                             f"it out: the schedule's)")
+        from .models.recompute import KEEP_PREFIX, RECOMPUTE_MODES, SAVE_GROUPS, recompute_save_set
+        if self.recompute and self.recompute not in RECOMPUTE_MODES and not self.recompute.startswith(KEEP_PREFIX):
+            raise ValueError(f"--recompute {self.recompute!r} unknown; allowed: {', '.join(RECOMPUTE_MODES)}, or "
+                             f"{KEEP_PREFIX}GROUP,... with groups of {', '.join(SAVE_GROUPS)} (or leave it out: the "
+                             f"schedule's)")
+        try:
+            recompute_save_set(self.recompute or "none")
+        except ValueError as e:
+            raise ValueError(f"--recompute: {e}") from None
         from .ir.passes import PASSES
         unknown = [p for p in self.pass_names() if p not in PASSES]
         if unknown:
@@ -197,6 +208,22 @@ class TrainConfig:
         from .linkflags import LinkOptions
         return LinkOptions.parse(self.dcs, self.dc_latency, self.dc_bandwidth, self.ranks_per_node,
                                  self.node_latency, self.node_bandwidth)
+
+    def _validate_plan(self) -> None:
+        """The fields a plan fixes equal the plan's, and its units fit the model's layers."""
+        from .models import model_config
+        from .planner.planfile import load_plan, train_settings
+        doc = load_plan(self.plan)
+        for name, want in train_settings(doc).items():
+            if getattr(self, name) != want:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)!r} conflicts with --plan {self.plan}, "
+                                 f"which sets {want!r}; leave the flag out (or give the plan's value)")
+        k, layers = doc["buckets"]["units_per_chunk"], model_config(self.model).layers
+        if doc["P"] * doc["M"] * k > layers:
+            raise ValueError(f"--plan {self.plan}: P x M x units per chunk (its largest bucket count) = {doc['P']} x "
+                             f"{doc['M']} x {k} units, but model {self.model!r} has {layers} layers (one unit needs at "
+                             f"least one); allowed: a model of >= {doc['P'] * doc['M'] * k} layers, or a plan with "
+                             f"fewer chunks or buckets")
 
     def _validate_model(self) -> None:
         """The model preset, and the sequence length against its positions."""

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-__all__ = ["stochastic", "SAVE_GROUPS", "RECOMPUTE_MODES", "save_set", "recompute_save_set", "save_policy",
+__all__ = ["stochastic", "SAVE_GROUPS", "RECOMPUTE_MODES", "KEEP_PREFIX", "save_set", "recompute_save_set", "save_policy",
            "selective_context", "selective_checkpoint", "collect_caches", "cached_tensors", "selective_recompute"]
 
 SAVE_GROUPS: dict[str, frozenset[str]] = {
@@ -66,10 +66,23 @@ def save_set(save: Iterable[str]) -> frozenset[str]:
     return names
 
 
+KEEP_PREFIX = "keep:"
+"""A recompute mode ``keep:GROUP,...`` keeps the named ``SAVE_GROUPS`` and recomputes the rest
+(``keep:`` alone: the unit's inputs only, as ``full``); a PipeMesh plan's recomputation set
+reaches the runtime this way (``pipert.planner.planfile``)."""
+
+
 def recompute_save_set(mode: str) -> frozenset[str] | None:
     """The op groups recompute mode ``mode`` keeps (None: no recomputation)."""
+    if isinstance(mode, str) and mode.startswith(KEEP_PREFIX):
+        groups = [g.strip() for g in mode[len(KEEP_PREFIX):].split(",") if g.strip()]
+        try:
+            return save_set(groups)
+        except ValueError as e:
+            raise ValueError(f"recompute={mode!r}: {e}") from None
     if mode not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute={mode!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
+        raise ValueError(f"recompute={mode!r}; allowed: {', '.join(RECOMPUTE_MODES)}, or {KEEP_PREFIX}GROUP,... "
+                         f"with groups of {', '.join(SAVE_GROUPS)}")
     return RECOMPUTE_MODES[mode]
 
 

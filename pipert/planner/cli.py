@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from typing import Any
 
 from .pipemesh import Components
@@ -34,6 +33,8 @@ def add_pipemesh_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--inter-node-gbps", type=float, default=None,
                    help="network bandwidth of one node, Gbit/s (default 100)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument("--save", default=None, metavar="FILE", help="write the plan (sequences, ZeRO mix, buckets, "
+                   "recomputation, q) as JSON; pipert train --plan FILE runs it")
 
 
 def choose_chunks(model_layers: int, stages: int, make: Any) -> int:
@@ -49,24 +50,19 @@ def choose_chunks(model_layers: int, stages: int, make: Any) -> int:
     return best
 
 
-def build_problem(args: argparse.Namespace, tp: int | None = None) -> tuple[Components, int, list, float, str]:
+def build_problem(args: argparse.Namespace, tp: int | None = None, system: str = "pipemesh",
+                  chunks: int | None = None) -> tuple[Components, int, list, float, str]:
     """(components, kept bytes per pass, chunk ops, budget in bytes, description) from the flags;
-    ``tp`` replaces --tp (not with --paper)."""
+    ``tp`` replaces --tp and ``chunks`` -V (not with --paper, where ``system`` names the Table IV
+    row, "pipemesh" or "megatron", whose own M and times are used)."""
     from ..cost.devices import DeviceSpec
     if args.paper:
-        from .paper import TABLE_IV, components, megatron_activation
+        from .paper import TABLE_IV, problem
         if args.paper not in TABLE_IV:
             raise ValueError(f"--paper {args.paper!r} unknown; allowed: {', '.join(TABLE_IV)}")
         cfg = TABLE_IV[args.paper]
-        c = components(cfg, "pipemesh")
-        cluster = Cluster(DeviceSpec.preset(cfg.cluster), 8, 400.0 if cfg.cluster == "a100" else 100.0)
-        base, ops = chunk_ops(cfg.model, cfg.tp, cluster, cfg.model.layers // (cfg.stages * c.chunks))
-        ops = [replace(o, time=o.time * 1e3) for o in ops]            # seconds -> ms, the table's unit
-        if args.memory_budget is not None:
-            budget = args.memory_budget * GiB
-        else:   # the paper's budget: Megatron's usage, here as the memory model gives it
-            mt = components(cfg, "megatron")
-            budget = 12 * mt.params / mt.dp + 4 * mt.params + megatron_activation(cfg)
+        budget = args.memory_budget * GiB if args.memory_budget is not None else None
+        c, base, ops, budget = problem(cfg, system, budget)
         return c, base, ops, budget, (f"{cfg.model.name} on {cfg.cluster.upper()} (Table IV: B={cfg.batch}, "
                                       f"T,P,D={cfg.tp},{cfg.stages},{cfg.dp}, sequence parallel); times in ms")
     from ..scenario_flags import DEFAULT_MICROBATCHES, DEFAULT_STAGES
@@ -98,7 +94,7 @@ def build_problem(args: argparse.Namespace, tp: int | None = None) -> tuple[Comp
     def make(M: int) -> tuple:
         return workload(m, cluster, tp=tp, stages=stages, dp=dp, chunks=M, microbatches=B)
 
-    M = args.chunks or choose_chunks(m.layers, stages, lambda k: make(k)[0])
+    M = chunks or args.chunks or choose_chunks(m.layers, stages, lambda k: make(k)[0])
     c, base, ops = make(M)
     budget = (args.memory_budget * GiB) if args.memory_budget is not None else dev.memory
     return c, base, ops, budget, (f"{m.name} on {dev.name}, {cluster.gpus_per_node} GPUs/node, "
@@ -106,9 +102,38 @@ def build_problem(args: argparse.Namespace, tp: int | None = None) -> tuple[Comp
                                   f"times in s")
 
 
+def baseline(kind: str, args: argparse.Namespace, tp: int, pipemesh_problem: tuple) -> Plan | str:
+    """``kind`` ("megatron" or "breadth-first") at its own best setting under PipeMesh's budget
+    (the plan, or why none fits). With --paper: Megatron at the paper's Megatron M and times,
+    breadth-first at PipeMesh's M (the paper's Fold3D runs used PipeMesh's M). Otherwise every M
+    that splits the layers into equal chunks is planned (or -V's alone), and the fastest kept."""
+    budget = pipemesh_problem[3]
+    if args.paper:
+        c, base, ops, _ = pipemesh_problem if kind == "breadth-first" else \
+            build_problem(args, system="megatron")[:4]
+        try:
+            return plan_fixed(kind, c, ops, budget, base)
+        except ValueError as e:
+            return str(e)
+    c0 = pipemesh_problem[0]
+    layers = PAPER_MODELS[args.model or "gpt3-58b"].layers
+    tried, reasons = [], []
+    for m in ([args.chunks] if args.chunks else range(1, layers // c0.stages + 1)):
+        if layers % (c0.stages * m):
+            continue
+        c, base, ops, _, _ = build_problem(args, tp, chunks=m)
+        try:
+            tried.append(plan_fixed(kind, c, ops, budget, base))
+        except ValueError as e:
+            reasons.append(f"M={m}: {e}")
+    if not tried:
+        return "; ".join(reasons[:3]) + (f" (and {len(reasons) - 3} more M)" if len(reasons) > 3 else "")
+    return min(tried, key=lambda p: (p.time["total"], p.components.chunks))
+
+
 def _line(p: Plan) -> str:
     t, mem = p.time, p.memory
-    return (f"{p.name:<14} q={p.queue.q:<3} T_iter {t['total']:.6g} (compute {t['compute']:.6g}, bubble "
+    return (f"{p.name:<14} M={p.components.chunks:<3} q={p.queue.q:<3} T_iter {t['total']:.6g} (compute {t['compute']:.6g}, bubble "
             f"{t['bubble']:.6g}, PP {t['pp_crit']:.6g}, DP {t['dp_crit']:.6g})  memory {mem['total'] / GiB:.2f} GiB")
 
 
@@ -128,13 +153,12 @@ def cmd_pipemesh(args: argparse.Namespace) -> int:
     else:
         from .mesh import best_tp
         tried, (c, base, ops, budget, what, best) = best_tp(args, build_problem)
-    others: dict[str, Any] = {}
-    for kind in ("megatron", "breadth-first"):
-        try:
-            others[kind] = plan_fixed(kind, c, ops, budget, base)
-        except ValueError as e:
-            others[kind] = str(e)
+    others: dict[str, Any] = {kind: baseline(kind, args, _tp_of(args, tried), (c, base, ops, budget))
+                              for kind in ("megatron", "breadth-first")}
     zero_spec = _zero_spec(best, c.params)
+    if args.save:
+        from .planfile import plan_document, save_plan
+        save_plan(args.save, plan_document(best, what, _tp_of(args, tried)))
     if args.json:
         print(json.dumps({"setting": what, "tp": _tp_of(args, tried), "sp": True, "defaults": _defaults(args),
                           "tp_candidates": [t.as_dict() for t in tried], "plan": best.as_dict(), "zero_spec": zero_spec,
@@ -157,7 +181,8 @@ def cmd_pipemesh(args: argparse.Namespace) -> int:
     print(f"sharding: ZeRO-3 {share(sh.zero_param):.1%}, ZeRO-2 {share(sh.zero_grad - sh.zero_param):.1%}, "
           f"ZeRO-1 {share(c.params - sh.zero_grad):.1%}; buckets B_Z2={sh.bz2} B_Z3 fwd={sh.bz3_fwd} bwd={sh.bz3_bwd}")
     print(f"runtime:  pipert train --zero {zero_spec} --zero3-buffers 2  (the shares per unit, largest parameters "
-          f"first)")
+          f"first); the whole plan: " + (f"pipert train --plan {args.save}" if args.save else "--save FILE, then "
+                                          "pipert train --plan FILE"))
     rec = best.recomputed
     print(f"recompute {len(rec)} of {len(ops)} operations per chunk ({best.recompute.recompute_time:.4g} per pass): "
           + (", ".join(rec[:12]) + (" ..." if len(rec) > 12 else "") if rec else "none"))
@@ -165,7 +190,7 @@ def cmd_pipemesh(args: argparse.Namespace) -> int:
     print("iteration   " + ", ".join(f"{k} {v:.6g}" for k, v in t.items()))
     print("exposed DP  " + ", ".join(f"{k} {v:.6g}" for k, v in q.exposed.items()))
     print("memory GiB  " + ", ".join(f"{k} {v / GiB:.3f}" for k, v in best.memory.items()))
-    print("same budget:")
+    print("same budget, each schedule at its own best M:")
     for kind, p in [("pipemesh", best), *others.items()]:
         print("  " + (_line(p) if isinstance(p, Plan) else f"{kind:<14} does not fit: {p}"))
     return 0

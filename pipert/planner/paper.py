@@ -20,13 +20,15 @@ from dataclasses import dataclass, replace
 from .pipemesh import Components, QueuePlan, megatron_plan, queue_plan, split_even, state_memory
 from .workload import PAPER_MODELS, LayerShape, layer_items
 
-__all__ = ["Row", "Config", "TABLE_IV", "MEGATRON_OVERLAP_A100", "per_param_dp_time", "components",
+__all__ = ["Row", "Config", "TABLE_IV", "MEGATRON_OVERLAP_A100", "PAPER_ZERO3", "per_param_dp_time", "components",
            "predict", "pipemesh_queue", "layer_activation", "megatron_activation",
-           "megatron_implied_dp_comm", "GIB"]
+           "megatron_implied_dp_comm", "GIB", "megatron_budget", "problem", "iteration", "paper_gain"]
 
 GIB = float(1 << 30)
 MEGATRON_OVERLAP_A100 = 0.313
 """Section VI-A: Megatron overlaps 31.3 % of its DP communication (GPT-3, A100)."""
+PAPER_ZERO3 = {"gpt3-v100": 0.844, "llama2-v100": 0.909, "falcon-v100": 0.869}
+"""Section VI: the share of parameters PipeMesh's plans set to ZeRO-3 on V100 (the rest ZeRO-2)."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ def predict(cfg: Config, system: str, t_p: float | None = None) -> dict[str, flo
     mem = state_memory(c, qp.sharding)
     out = {"bubble": (c.stages - 1) * c.comp, "dp_crit": qp.dp_crit, "C_DP": c.dp_comm,
            "mem_grad": mem["gradients"] / GIB, "mem_param": mem["parameters"] / GIB,
-           "zero3_share": qp.sharding.zero_param / c.params, "case": qp.case}
+           "zero3_share": qp.sharding.zero_param / c.params, "case": qp.case, "bz3_bwd": qp.sharding.bz3_bwd}
     if system == "megatron":
         out["mem_act"] = megatron_activation(cfg) / GIB
     return out
@@ -163,3 +165,46 @@ def megatron_implied_dp_comm(cfg: Config) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if megatron_plan(replace(c, dp_comm=mid)).dp_crit < target else (lo, mid)
     return (lo + hi) / 2
+
+
+def megatron_budget(cfg: Config) -> float:
+    """The paper's memory budget, Megatron's usage, as the memory model gives it (bytes):
+    optimizer 12 psi / D, gradients and parameters 2 psi each, Megatron's activations."""
+    c = components(cfg, "megatron")
+    return 12 * c.params / c.dp + 4 * c.params + megatron_activation(cfg)
+
+
+def problem(cfg: Config, system: str, budget: float | None = None) -> tuple[Components, int, list, float]:
+    """(components, kept bytes per pass, chunk ops in ms, budget in bytes) of ``cfg``'s ``system``
+    row at that row's own M: its component times from the table, op sizes and times from the
+    analytic model on the cluster's GPU; ``budget`` None: Megatron's usage (the paper's rule)."""
+    from ..cost.devices import DeviceSpec
+    from .workload import Cluster, chunk_ops
+    c = components(cfg, system)
+    cluster = Cluster(DeviceSpec.preset(cfg.cluster), 8, 400.0 if cfg.cluster == "a100" else 100.0)
+    base, ops = chunk_ops(cfg.model, cfg.tp, cluster, cfg.model.layers // (cfg.stages * c.chunks))
+    ops = [replace(o, time=o.time * 1e3) for o in ops]            # seconds -> ms, the table's unit
+    return c, base, ops, megatron_budget(cfg) if budget is None else budget
+
+
+def iteration(cfg: Config, system: str, planned=None) -> dict[str, float]:
+    """One iteration (ms) of ``cfg``'s ``system`` at its own M, term by term: ``paper`` (Table IV's
+    columns), ``equations`` (the row's measured compute, Eq. 1's bubble, Eqs. 2-5 with the paper's
+    q and sequences) and, given ``planned`` (a ``pipert.planner.Plan`` of this row's problem), the
+    planner's own choice. The PP column is the paper's in all three: read as 2(P-1) C_PP it gives
+    C_PP above C^fwd, which the equations exclude, so it is an input, not a prediction."""
+    r = cfg.row(system)
+    out = {"paper": {"compute": r.fwd + r.bwd, "bubble": r.bubble, "dp_crit": r.dp_crit, "pp_crit": r.pp_crit}}
+    p = predict(cfg, system)
+    out["equations"] = {"compute": r.fwd + r.bwd, "bubble": p["bubble"], "dp_crit": p["dp_crit"], "pp_crit": r.pp_crit}
+    if planned is not None:
+        t = planned.time
+        out["planner"] = {"compute": t["compute"], "bubble": t["bubble"], "dp_crit": t["dp_crit"], "pp_crit": r.pp_crit}
+    for parts in out.values():
+        parts["total"] = sum(parts.values())
+    return out
+
+
+def paper_gain(cfg: Config) -> float:
+    """PipeMesh's throughput over Megatron's in the paper: the ratio of Table IV's TFLOPS."""
+    return cfg.pipemesh.tflops / cfg.megatron.tflops

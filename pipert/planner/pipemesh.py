@@ -8,8 +8,10 @@ of micro-batches of one pipeline per iteration (the paper's B; Table IV's batch 
 Decisions the paper leaves open (docs/pipemesh.md):
 - sequences are split into near-equal parts with the larger parts last; a q whose sequence
   would hold an element < P is not offered;
-- ZeRO-3 is used only where it saves parameter memory, ``2/D + 8/M < 2`` (the paper's "M > 4"
-  is the D -> infinity limit of this);
+- ZeRO-3 is enabled when M > 4, the paper's rule (section IV-A), with psi_p the largest share
+  that leaves D_p^bwd = 0; by M_p's formula it saves parameter memory only when
+  ``2/D + 8/M < 2`` (M > 4D/(D-1)), so for 4 < M <= 4D/(D-1) the paper's rule spends memory
+  for the overlap (``zero3_saves_memory`` says which);
 - times used to size windows exclude recomputation (the recomputation is chosen later), so the
   exposed DP time is an upper bound once recomputation lengthens the passes.
 """
@@ -22,7 +24,8 @@ from typing import Any
 
 __all__ = ["Components", "Sharding", "QueuePlan", "split_even", "enqueue_sequence", "live_passes",
            "exposed_dp", "queue_plan", "megatron_plan", "breadth_first_plan", "state_memory",
-           "activation_memory", "iteration_time", "ZERO1"]
+           "activation_memory", "iteration_time", "ZERO1", "ZERO3_MIN_CHUNKS", "zero3_enabled",
+           "zero3_saves_memory"]
 
 
 def _pos_int(name: str, v: Any) -> None:
@@ -167,8 +170,18 @@ def exposed_dp(c: Components, enqueue: tuple[int, ...], dequeue: tuple[int, ...]
     return {"D_o": d_o, "D_g": d_g, "D_p_fwd": d_pf, "D_p_bwd": d_pb}
 
 
-def _zero3_saves_memory(c: Components) -> bool:
-    """M_p per ZeRO-3 parameter is 2/D + 8/M bytes against 2 for ZeRO-1/2."""
+ZERO3_MIN_CHUNKS = 5
+"""The paper enables ZeRO-3 only when M > 4 (section IV-A: "M_p is no smaller than 2 psi when M <= 4")."""
+
+
+def zero3_enabled(c: Components) -> bool:
+    """The paper's rule: ZeRO-3 parameters only with M > 4 chunks per stage."""
+    return c.chunks >= ZERO3_MIN_CHUNKS
+
+
+def zero3_saves_memory(c: Components) -> bool:
+    """M_p per ZeRO-3 parameter is 2/D + 8/M bytes against 2 for ZeRO-1/2: less only when
+    M > 4D/(D-1) (the paper's M > 4 is the D -> infinity limit)."""
     return 2 / c.dp + 8 / c.chunks < 2
 
 
@@ -186,9 +199,9 @@ def queue_plan(c: Components, q: int, dequeue: tuple[int, ...] | None = None) ->
         bz2 = min(d[0], math.ceil(c.dp_comm / c.bwd)) if c.bwd else d[0]
         bz3_bwd = min(d) - bz2
         psi_p = 0.0
-        if _zero3_saves_memory(c) and bz3_bwd > 0 and c.dp_comm > 0:
+        if zero3_enabled(c) and bz3_bwd > 0 and c.dp_comm > 0:
             psi_p = psi * min(1.0, bz3_bwd * c.bwd / c.dp_comm)
-        elif _zero3_saves_memory(c) and c.dp_comm == 0:
+        elif zero3_enabled(c) and c.dp_comm == 0:
             psi_p = psi
         cp = c.dp_comm * (psi_p / psi) if psi else 0.0
         fwd_window = min(e[1:]) if S > 1 else e[0]

@@ -72,6 +72,25 @@ def test_pipemesh_on_a_two_by_two_mesh():
     assert abs(step["loss"] - step["ref_loss"]) <= 1e-12 * abs(step["ref_loss"])
 
 
+def test_a_saved_pipemesh_plan_trains_exactly(tmp_path):
+    """`pipert plan --pipemesh --save` (P=2, D=2, its own sequences, ZeRO-2 mix and recomputation,
+    scaled so that its units fit the tiny model) and `pipert train --plan` on 4 gloo processes:
+    equal to the single-process reference."""
+    path = str(tmp_path / "plan.json")
+    made = subprocess.run([sys.executable, "-m", "pipert.cli", "plan", "--pipemesh", "-P", "2", "--dp", "2", "--tp",
+                           "1", "-V", "2", "--batch", "16", "--inter-node-gbps", "100000", "--memory-budget", "340",
+                           "--save", path], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-2000:]
+    doc = json.load(open(path))
+    assert doc["enqueue"] == [2, 2, 2, 2] and doc["zero"]["zero2"] == 1.0
+    assert doc["recompute"]["runtime"] == "keep:attention,projection"      # norms and activations recomputed
+    out = _train("--plan", path, "--steps", "1", "--json", "--check", "--dtype", "float64")
+    assert out.returncode == 0, out.stderr[-2000:]
+    step = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")][0]
+    assert step["max_grad_rel_err"] <= 1e-10 and step["max_param_rel_err"] <= 1e-10, step
+    assert abs(step["loss"] - step["ref_loss"]) <= 1e-12 * abs(step["ref_loss"])
+
+
 def test_train_gpt_with_chunked_mlp_and_recompute_matches_its_reference():
     """The GPT model with the chunked MLP (recompute mode) and recomputation without attention
     trains under a schedule; the pipeline equals the single-process reference in float64."""

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from pipert.planner import (Components, OpCost, plan, plan_fixed, queue_plan, recompute_brute, recompute_dp)
 from pipert.planner.pipemesh import (enqueue_sequence, exposed_dp, iteration_time, live_passes, megatron_plan,
-                                     split_even, state_memory)
+                                     split_even, state_memory, zero3_enabled, zero3_saves_memory)
 from pipert.planner.search import candidate_queues
 from pipert.schedules import build_schedule
 from pipert.schedules.pipemesh import peak_live_passes
@@ -134,9 +134,26 @@ def test_case_a_hides_gradient_and_parameter_traffic():
     assert qp.dp_crit == 2 * 5.0                  # only the first chunk's RS and AG stay exposed
     mem = state_memory(c, qp.sharding)
     assert mem["parameters"] == pytest.approx((2 / 4 + 8 / 8) * 800)
-    # M = 4, D = 3: 2/3 + 2 >= 2, ZeRO-3 would cost memory, so it stays off
+    # M = 4: the paper enables ZeRO-3 only with M > 4
     c4 = Components(stages=4, dp=3, chunks=4, microbatches=24, fwd=1.0, bwd=2.0, dp_comm=5.0, params=800)
     assert queue_plan(c4, 12).sharding.zero_param == 0
+
+
+@pytest.mark.parametrize("chunks, saves", [(5, False), (6, False), (7, True)])
+def test_zero3_follows_the_papers_m_above_4_rule(chunks, saves):
+    """With D = 3, M = 5 and 6 get ZeRO-3 (the paper's M > 4) although M_p's formula makes it
+    cost memory there (2/3 + 8/M >= 2); the share is the largest with D_p^bwd = 0."""
+    c = Components(stages=4, dp=3, chunks=chunks, microbatches=24, fwd=1.0, bwd=2.0, dp_comm=10.0, params=900)
+    qp = queue_plan(c, 12)
+    assert zero3_enabled(c) and zero3_saves_memory(c) == saves
+    # B_Z2 = ceil(10 / 2) = 5, B_Z3^bwd = 12 - 5 = 7: 7 backward passes hide 14 >= 10, all of psi
+    assert qp.sharding.bz3_bwd == 7 and qp.sharding.zero_param == 900
+    assert qp.exposed["D_p_bwd"] == 0
+    tight = queue_plan(Components(4, 3, chunks, 24, 1.0, 2.0, 20.0, params=900), 12)
+    # B_Z2 = 10, B_Z3^bwd = 2: 4 of C_DP = 20 hidden, so psi_p = 900 * 4 / 20
+    assert tight.sharding.zero_param == pytest.approx(180.0) and tight.exposed["D_p_bwd"] == pytest.approx(0.0)
+    mem = state_memory(c, qp.sharding)["parameters"]
+    assert (mem < 2 * 900) == saves
 
 
 def test_case_b_sizes_last_dequeue_and_zero2_share():
