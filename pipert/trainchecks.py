@@ -86,7 +86,6 @@ def check_tensor_parallel(cfg: Any) -> None:
         return
     check_tp_sizes(model_config(cfg.model), cfg.tp, cfg.seq if cfg.sp else None)
     refused = {"--backend local": cfg.backend == "local", "--mlp-chunk": cfg.mlp_chunk > 0,
-               "--save": bool(cfg.save), "--resume": bool(cfg.resume),
                "--profile": cfg.profile, "--dcs/--node-*": cfg.link_options().active}
     bad = [flag for flag, given in refused.items() if given]
     if bad:
