@@ -86,7 +86,7 @@ def check_tensor_parallel(cfg: Any) -> None:
         return
     check_tp_sizes(model_config(cfg.model), cfg.tp, cfg.seq if cfg.sp else None)
     refused = {"--backend local": cfg.backend == "local", "--mlp-chunk": cfg.mlp_chunk > 0,
-               "--profile": cfg.profile, "--dcs/--node-*": cfg.link_options().active}
+               "--dcs/--node-*": cfg.link_options().active}
     bad = [flag for flag, given in refused.items() if given]
     if bad:
         raise ValueError(f"--tp {cfg.tp}: {', '.join(bad)} not supported with tensor parallelism yet; "

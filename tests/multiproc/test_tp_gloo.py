@@ -1,6 +1,7 @@
 """Tensor and sequence parallelism on gloo processes: the TP layers against the whole model, and
 `pipert train --tp 2 [--sp] --check` against the single-process reference (float64, 1e-10)."""
 import json
+import os
 import subprocess
 import sys
 
@@ -41,7 +42,8 @@ def _train(*args: str) -> list[dict]:
 
 
 CASES = {
-    "1f1b": ["--schedule", "1f1b", "--stages", "2", "--tp", "2", "--backend", "gloo"],
+    # --profile: the simulator's step time from each process's measured computes
+    "1f1b": ["--schedule", "1f1b", "--stages", "2", "--tp", "2", "--backend", "gloo", "--profile"],
     # weight passing: each TP rank's shard travels between the same tp coordinates
     "weipipe-zb2-sp-gpt": ["--schedule", "weipipe-zb2", "--stages", "2", "--tp", "2", "--sp", "--model", "gpt-tiny",
                            "--backend", "gloo"],
@@ -72,6 +74,11 @@ def test_train_tp_matches_reference(case):
     assert len(sizes) == 4 and sizes[0] == sizes[1] and sizes[2] == sizes[3], sizes
     held = 2 * whole if case.startswith("weipipe") else whole
     assert held / 2 < sum(sizes) < 1.02 * held, (sizes, whole)
+    if "--profile" in CASES[case]:  # 2 program ranks on this host, each keeping 2 processes busy
+        cores = len(os.sched_getaffinity(0))
+        for s in steps:
+            assert s["ranks_per_host"] == [2] and s["cores_per_host"] == [cores / 2], s
+            assert s["predicted_step_s"] > 0 and s["predicted_shared_step_s"] > 0, s
 
 
 def test_pipemesh_dp_zero3_tp_matches_reference():
