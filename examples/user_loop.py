@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 
 import torch
 from torch import nn
@@ -61,13 +62,20 @@ def main() -> None:
         sched.step()
         if rank == 0:
             lr = sched.get_last_lr()[0]
-            print(f"step {step}: loss {loss.item():.6f}  grad norm {norm.item():.6f}  lr {lr:.5f}", flush=True)
+            say(f"step {step}: loss {loss.item():.6f}  grad norm {norm.item():.6f}  lr {lr:.5f}")
     out = pipe.eval(batch(99, n)[0])  # the last stage's ranks get the outputs
     params = pipe.named_parameters()  # every rank takes part (ZeRO shards are gathered)
     if args.check:
         check(ref, loss_fn, args, n, out, params, units, net, rank)
     pipe.close()
     torch.distributed.destroy_process_group()
+
+
+def say(line: str) -> None:
+    """One whole line per write: the ranks share torchrun's stdout, and print() under
+    PYTHONUNBUFFERED writes the text and its newline separately (lines of two ranks interleave)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def check(ref: nn.Module, loss_fn: nn.Module, args: argparse.Namespace, n: int, out: torch.Tensor | None,
@@ -87,11 +95,11 @@ def check(ref: nn.Module, loss_fn: nn.Module, args: argparse.Namespace, n: int, 
     want = dict(ref.named_parameters())
     with torch.no_grad():
         diff = max(float((v - want[in_model[k]]).abs().max()) for k, v in params.items())
-    print(f"rank {rank}: {len(params)} parameters after {args.steps} steps, largest difference {diff:.3g}", flush=True)
+    say(f"rank {rank}: {len(params)} parameters after {args.steps} steps, largest difference {diff:.3g}")
     if out is not None:
         with torch.no_grad():
             err = float((out - ref(batch(99, n)[0])).abs().max())
-        print(f"rank {rank}: eval outputs, largest difference {err:.3g}", flush=True)
+        say(f"rank {rank}: eval outputs, largest difference {err:.3g}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import); otherwise the PyTorch references run instead, with one warning.
 """
 from .chunked_mlp import (chunked_gelu_mlp, chunked_swiglu_mlp, gelu_mlp_reference,
                           swiglu_mlp_reference)
+from .chunked_tp import tp_chunked_gelu_mlp, tp_chunked_swiglu_mlp
 from .gelu import gelu_backward, gelu_backward_reference, gelu_forward, gelu_reference
 from .mlp_memory import chunk_size_for_budget, chunk_temp_bytes, saved_activation_bytes
 from .mlp_modules import ChunkedGeluMLP, ChunkedSwiGLUMLP
@@ -19,6 +20,8 @@ __all__ = [
     "chunked_gelu_mlp",
     "swiglu_mlp_reference",
     "gelu_mlp_reference",
+    "tp_chunked_swiglu_mlp",
+    "tp_chunked_gelu_mlp",
     "ChunkedSwiGLUMLP",
     "ChunkedGeluMLP",
     "WeightGradQueue",

@@ -120,28 +120,34 @@ def _swiglu_chunk_loop(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: 
             su.addmm(du.t(), x_c)
 
 
+def swiglu_forward_into(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor,
+                        chunk: int, recompute: bool, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The chunked forward of the rows ``x`` into ``y``; returns what the backward sweep needs
+    beyond ``x`` and the weights: nothing (``recompute``) or the pre-activations ``(g, u)``."""
+    n, f = x.shape[0], wg.shape[0]
+    if recompute:
+        # a_c is written over g_c in place
+        g_buf, u_buf = x.new_empty(min(chunk, n), f), x.new_empty(min(chunk, n), f)
+        for r0, r1 in _chunks(n, chunk):
+            m = r1 - r0
+            g_c = torch.mm(x[r0:r1], wg.t(), out=g_buf[:m])
+            u_c = torch.mm(x[r0:r1], wu.t(), out=u_buf[:m])
+            torch.mm(swiglu_forward(g_c, u_c, out=g_c), wd.t(), out=y[r0:r1])
+        return ()
+    g, u = torch.mm(x, wg.t()), torch.mm(x, wu.t())
+    a_buf = x.new_empty(min(chunk, n), f)
+    for r0, r1 in _chunks(n, chunk):
+        a_c = swiglu_forward(g[r0:r1], u[r0:r1], out=a_buf[:r1 - r0])
+        torch.mm(a_c, wd.t(), out=y[r0:r1])
+    return g, u
+
+
 class _ChunkedSwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor,
                 chunk: int, recompute: bool, queue: WeightGradQueue | None) -> torch.Tensor:
-        n, f = x.shape[0], wg.shape[0]
-        y = x.new_empty(n, wd.shape[0])
-        if recompute:
-            # a_c is written over g_c in place
-            g_buf, u_buf = x.new_empty(min(chunk, n), f), x.new_empty(min(chunk, n), f)
-            for r0, r1 in _chunks(n, chunk):
-                m = r1 - r0
-                g_c = torch.mm(x[r0:r1], wg.t(), out=g_buf[:m])
-                u_c = torch.mm(x[r0:r1], wu.t(), out=u_buf[:m])
-                torch.mm(swiglu_forward(g_c, u_c, out=g_c), wd.t(), out=y[r0:r1])
-            ctx.save_for_backward(x, wg, wu, wd)
-        else:
-            g, u = torch.mm(x, wg.t()), torch.mm(x, wu.t())
-            a_buf = x.new_empty(min(chunk, n), f)
-            for r0, r1 in _chunks(n, chunk):
-                a_c = swiglu_forward(g[r0:r1], u[r0:r1], out=a_buf[:r1 - r0])
-                torch.mm(a_c, wd.t(), out=y[r0:r1])
-            ctx.save_for_backward(x, wg, wu, wd, g, u)
+        y = x.new_empty(x.shape[0], wd.shape[0])
+        ctx.save_for_backward(x, wg, wu, wd, *swiglu_forward_into(x, wg, wu, wd, chunk, recompute, y))
         ctx.chunk, ctx.recompute, ctx.queue = chunk, recompute, queue
         return y
 
@@ -225,20 +231,29 @@ def _linear_into(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out: 
     return torch.addmm(b, x, w.t(), out=out)
 
 
+def gelu_forward_into(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
+                      b2: torch.Tensor | None, approximate: str, chunk: int, recompute: bool,
+                      y: torch.Tensor) -> torch.Tensor | None:
+    """The chunked forward of the rows ``x`` into ``y``; returns the pre-activations ``z`` the
+    backward sweep needs (None with ``recompute``: it recomputes them chunk by chunk)."""
+    n, f = x.shape[0], w1.shape[0]
+    buf = x.new_empty(min(chunk, n), f)  # recompute: z_c, then act_c in place
+    z = None if recompute else _linear_into(x, w1, b1, x.new_empty(n, f))
+    for r0, r1 in _chunks(n, chunk):
+        m = r1 - r0
+        z_c = _linear_into(x[r0:r1], w1, b1, buf[:m]) if recompute else z[r0:r1]
+        act = gelu_forward(z_c, approximate, out=buf[:m])
+        _linear_into(act, w2, b2, y[r0:r1])
+    return z
+
+
 class _ChunkedGeLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None,
                 w2: torch.Tensor, b2: torch.Tensor | None, approximate: str, chunk: int,
                 recompute: bool, queue: WeightGradQueue | None) -> torch.Tensor:
-        n, f = x.shape[0], w1.shape[0]
-        y = x.new_empty(n, w2.shape[0])
-        buf = x.new_empty(min(chunk, n), f)  # recompute: z_c, then act_c in place
-        z = None if recompute else _linear_into(x, w1, b1, x.new_empty(n, f))
-        for r0, r1 in _chunks(n, chunk):
-            m = r1 - r0
-            z_c = _linear_into(x[r0:r1], w1, b1, buf[:m]) if recompute else z[r0:r1]
-            act = gelu_forward(z_c, approximate, out=buf[:m])
-            _linear_into(act, w2, b2, y[r0:r1])
+        y = x.new_empty(x.shape[0], w2.shape[0])
+        z = gelu_forward_into(x, w1, b1, w2, b2, approximate, chunk, recompute, y)
         ctx.save_for_backward(x, w1, b1, w2, b2, z)
         ctx.chunk, ctx.recompute, ctx.queue, ctx.approximate = chunk, recompute, queue, approximate
         return y

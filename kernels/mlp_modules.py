@@ -19,6 +19,7 @@ from torch import nn
 from typing import Any, Callable
 
 from .chunked_mlp import chunked_gelu_mlp, chunked_swiglu_mlp
+from .chunked_tp import tp_chunked_gelu_mlp, tp_chunked_swiglu_mlp
 from .mlp_memory import chunk_size_for_budget
 from .wgrad import WeightGradQueue, current_weight_grad_queue
 
@@ -27,6 +28,12 @@ __all__ = ["ChunkedSwiGLUMLP", "ChunkedGeluMLP"]
 
 class _ChunkedMLPBase(nn.Module):
     _activation = ""
+    tp: Any = None
+    """Tensor parallelism (``pipert.models.tp.TensorParallel``, set by ``shard_units``): the first
+    linear(s) column-parallel, the last row-parallel (``chunked_tp.py``); None: the whole MLP."""
+
+    def _sharded(self) -> bool:
+        return self.tp is not None and self.tp.size > 1
 
     def _setup(self, ffn: int, dtype: torch.dtype | None, chunk_size: int | None,
                memory_budget: int | None, recompute: bool, deferred_wgrad: bool) -> None:
@@ -94,6 +101,10 @@ class ChunkedSwiGLUMLP(_ChunkedMLPBase):
         return lambda cfg: cls(cfg.hidden, cfg.ffn, dtype=cfg.torch_dtype, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._sharded():
+            return tp_chunked_swiglu_mlp(x, self.w1.weight, self.w3.weight, self.w2.weight, self.tp,
+                                         chunk_size=self.chunk_size, recompute=self.recompute,
+                                         weight_grad_queue=self._queue())
         return chunked_swiglu_mlp(x, self.w1.weight, self.w3.weight, self.w2.weight,
                                   chunk_size=self.chunk_size, recompute=self.recompute,
                                   weight_grad_queue=self._queue())
@@ -133,6 +144,10 @@ class ChunkedGeluMLP(_ChunkedMLPBase):
         return mlp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._sharded():
+            return tp_chunked_gelu_mlp(x, self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias,
+                                       self.tp, approximate=self.approximate, chunk_size=self.chunk_size,
+                                       recompute=self.recompute, weight_grad_queue=self._queue())
         return chunked_gelu_mlp(x, self.fc.weight, self.fc.bias, self.proj.weight,
                                 self.proj.bias, approximate=self.approximate,
                                 chunk_size=self.chunk_size, recompute=self.recompute,

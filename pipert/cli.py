@@ -166,12 +166,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def _add_simulate(sub: Any) -> None:
-    from .scenario_flags import add_scenario_args, add_tp_args
+    from .scenario_flags import add_helix_args, add_scenario_args, add_tp_args
     s = sub.add_parser("simulate", help="simulate one schedule on one scenario")
     s.add_argument("schedule", help="registered schedule name, or a schedule file: pipert's .json, torch.pipelining's "
                    ".csv (_dump_csv) or its orders as .json; the file's shape (ranks, units, micro-batches) is kept")
     add_scenario_args(s)
     add_tp_args(s)
+    add_helix_args(s)
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--trace", help="write a Chrome-trace JSON (open in Perfetto)")
     s.add_argument("--plot", help="write a PNG Gantt chart")
@@ -188,12 +189,13 @@ def _add_simulate(sub: Any) -> None:
 
 
 def _add_compare(sub: Any) -> None:
-    from .scenario_flags import add_scenario_args, add_tp_args
+    from .scenario_flags import add_helix_args, add_scenario_args, add_tp_args
     c = sub.add_parser("compare", help="simulate every applicable schedule on one scenario, ranked")
     c.add_argument("file", nargs="?", default=None, help="a schedule file (as for simulate), ranked against the "
                    "registered schedules on its shape")
     add_scenario_args(c)
     add_tp_args(c)
+    add_helix_args(c)
     c.add_argument("--schedules", help="comma-separated names (default: all registered)")
     c.add_argument("--json", action="store_true", help="print a JSON list")
     c.add_argument("--plot", default="pipert-compare.png", help="PNG with one Gantt chart per schedule ('' to skip)")
@@ -201,11 +203,12 @@ def _add_compare(sub: Any) -> None:
 
 
 def _add_export(sub: Any) -> None:
-    from .scenario_flags import add_scenario_args
+    from .scenario_flags import add_helix_args, add_scenario_args
     from .ir.files import EXPORT_FORMATS, RECEIVES
     e = sub.add_parser("export", help="write a schedule as pipert JSON, a text grid, or torch.pipelining's CSV/JSON")
     e.add_argument("schedule", help="registered schedule name, or a schedule file (converted)")
     add_scenario_args(e)
+    add_helix_args(e)
     e.add_argument("--format", default="json", choices=EXPORT_FORMATS,
                    help="json: pipert's schedule file; text: every action, one column per rank; torch-csv: "
                    "torch's _dump_csv form (load it with _load_csv); torch-json: the same rows as JSON")
@@ -268,7 +271,10 @@ _TRAIN_HELP = {
     "model": "model preset: tiny, small, medium, large, gpt-tiny, gpt-small, gpt-1.3b, gpt-3b, gpt-7b",
     "mlp_chunk": "token rows per chunk of the chunked MLP (pipert.kernels); 0: the plain MLP",
     "mlp_recompute": "chunked MLP: save only its input, recompute pre-activations in backward",
-    "recompute": "recompute inside units: none, no_attention (keep attention output + softmax stats), full",
+    "recompute": "recompute inside units: none, no_attention (keep attention output + softmax stats), full "
+                 "(default: the schedule's: no_attention for helixpipe-2fold, else none)",
+    "sync_folds": "helixpipe-2fold: one compute and one message per fold pair, not the asynchronous two-fold",
+    "loss_in_forward": "helixpipe-2fold: LM head and loss in the last unit's forward, not its backward",
     "dtype": "float32, float64 or bfloat16",
     "lr": "AdamW learning rate (default 3e-3; on --resume the checkpoint's, which a given --lr replaces)",
     "backend": "auto, gloo, nccl, nccl-sim (gloo processes that follow NCCL's rules) or local", "seed": "initialisation and data seed",

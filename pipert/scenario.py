@@ -13,8 +13,8 @@ from .cost.topology import Links, Topology
 from .cost.uniform import UniformCost
 from .ir import Schedule
 from .schedules import build_schedule, family
-from .scenario_flags import (DEFAULT_MICROBATCHES, DEFAULT_STAGES, check_scenario_flags, check_size, check_tp_flags,
-                             dc_link, node_links)
+from .scenario_flags import (DEFAULT_MICROBATCHES, DEFAULT_STAGES, HELIX_OPT_OUTS, check_scenario_flags, check_size,
+                             check_tp_flags, dc_link, helix_options, node_links)
 
 __all__ = ["Scenario", "scenario_from_args", "file_shape", "shape_flags", "load_or_build", "LAYER_PER_CHUNK"]
 
@@ -32,8 +32,9 @@ class Scenario:
     """Micro-batches per step M."""
     chunks: int | None
     """Units per rank V for interleaved schedules (None: each schedule's default)."""
-    cost_fn: Callable[[int], Any]
-    """num_units -> CostModel (analytic models size their units by the schedule's count)."""
+    cost_fn: Callable[..., Any]
+    """(num_units, recompute=, loss_in_backward=) -> CostModel (analytic models size their units by
+    the schedule's count and price the units' recomputation; uniform costs ignore both)."""
     topology: Topology
     links: Any
     """A LinkModel, or None when all transfers are free."""
@@ -52,13 +53,18 @@ class Scenario:
     """Tensor-parallel size T: each rank is a group of T devices of one node (analytic costs)."""
     sp: bool = False
     """Sequence parallelism over each TP group."""
+    recompute: str = "none"
+    """Recomputation inside the units of a schedule that does not say its own (``meta["recompute"]``)."""
 
     def cost_for(self, schedule: Schedule) -> Any:
-        """The cost model for ``schedule``'s units."""
-        return self.cost_for_units(schedule.num_units)
+        """The cost model for ``schedule``'s units, with the recomputation and the loss placement its
+        generator recorded (HelixPipe's paper defaults), else the scenario's."""
+        meta = schedule.meta
+        return self.cost_for_units(schedule.num_units, meta.get("recompute", self.recompute),
+                                   bool(meta.get("loss_in_backward", False)))
 
-    def cost_for_units(self, num_units: int) -> Any:
-        cost = self.cost_fn(num_units)
+    def cost_for_units(self, num_units: int, recompute: str | None = None, loss_in_backward: bool = False) -> Any:
+        cost = self.cost_fn(num_units, recompute=recompute or self.recompute, loss_in_backward=loss_in_backward)
         if self.per_stage and hasattr(cost, "scaled") and num_units != self.stages:
             return cost.scaled(self.stages / num_units)
         return cost
@@ -170,13 +176,14 @@ def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = Non
             tb = 2.0
         uniform = UniformCost(tf=tf, tb=tb, td=args.td, tw=args.tw)
 
-        def cost(num_units: int) -> UniformCost:
+        def cost(num_units: int, **priced_by_analytic_model: Any) -> UniformCost:
             return uniform
         dc = dc_link(args)
         links = Links(topo, {"inter_dc": dc}) if dc is not None else None
         layers = None
+    options.update(helix_options(args))
     return Scenario(stages, microbatches, chunks, cost, topo, links, args.memory_limit, options,
-                    layers=layers, tp=tp, sp=sp)
+                    layers=layers, tp=tp, sp=sp, recompute=getattr(args, "recompute", None) or "none")
 
 
 def _analytic(args: argparse.Namespace, topo: Topology, tp: int = 1, sp: bool = False
@@ -196,8 +203,8 @@ def _analytic(args: argparse.Namespace, topo: Topology, tp: int = 1, sp: bool = 
                          f"{', '.join(map(str, tp_divisors(spec, sp)))}")
     specs = node_links(args, default_link_specs())
 
-    def cost(num_units: int) -> TransformerCost:
-        kw = dict(tp=tp, sp=sp, tp_link=specs["intra_node"])
+    def cost(num_units: int, recompute: str = "none", loss_in_backward: bool = False) -> TransformerCost:
+        kw = dict(tp=tp, sp=sp, tp_link=specs["intra_node"], recompute=recompute, loss_in_backward=loss_in_backward)
         if num_units == 2 * spec.layers + 1:
             return TransformerCost(spec, device, partition_helix(spec), **kw)
         if num_units > spec.layers:
@@ -220,6 +227,11 @@ def load_or_build(args: argparse.Namespace, name: str) -> tuple[Scenario, Schedu
     sc = scenario_from_args(args)
     from .schedules import PipelineConfig, family
     fam = family(name)
+    accepted = fam.options()
+    for flag_name, (opt, _) in HELIX_OPT_OUTS.items():
+        if getattr(args, flag_name, False) and accepted is not None and opt not in accepted:
+            raise ValueError(f"--{flag_name.replace('_', '-')} opts helixpipe-2fold out of a paper default; "
+                             f"{name} has no option {opt}")
     chunks = sc.chunks if sc.chunks is not None else fam.default_chunks
     try:                                  # the family's constraints first: building can take long
         fam.validate(PipelineConfig(sc.stages, sc.microbatches, chunks))

@@ -21,8 +21,8 @@ import argparse
 import math
 from typing import Any, Iterable
 
-__all__ = ["add_scenario_args", "add_tp_args", "check_tp_flags", "node_links", "check_scenario_flags",
-           "seconds_mode", "dc_link", "check_size", "refuse_given",
+__all__ = ["add_scenario_args", "add_tp_args", "add_helix_args", "helix_options", "check_tp_flags", "node_links", "check_scenario_flags",
+           "seconds_mode", "dc_link", "check_size", "refuse_given", "HELIX_OPT_OUTS",
            "flag", "DEFAULT_STAGES", "DEFAULT_MICROBATCHES", "MAX_RANKS", "MAX_PAIRS", "PAIR_LIMITS"]
 
 DEFAULT_STAGES = 4
@@ -179,6 +179,33 @@ def refuse_given(args: argparse.Namespace, names: Iterable[str], reason: str) ->
             raise ValueError(f"{flag(name)}{shown} {reason}")
 
 
+HELIX_OPT_OUTS = {"sync_folds": ("asynchronous", False), "loss_in_forward": ("loss_in_backward", False)}
+"""Opt-out flag -> (generator option, value) of helixpipe-2fold's paper defaults."""
+
+
+def add_helix_args(p: argparse.ArgumentParser) -> None:
+    """The units' recomputation and the opt-outs of helixpipe-2fold's paper defaults
+    (``pipert.schedules.helixpipe.PAPER_DEFAULTS``); all default to None/False (not given)."""
+    from .cost.transformer import RECOMPUTE_MODES
+    g = p.add_argument_group("recomputation and HelixPipe's paper defaults (helixpipe-2fold runs asynchronously, "
+                             "recomputes without attention and computes the loss in backward)")
+    g.add_argument("--recompute", default=None, choices=RECOMPUTE_MODES,
+                   help="recomputation inside every unit, priced by the analytic model (with --model); default: "
+                        "the schedule's (no_attention for helixpipe-2fold, else none)")
+    g.add_argument("--sync-folds", action="store_true", help="helixpipe-2fold: one compute and one message per "
+                   "fold pair instead of the asynchronous two-fold (each fold's message leaving after its own compute)")
+    g.add_argument("--loss-in-forward", action="store_true", help="helixpipe-2fold: LM head and loss in the "
+                   "forward of the last unit instead of its backward")
+
+
+def helix_options(args: argparse.Namespace) -> dict:
+    """The generator options the flags of :func:`add_helix_args` give (only those given)."""
+    out = {opt: value for name, (opt, value) in HELIX_OPT_OUTS.items() if getattr(args, name, False)}
+    if getattr(args, "recompute", None) is not None:
+        out["recompute"] = args.recompute
+    return out
+
+
 def check_scenario_flags(args: argparse.Namespace) -> None:
     """Every scenario flag and combination, in constant time."""
     for name in _AT_LEAST_ONE:
@@ -205,6 +232,10 @@ def check_scenario_flags(args: argparse.Namespace) -> None:
     else:
         real = bool(getattr(args, "real", False))  # emulate --real reads --seq and --micro-batch-size
         refuse_given(args, ("device",) if real else _MODEL_ONLY, "applies to the analytic model only: give --model too")
+    if getattr(args, "recompute", None) not in (None, "none") and args.model is None \
+            and not getattr(args, "real", False):
+        raise ValueError(f"--recompute {args.recompute} is priced by the analytic model: give --model too (uniform "
+                         f"costs have no recomputation)")
     if (args.dcs or 1) < 2:
         refuse_given(args, _DC_LINK, "describes the link between datacenters: give --dcs >= 2 as well")
     dc_link(args)

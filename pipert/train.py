@@ -80,9 +80,14 @@ class TrainConfig:
     """Token rows per chunk of the chunked MLP of pipert.kernels (0: the plain MLP)."""
     mlp_recompute: bool = False
     """Chunked MLP: save only its input, recompute the pre-activations in backward."""
-    recompute: str = "none"
+    recompute: str = ""
     """Activation recomputation inside every unit: none, no_attention (keep attention output and
-    softmax statistics), full (keep the unit's inputs only)."""
+    softmax statistics), full (keep the unit's inputs only); empty: the schedule's (its
+    ``meta["recompute"]``: no_attention for helixpipe-2fold, as its paper runs it), else none."""
+    sync_folds: bool = False
+    """helixpipe-2fold: one compute and one message per fold pair (opts out of the asynchronous two-fold)."""
+    loss_in_forward: bool = False
+    """helixpipe-2fold: LM head and loss in the last unit's forward (opts out of the loss in backward)."""
     dtype: str = "float32"
     """Parameter and activation dtype: float32, float64, bfloat16."""
     lr: float | None = None
@@ -164,8 +169,9 @@ class TrainConfig:
         if self.mlp_recompute and not self.mlp_chunk:
             raise ValueError("--mlp-recompute applies to the chunked MLP; give --mlp-chunk N > 0 as well")
         from .models import RECOMPUTE_MODES
-        if self.recompute not in RECOMPUTE_MODES:
-            raise ValueError(f"--recompute {self.recompute!r} unknown; allowed: {', '.join(RECOMPUTE_MODES)}")
+        if self.recompute and self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"--recompute {self.recompute!r} unknown; allowed: {', '.join(RECOMPUTE_MODES)} (or leave "
+                             f"it out: the schedule's)")
         from .ir.passes import PASSES
         unknown = [p for p in self.pass_names() if p not in PASSES]
         if unknown:
@@ -277,6 +283,7 @@ def build_program(cfg: TrainConfig, rules: str = "gloo") -> Program:
         chunks = _layers_per_stage(cfg) if cfg.schedule in LAYER_PER_CHUNK else cfg.chunks
         if accepted is not None and "links" in accepted:
             opts.update(_link_plan(cfg, cfg.stages * (chunks or family(cfg.schedule).default_chunks)))
+        opts.update(_paper_opt_outs(cfg, accepted))
         opts.update(cfg.option_dict())
         s = build_schedule(cfg.schedule, stages=cfg.stages, microbatches=cfg.microbatches // cfg.dp,
                            chunks=chunks, **opts)
@@ -286,6 +293,22 @@ def build_program(cfg: TrainConfig, rules: str = "gloo") -> Program:
         units = _rank_units(cfg, s, torch.device("cpu"), keep=[], tp=_tp_shapes(cfg))  # names, shard shapes only
     return compile(s, passes=cfg.pass_names(), dp=cfg.dp, zero=cfg.zero, zero3_buffers=cfg.zero3_buffers, units=units,
                    rules=rules)
+
+
+def _paper_opt_outs(cfg: TrainConfig, accepted: tuple[str, ...] | None) -> dict:
+    """Generator options of --recompute (for a family that records it) and of the opt-out flags of
+    helixpipe-2fold's paper defaults; an opt-out the family does not take is refused."""
+    from .scenario_flags import HELIX_OPT_OUTS
+    out = {}
+    for name, (opt, value) in HELIX_OPT_OUTS.items():
+        if getattr(cfg, name):
+            if accepted is not None and opt not in accepted:
+                raise ValueError(f"--{name.replace('_', '-')} opts helixpipe-2fold out of a paper default; "
+                                 f"--schedule {cfg.schedule} has no option {opt}")
+            out[opt] = value
+    if cfg.recompute and (accepted is None or "recompute" in accepted):
+        out["recompute"] = cfg.recompute
+    return out
 
 
 def _link_plan(cfg: TrainConfig, num_units: int) -> dict:
@@ -360,11 +383,14 @@ def process_group_backend(backend: str) -> str:
     return _PROCESS_GROUPS[backend]
 
 
-def _model_units(cfg: TrainConfig, num_units: int, cut: str | None, device: torch.device, keep=None) -> list:
-    """The model of ``cfg`` cut into ``num_units`` units (``pipert.models.build_units``)."""
+def _model_units(cfg: TrainConfig, num_units: int, cut: str | None, device: torch.device, keep=None,
+                 schedule_recompute: str | None = None) -> list:
+    """The model of ``cfg`` cut into ``num_units`` units (``pipert.models.build_units``), recomputing
+    as --recompute says, else as the schedule records (``schedule_recompute``), else nothing."""
     from .models import build_units
+    recompute = cfg.recompute or schedule_recompute or "none"
     return build_units(cfg.model, num_units, seed=cfg.seed, keep=keep, device=device, max_seq=cfg.seq,
-                       dtype=cfg.dtype, cut=cut, recompute=cfg.recompute, **_mlp_overrides(cfg))
+                       dtype=cfg.dtype, cut=cut, recompute=recompute, **_mlp_overrides(cfg))
 
 
 def _rank_units(cfg: TrainConfig, program: Program, device: torch.device, keep=None, tp=None) -> list:
@@ -373,7 +399,7 @@ def _rank_units(cfg: TrainConfig, program: Program, device: torch.device, keep=N
     model built in one process, whatever ``keep`` is; with ``tp`` (a
     ``pipert.models.tp.TensorParallel``) each unit is cut to this process's TP shard after it is
     materialised (a unit's whole parameters exist for a moment)."""
-    units = _model_units(cfg, program.num_units, program.meta.get("cut"), device, keep)
+    units = _model_units(cfg, program.num_units, program.meta.get("cut"), device, keep, program.meta.get("recompute"))
     if tp is not None:
         from .models.tpshard import shard_units
         shard_units(units, tp)

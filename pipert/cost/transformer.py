@@ -440,6 +440,11 @@ class TransformerCost:
     unit keeps or sends (its boundary activation included) is 1/T of the bytes."""
     tp_link: LinkSpec | None = None
     """The link between the devices of a TP group (default: the preset intra-node link)."""
+    loss_in_backward: bool = False
+    """The LM head and cross-entropy run in the backward of the unit that holds them (HelixPipe's
+    section 4, which the paper applies to its baselines too): their forward work and TP collectives
+    move from that unit's F to its D (and B), and its stash keeps no logits. With
+    ``recompute="no_attention"`` the D's rerun of the forward already includes them."""
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -464,25 +469,42 @@ class TransformerCost:
         self._kr = self._ks if self.sp else 1.0
         pieces = _pieces(self.model, self.tp, self.sp)
         self._sums: list[_Piece] = []
+        self._moved: list[_Piece] = []                 # forward work the loss-in-backward moves from F to D
         self._tp_time: list[dict[str, float]] = []     # seconds of the TP collectives per unit and phase
         dup_o = self.model.tokens * self.model.hidden * self.model.dtype_bytes * self._ks if self.model.flash else 0
         for spec in self.units:
             acc = _Piece()
             parts = spec.parts()
-            self._tp_time.append({ph: collectives_time(self.collectives_of(spec, ph), self.tp, self.tp_link)
-                                  for ph in PHASES})
+            times = {ph: collectives_time(self.collectives_of(spec, ph), self.tp, self.tp_link) for ph in PHASES}
+            late = spec.head and self.loss_in_backward and self.tp > 1
+            times["late"] = collectives_time(piece_collectives("head", self.model, self.sp)["F"], self.tp,
+                                             self.tp_link) if late else 0.0
+            times["F"] -= times["late"]
+            self._tp_time.append(times)
             for p, l in parts:
                 acc += pieces[p]
                 if p == "post_attn" and ("attn", l) in parts:
                     acc.stash -= dup_o        # flash's saved O is the out-proj input: one tensor
+            moved = self._loss_moved(spec, pieces["head"])
+            acc.stash -= moved.stash
             if self.recompute == "no_attention":
                 acc.stash = self._kept_no_attention(spec)
                 rerun = sum(pieces[p].ew_f for p, _ in parts if p != "attn")
                 acc.ew_d += rerun
                 acc.rerun_mm = acc.mm
             self._sums.append(acc)
+            self._moved.append(moved)
         self._out_bytes = [self._output_bytes(spec) for spec in self.units]
         self._memo: dict[tuple, float] = {}
+
+    def _loss_moved(self, spec: UnitSpec, head: _Piece) -> _Piece:
+        """What the loss-in-backward takes out of ``spec``'s forward: the head's matmul and
+        elementwise work, and the logits' bytes from its stash (nothing for a unit without the
+        head, or with ``loss_in_backward`` off)."""
+        if not (self.loss_in_backward and spec.head):
+            return _Piece()
+        logits = self.model.tokens * self.model.vocab * self.model.dtype_bytes * self._ks
+        return _Piece(mm=head.mm, ew_f=head.ew_f, stash=logits)
 
     # --- per-unit quantities -------------------------------------------------------------
     @property
@@ -502,8 +524,9 @@ class TransformerCost:
         """FLOPs of ``op`` (F, B, D, W, RECOMPUTE) on ``unit`` for one micro-batch."""
         p, op = self._piece(unit), Op(op)
         k = 2.5 if self.model.flash else 2.0
-        by_op = {Op.F: p.mm + p.attn, Op.RECOMPUTE: p.mm + p.attn, Op.D: p.rerun_mm + p.mm + k * p.attn,
-                 Op.W: p.mm, Op.B: p.rerun_mm + 2 * p.mm + k * p.attn}
+        fwd, late = p.mm + p.attn - self._moved[unit].mm, self._late(unit).mm
+        by_op = {Op.F: fwd, Op.RECOMPUTE: fwd, Op.D: p.rerun_mm + p.mm + k * p.attn + late,
+                 Op.W: p.mm, Op.B: p.rerun_mm + 2 * p.mm + k * p.attn + late}
         if op not in by_op:
             raise ValueError(f"op={op.value!r} has no FLOPs; allowed: F, B, D, W, RECOMPUTE")
         return by_op[op]
@@ -511,10 +534,16 @@ class TransformerCost:
     def elementwise_bytes(self, unit: int, op: Op | str) -> float:
         """Bytes moved by elementwise kernels of ``op`` on ``unit`` for one micro-batch."""
         p, op = self._piece(unit), Op(op)
-        by_op = {Op.F: p.ew_f, Op.RECOMPUTE: p.ew_f, Op.D: p.ew_d, Op.W: p.ew_w, Op.B: p.ew_d + p.ew_w}
+        fwd, late = p.ew_f - self._moved[unit].ew_f, self._late(unit).ew_f
+        by_op = {Op.F: fwd, Op.RECOMPUTE: fwd, Op.D: p.ew_d + late, Op.W: p.ew_w, Op.B: p.ew_d + p.ew_w + late}
         if op not in by_op:
             raise ValueError(f"op={op.value!r}; allowed: F, B, D, W, RECOMPUTE")
         return by_op[op]
+
+    def _late(self, unit: int) -> _Piece:
+        """The moved forward work a D (or B) runs besides its own: all of it, unless the D reruns
+        the whole forward anyway (``recompute="no_attention"``)."""
+        return _Piece() if self.recompute == "no_attention" else self._moved[unit]
 
     def unit_time(self, unit: int, op: Op | str, rank: int | None = None) -> float:
         """Seconds of ``op`` on ``unit`` for one micro-batch (OPT: one step of the unit), TP
@@ -543,8 +572,8 @@ class TransformerCost:
         op, t = Op(op), self._tp_time[unit]
         if op in (Op.F, Op.RECOMPUTE):
             return t["F"]
-        if op in (Op.D, Op.B):
-            return t["D"] + (t["F"] if self.recompute == "no_attention" else 0.0)
+        if op in (Op.D, Op.B):   # the head's forward collectives run here once under loss_in_backward
+            return t["D"] + t["late"] + (t["F"] if self.recompute == "no_attention" else 0.0)
         return 0.0
 
     # --- CostModel protocol --------------------------------------------------------------

@@ -92,8 +92,8 @@ def shard_units(units: Iterable[nn.Module], tp: TensorParallel) -> None:
         unit.tp = tp
         for name, m in unit.named_modules():
             if name.endswith("mlp") and not hasattr(type(m), "tp"):
-                raise ValueError(f"unit {u}: the MLP {type(m).__name__} has no tensor-parallel form (the chunked "
-                                 f"MLPs of pipert.kernels); use the plain MLP (mlp_chunk=0)")
+                raise ValueError(f"unit {u}: the MLP {type(m).__name__} has no tensor-parallel form (a `tp` "
+                                 f"attribute); allowed: the built-in MLPs, plain or chunked (mlp_chunk)")
             if isinstance(m, (Attention, QKV)):
                 m.heads, m.kv_heads = m.heads // tp.size, m.kv_heads // tp.size
             if hasattr(type(m), "tp"):

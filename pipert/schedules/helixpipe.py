@@ -14,6 +14,14 @@ owned by C(l)'s stage. Per stage, the forward order is the authors' (docs/helixp
 "Per-stage order"), one group after the other; the backward is the exact reverse of the
 whole forward list (first in, last out), as full backwards B.
 
+The paper's configuration is the default of ``helixpipe-2fold`` (``PAPER_DEFAULTS``): asynchronous
+two-fold (``expand_folds``: one compute and one message per micro-batch, each message leaving as
+soon as its own compute ends), recomputation without attention inside the units and the loss in
+the backward of C(L) (the LM head and cross-entropy run in its B, so its F ends at the final norm
+and the logits are never stashed). The three are recorded in ``meta`` (``asynchronous``,
+``recompute``, ``loss_in_backward``), where the cost models and ``pipert train`` read them; the
+options of the same names opt out.
+
 Transfers: activations from ``lower`` (the residual travels with the norm output to A(l) and
 back with the attention output: it is relayed through the attention stage); a stage that
 computes A(l) without owning it receives its weights once per step (posted ``P`` computes
@@ -23,11 +31,24 @@ after its last backward of A(l) and frees the weights.
 from __future__ import annotations
 
 from ..ir import Action, Op, Payload, Placement, Schedule, add_optimizer_steps, lower
-from ..ir.passes import post_receives_early
+from ..ir.passes import expand_folds, post_receives_early
 from .registry import PipelineConfig, available, register
 
-__all__ = ["helix_forward_order", "helix_placement", "helixpipe_schedule", "check_helixpipe", "helixpipe",
+__all__ = ["PAPER_DEFAULTS", "RECOMPUTE_NAMES", "helix_forward_order", "helix_placement", "helixpipe_schedule", "check_helixpipe", "helixpipe",
            "helixpipe_2fold", "helix_unit", "helix_offset"]
+
+
+RECOMPUTE_NAMES = ("none", "no_attention", "full")
+"""The units' recompute modes (the keys of ``pipert.models.recompute.RECOMPUTE_MODES``, named here
+without importing torch)."""
+
+PAPER_DEFAULTS = {
+    "helixpipe": dict(folds=1, asynchronous=False, recompute="none", loss_in_backward=False),
+    "helixpipe-2fold": dict(folds=2, asynchronous=True, recompute="no_attention", loss_in_backward=True),
+}
+"""Each family's default options: ``helixpipe-2fold`` runs as the paper's experiments do (two-fold,
+asynchronous, recomputation without attention, loss in the backward); ``helixpipe`` is the naive
+FILO of the paper's Table 2 (one micro-batch per op, nothing recomputed)."""
 
 
 def helix_unit(kind: str, layer: int) -> int:
@@ -114,11 +135,19 @@ def _free_received_weights(s: Schedule) -> Schedule:
 
 
 def helixpipe_schedule(stages: int, microbatches: int, chunks: int = 1, folds: int = 1,
-                       name: str | None = None) -> Schedule:
+                       name: str | None = None, *, asynchronous: bool = False, recompute: str = "none",
+                       loss_in_backward: bool = False) -> Schedule:
     """The HelixPipe schedule: ``stages`` P, ``microbatches`` M (a multiple of P·F),
-    ``chunks`` V layers per stage (L = P·V), ``folds`` F micro-batches per op (pure)."""
+    ``chunks`` V layers per stage (L = P·V), ``folds`` F micro-batches per op (pure).
+    ``asynchronous``: each fold's compute and message its own action (``expand_folds``);
+    ``recompute`` (the units' mode) and ``loss_in_backward`` are recorded in ``meta``."""
     name = name or ("helixpipe" if folds == 1 else "helixpipe-2fold")
     check_helixpipe(name, stages, microbatches, chunks, folds)
+    for flag, value in (("asynchronous", asynchronous), ("loss_in_backward", loss_in_backward)):
+        if not isinstance(value, (bool, int)) or value not in (0, 1):
+            raise ValueError(f"{name}: option {flag} must be 0 or 1 (true or false), got {value!r}")
+    if recompute not in RECOMPUTE_NAMES:
+        raise ValueError(f"{name}: option recompute={recompute!r} unknown; allowed: {', '.join(RECOMPUTE_NAMES)}")
     p, F, L = stages, folds, stages * chunks
     groups = microbatches // (p * F)
     compute: list[list[Action]] = []
@@ -128,22 +157,28 @@ def helixpipe_schedule(stages: int, microbatches: int, chunks: int = 1, folds: i
         compute.append(fwd + [Action(Op.B, a.unit, a.mb) for a in reversed(fwd)])
     placement = helix_placement(p, L, microbatches, F)
     meta = {"family": name, "stages": p, "chunks": chunks, "split_backward": False, "folds": F, "layers": L,
-            "cut": "helix"}
+            "cut": "helix", "asynchronous": bool(asynchronous and F > 1), "recompute": recompute,
+            "loss_in_backward": bool(loss_in_backward)}
     s = lower(name, p, 2 * L + 1, microbatches, placement, add_optimizer_steps(compute, placement), meta,
               weights=True)
-    return post_receives_early(_free_received_weights(s), p, payloads=(Payload.WEIGHT,))
+    s = post_receives_early(_free_received_weights(s), p, payloads=(Payload.WEIGHT,))
+    return expand_folds(s) if meta["asynchronous"] else s
 
 
-def _builder(default_folds: int, family_name: str):
-    def build(config: PipelineConfig, *, folds: int = default_folds) -> Schedule:
-        return helixpipe_schedule(config.stages, config.microbatches, config.chunks, folds, family_name)
+def _builder(family_name: str):
+    d = PAPER_DEFAULTS[family_name]
+
+    def build(config: PipelineConfig, *, folds: int = d["folds"], asynchronous: bool = d["asynchronous"],
+              recompute: str = d["recompute"], loss_in_backward: bool = d["loss_in_backward"]) -> Schedule:
+        return helixpipe_schedule(config.stages, config.microbatches, config.chunks, folds, family_name,
+                                  asynchronous=asynchronous, recompute=recompute, loss_in_backward=loss_in_backward)
     build.__name__ = family_name.replace("-", "_")
-    build.__doc__ = f"{family_name}: HelixPipe with {default_folds} micro-batch(es) per op by default."
+    build.__doc__ = f"{family_name}: HelixPipe, by default {d}."
     return build
 
 
-helixpipe = _builder(1, "helixpipe")
-helixpipe_2fold = _builder(2, "helixpipe-2fold")
+helixpipe = _builder("helixpipe")
+helixpipe_2fold = _builder("helixpipe-2fold")
 
 
 def _check(family_name: str):
@@ -157,7 +192,8 @@ def _register() -> None:
     for fname, fn, F, desc in (
             ("helixpipe", helixpipe, 1, "HelixPipe: attention of each layer spread over the stages, FILO order"),
             ("helixpipe-2fold", helixpipe_2fold, 2,
-             "HelixPipe two-fold FILO: two micro-batches per op (option folds=F)")):
+             "HelixPipe two-fold FILO as the paper runs it: two micro-batches per op, asynchronous, recompute "
+             "without attention, loss in backward (options folds, asynchronous, recompute, loss_in_backward)")):
         register(fname, fn, desc, max_chunks=None, check=_check(fname),
                  constraints=f"P >= 2; L = P*V layers; F*P | M (folds=F, default {F})", replace=fname in available())
 

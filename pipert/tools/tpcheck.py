@@ -34,12 +34,15 @@ def _loss(units: list, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def tp_layer_errors(model: str, tp: TensorParallel, *, cut: str = "layers", batch: int = 2, seq: int = 8,
-                    seed: int = 0) -> dict[str, Any]:
+                    seed: int = 0, mlp_chunk: int = 0, mlp_recompute: bool = False) -> dict[str, Any]:
     """{"loss_err", "grad_err", "boundary"}: the loss's absolute error, the largest relative error
     of a gradient (``pipert.tools.reference.rel_err``), the shapes of what the first unit passes on
     (the local sequence shard under SP; q, k, v of the rank's heads). ``cut``: "layers" (two units),
-    "fine" or "helix". Every member of ``tp.group`` must call this."""
+    "fine" or "helix". ``mlp_chunk`` > 0: the chunked MLP of ``pipert.kernels`` (``mlp_recompute``
+    its mode) in both models. Every member of ``tp.group`` must call this."""
     kw = {"dtype": "float64", "max_seq": seq, "seed": seed, "cut": cut}
+    if mlp_chunk:
+        kw.update(mlp_chunk=mlp_chunk, mlp_recompute=mlp_recompute)
     n = 2 if cut == "layers" else None
     whole, units = build_units(model, n, **kw), build_units(model, n, **kw)
     shard_units(units, tp)
@@ -53,14 +56,18 @@ def tp_layer_errors(model: str, tp: TensorParallel, *, cut: str = "layers", batc
                                                                              _grads(whole)), "boundary": first}
 
 
-def check_ranks(rank: int, world: int, cases: list[tuple[str, bool, str]], path: str) -> None:
+def check_ranks(rank: int, world: int, cases: list[tuple], path: str) -> None:
     """One process of a gloo job of ``world`` = T processes: ``tp_layer_errors`` of every
-    (model, sequence_parallel, cut) case; rank 0 writes [{case..., errors...}] to ``path``."""
+    (model, sequence_parallel, cut[, mlp_chunk, mlp_recompute]) case; rank 0 writes
+    [{case..., errors...}] to ``path``."""
     import torch.distributed as dist
     torch.set_num_threads(1)
     group = dist.new_group(list(range(world)))
-    out = [{"model": m, "sp": sp, "cut": cut, **tp_layer_errors(m, TensorParallel(world, rank, group, sp), cut=cut)}
-           for m, sp, cut in cases]
+    out = []
+    for m, sp, cut, *mlp in cases:
+        chunked = dict(zip(("mlp_chunk", "mlp_recompute"), mlp))
+        errors = tp_layer_errors(m, TensorParallel(world, rank, group, sp), cut=cut, **chunked)
+        out.append({"model": m, "sp": sp, "cut": cut, **chunked, **errors})
     if rank == 0:
         with open(path, "w") as f:
             json.dump(out, f)

@@ -32,12 +32,14 @@ def test_unknown_pass_is_named(capsys):
 
 def test_helixpipe_with_the_analytic_model_takes_layers_per_stage(capsys):
     """The tiny preset has 4 layers: on 2 stages HelixPipe gets V = 2 (9 units), priced by the
-    helix units of the analytic model; the asynchronous two-fold (expand_folds) is a pass."""
+    helix units of the analytic model; the asynchronous two-fold (expand_folds) is the default,
+    --sync-folds opts out, and the pass on the synchronous schedule gives the default back."""
     out = _run(capsys, "helixpipe-2fold", "-P", "2", "-M", "4", "--model", "tiny", "--seq", "256")
     assert out["units"] == 9 and out["makespan"] > 0
-    asyn = _run(capsys, "helixpipe-2fold", "-P", "2", "-M", "4", "--model", "tiny", "--seq", "256",
+    sync = _run(capsys, "helixpipe-2fold", "-P", "2", "-M", "4", "--model", "tiny", "--seq", "256", "--sync-folds")
+    asyn = _run(capsys, "helixpipe-2fold", "-P", "2", "-M", "4", "--model", "tiny", "--seq", "256", "--sync-folds",
                 "--passes", "expand_folds,send_early")
-    assert asyn["makespan"] <= out["makespan"]
+    assert asyn["makespan"] == out["makespan"] and asyn["makespan"] <= sync["makespan"]
     assert main(["simulate", "helixpipe", "-P", "3", "-M", "3", "--model", "tiny"]) == 2
     assert "do not split over P=3 stages; allowed P: divisors of 4" in capsys.readouterr().err
 

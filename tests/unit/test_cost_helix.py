@@ -54,3 +54,21 @@ def test_helix_schedule_simulates_with_the_analytic_model():
     s = build_schedule("helixpipe-2fold", stages=2, microbatches=4, chunks=2)
     res = simulate(s, TransformerCost(SPEC, DEV, partition_helix(SPEC)))
     assert res.makespan > 0 and min(res.busy) > 0
+
+
+@pytest.mark.parametrize("recompute", ["none", "no_attention"])
+def test_loss_in_backward_moves_the_head_from_f_to_b(recompute):
+    """HelixPipe's section 4: C(L)'s LM head and loss run in its backward. F loses the head's
+    forward, B gains it once (under no_attention B reruns the whole forward anyway, so it gains
+    nothing), the stash keeps no logits; no other unit changes."""
+    base = TransformerCost(SPEC, DEV, partition_helix(SPEC), recompute=recompute)
+    late = TransformerCost(SPEC, DEV, partition_helix(SPEC), recompute=recompute, loss_in_backward=True)
+    last = 2 * SPEC.layers
+    head = 2 * SPEC.tokens * SPEC.hidden * SPEC.vocab
+    assert late.flops(last, "F") == pytest.approx(base.flops(last, "F") - head)
+    gained = head if recompute == "none" else 0.0
+    assert late.flops(last, "B") == pytest.approx(base.flops(last, "B") + gained)
+    logits = SPEC.tokens * SPEC.vocab * SPEC.dtype_bytes
+    assert late.memory("stash", last) == base.memory("stash", last) - (logits if recompute == "none" else 0)
+    for u in range(last):
+        assert [late.unit_time(u, op) for op in "FBDW"] == [base.unit_time(u, op) for op in "FBDW"]

@@ -8,7 +8,8 @@ from pipert.cost.helix import HelixPartsCost, table2_bubble
 from pipert.ir import Op, Payload
 from pipert.ir.semantics import action_time
 from pipert.schedules import build_schedule
-from pipert.schedules.helixpipe import helix_offset
+from pipert.ir.passes import expand_folds
+from pipert.schedules.helixpipe import RECOMPUTE_NAMES, helix_offset
 from pipert.sim.simulate import simulate
 from pipert.sim.engine import analyze
 from pipert.sim.validate import validate
@@ -47,11 +48,40 @@ def test_worked_example_action_for_action():
 
 
 def test_two_folds_pair_consecutive_microbatches():
-    s = build_schedule("helixpipe-2fold", stages=4, microbatches=8, chunks=1)
+    s = build_schedule("helixpipe-2fold", stages=4, microbatches=8, chunks=1, asynchronous=False)
     pairs = [mb for u, mb in _forwards(s, 0)]
     assert pairs[:4] == [(0, 1), (2, 3), (4, 5), (6, 7)]
     example = [(u, tuple(2 * m + f for f in range(2))) for u, (m,) in _example_ops(WORKED_EXAMPLE.split("\n")[2])]
     assert _forwards(s, 1) == example
+
+
+def test_two_fold_defaults_are_the_papers():
+    """helixpipe-2fold is by default the asynchronous two-fold (each fold pair's compute and
+    message split per micro-batch, each send right after its own compute: expand_folds), with
+    recomputation without attention and the loss in backward recorded for the cost models and
+    train; the options opt out one by one, and the naive family keeps none of them."""
+    paper = build_schedule("helixpipe-2fold", stages=4, microbatches=8, chunks=1)
+    sync = build_schedule("helixpipe-2fold", stages=4, microbatches=8, chunks=1, asynchronous=False)
+    assert paper.actions == expand_folds(sync).actions
+    assert all(len(a.mb) <= 1 for acts in paper.actions for a in acts)
+    for r, acts in enumerate(paper.actions):
+        for i, a in enumerate(acts):
+            if a.op is Op.SEND and a.payload is Payload.ACT:
+                assert (acts[i - 1].op, acts[i - 1].unit, acts[i - 1].mb) == (Op.F, a.unit, a.mb)
+    assert (paper.meta["asynchronous"], paper.meta["recompute"], paper.meta["loss_in_backward"]) == \
+        (True, "no_attention", True)
+    assert (sync.meta["asynchronous"], sync.meta["recompute"]) == (False, "no_attention")
+    out = build_schedule("helixpipe-2fold", stages=4, microbatches=8, recompute="none", loss_in_backward=False).meta
+    assert (out["recompute"], out["loss_in_backward"]) == ("none", False)
+    naive = build_schedule("helixpipe", stages=4, microbatches=8).meta
+    assert (naive["asynchronous"], naive["recompute"], naive["loss_in_backward"]) == (False, "none", False)
+    with pytest.raises(ValueError, match="option recompute='some' unknown; allowed: none, no_attention, full"):
+        build_schedule("helixpipe-2fold", stages=4, microbatches=8, recompute="some")
+
+
+def test_recompute_names_are_the_models_modes():
+    from pipert.models import RECOMPUTE_MODES
+    assert RECOMPUTE_NAMES == tuple(RECOMPUTE_MODES)
 
 
 @pytest.mark.parametrize("name,P,M,V,F", [
@@ -59,7 +89,10 @@ def test_two_folds_pair_consecutive_microbatches():
     ("helixpipe-2fold", 2, 4, 1, 2), ("helixpipe-2fold", 4, 16, 1, 2), ("helixpipe-2fold", 3, 18, 2, 3),
 ])
 def test_placement_transfers_validate(name, P, M, V, F):
-    s = build_schedule(name, stages=P, microbatches=M, chunks=V, folds=F)
+    """Fold structure and placement on the synchronous form; the default (asynchronous for
+    helixpipe-2fold) validates as well."""
+    validate(build_schedule(name, stages=P, microbatches=M, chunks=V, folds=F))
+    s = build_schedule(name, stages=P, microbatches=M, chunks=V, folds=F, asynchronous=False)
     L = P * V
     assert s.num_units == 2 * L + 1 and s.meta["cut"] == "helix" and s.meta["folds"] == F
     validate(s)
@@ -118,7 +151,7 @@ def test_bubble_equals_table2_for_one_group(P, V, folds, recompute, variant):
 
 def test_fold_option_decides_the_allowed_counts():
     s = build_schedule("helixpipe-2fold", stages=2, microbatches=2, folds=1)
-    assert s.meta["folds"] == 1 and [a.mb for a in s.actions[0] if a.op is Op.F][:2] == [(0,), (1,)]
+    assert s.meta["folds"] == 1 and not s.meta["asynchronous"] and [a.mb for a in s.actions[0] if a.op is Op.F][:2] == [(0,), (1,)]
     with pytest.raises(ValueError, match="multiple of 4; got M=2"):
         build_schedule("helixpipe-2fold", stages=2, microbatches=2)
 
@@ -128,7 +161,7 @@ def test_parts_cost_prices_a_piece_as_its_share_of_the_compute(op):
     """The engine applies sub-blocks: each quarter piece of a compute takes a quarter of the whole
     compute's time under HelixPartsCost, and the split program keeps the whole one's makespan."""
     P, L = 2, 2
-    s = build_schedule("helixpipe-2fold", stages=P, microbatches=4, chunks=1)
+    s = build_schedule("helixpipe-2fold", stages=P, microbatches=4, chunks=1, asynchronous=False)
     cost = HelixPartsCost(L, 1.0, 3.0, 2.0)
     r, i, a = next((r, i, a) for r, i, a in s if a.op is op and a.unit % 2 == 0 and 0 < a.unit < 2 * L)
     acts = [list(x) for x in s.actions]

@@ -154,6 +154,30 @@ def test_helixpipe_says_whether_the_memory_claim_of_the_paper_holds_in_the_rows(
     assert hp._helix_for("HelixPipe", "1F1B") == "the lowest peak only"
 
 
+def test_helixpipe_paper_table_computes_its_reasons_from_the_rows():
+    """A row outside the goal names what recomputation and communication cost, from the variants'
+    rows; making HelixPipe as fast as its no-recompute variant moves the row into the goal (or
+    names the gap that remains), and a baseline over the GPU's memory is not the best one."""
+    import bench_helixpipe as hp
+    rows, _ = _helix_rows()
+    by = {(r["cluster"], r["model"], r["seq"], r["schedule"]): r for r in rows}
+    key = ("H20", "3B", 131072)
+    table = "\n".join(hp.paper_table(by, 131072))
+    line = next(x for x in table.splitlines() if "H20 3B" in x)
+    terms = hp.paper_terms(by, key)
+    if "| no |" in line:
+        assert f"recomputation without attention costs {terms['recompute']:.1f} points" in line
+        assert f"exposed communication {terms['communication']:.1f} points" in line
+    fast = dict(by[key + ("HelixPipe",)], tokens_per_s=by[key + ("HelixPipe no recompute",)]["tokens_per_s"])
+    by2 = {**by, key + ("HelixPipe",): fast}
+    gap = 100 * (hp.PAPER_SPEEDUP[key[:2]] - hp._speedup(by2, key, "HelixPipe"))
+    line2 = next(x for x in hp.paper_table(by2, 131072) if "H20 3B" in x)
+    assert ("| yes |" in line2) == (abs(gap) <= hp.GOAL_POINTS)
+    best = hp.best_baseline(by, key)
+    by3 = {**by, key + (best,): dict(by[key + (best,)], mem_gib_per_gpu_max=1e9)}
+    assert hp.best_baseline(by3, key) != best
+
+
 @pytest.mark.parametrize("high,says", [((23.2, 17.5, 15.5), "the more the smaller t_attn."),
                                        ((15.5, 17.5, 23.2), "for every t_attn."),
                                        ((12.0, 12.0, 12.0), None)])

@@ -47,16 +47,29 @@ def test_tp_of_one_changes_nothing():
     assert units[0].tp is None and torch.equal(units[1](units[0](x), x), before)
 
 
-def test_user_modules_and_the_chunked_mlp_are_refused():
+def test_user_modules_are_refused():
     from torch import nn
 
     from pipert.models import partition
     units = partition(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), 2, loss_fn=lambda o, t: o.sum())
     with pytest.raises(ValueError, match="unit 0 is 'modules' \\(allowed: layers, pre_attn"):
         shard_units(units, TensorParallel(2, 0))
-    chunked = build_units("tiny", 2, max_seq=8, mlp_chunk=4)
-    with pytest.raises(ValueError, match="ChunkedSwiGLUMLP has no tensor-parallel form"):
-        shard_units(chunked, TensorParallel(2, 0))
+
+
+@pytest.mark.parametrize("model, first, last, ffn", [("tiny", "w1", "w2", 176), ("gpt-tiny", "fc", "proj", 256)])
+def test_the_chunked_mlp_shards_like_the_plain_one(model, first, last, ffn):
+    """Same names, same split (first linear column-parallel, last row-parallel), and ``tp`` set on
+    the module, which then runs ``pipert.kernels.chunked_tp``."""
+    units = build_units(model, 2, keep=[0], max_seq=8, mlp_chunk=4)
+    whole = {n: p.detach().clone() for n, p in units[0].named_parameters()}
+    tp = TensorParallel(2, 1, None, sequence_parallel=True)
+    shard_units(units, tp)
+    mlp = units[0].layers["0"].mlp
+    assert type(mlp).__name__.startswith("Chunked") and mlp.tp is tp
+    got = dict(units[0].named_parameters())
+    w_first, w_last = got[f"layers.0.mlp.{first}.weight"], got[f"layers.0.mlp.{last}.weight"]
+    assert w_first.shape == (ffn // 2, 64) and w_last.shape == (64, ffn // 2)
+    assert torch.equal(w_last, whole[f"layers.0.mlp.{last}.weight"][:, ffn // 2:])
 
 
 def test_sizes_t_must_divide_are_named_with_what_is_allowed():
@@ -75,7 +88,6 @@ def test_sizes_t_must_divide_are_named_with_what_is_allowed():
     ({"sp": True}, "--sp splits the sequence over the TP group: give --tp > 1"),
     ({"tp": 2, "sp": True, "seq": 15}, "--tp 2 must divide seq=15"),
     ({"tp": 2, "backend": "local"}, "--backend local not supported with tensor parallelism"),
-    ({"tp": 2, "mlp_chunk": 8}, "--mlp-chunk not supported"),
 ])
 def test_train_refuses_bad_tp_flags_before_any_work(flags, message):
     with pytest.raises(ValueError, match=message):
@@ -86,3 +98,10 @@ def test_world_counts_tp_processes():
     cfg = TrainConfig(stages=2, dp=2, tp=2, microbatches=4, batch_size=4, seq=16)
     cfg.validate()
     assert cfg.world == 8
+
+
+def test_train_takes_the_chunked_mlp_with_tp_and_sp():
+    cfg = TrainConfig(stages=2, tp=2, sp=True, mlp_chunk=8, mlp_recompute=True, microbatches=4, batch_size=4,
+                      seq=16, schedule="helixpipe-2fold", recompute="no_attention")
+    cfg.validate()
+    assert (cfg.world, cfg.mlp_chunk) == (4, 8)
