@@ -17,7 +17,8 @@ writes one copy of each) and reads the units it holds, so a checkpoint written w
 any other schedule over the same units. A ZeRO-sharded unit (stage >= 1) is written whole: its
 holders gather the flat shards of its weights and optimizer state and DCP keeps one copy; on
 load each holder takes its shard of the whole entries, so ZeRO and whole-unit runs read each
-other's checkpoints.
+other's checkpoints. A tensor-parallel shard is written and read as its slice of the whole
+entry (:mod:`pipert.ckpttp`), so runs at any T read each other's checkpoints.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from .ckptfolder import CheckpointError, check_files, resolve, step_dir
+from .ckpttp import TPLayout, layout_of
 
 __all__ = ["save", "load", "load_units", "resolve", "read_meta", "read_hyper", "check_model", "CheckpointError",
            "step_dir"]
@@ -89,8 +91,9 @@ def check_model(path: str | os.PathLike, units: Iterable[nn.Module]) -> None:
     _check_held(p, dict(enumerate(units)), [f"units the model does not have: {', '.join(extra[:3])}"] if extra else [])
 
 
-def _check_held(path: Path, modules: dict[int, nn.Module], problems: list[str]) -> None:
-    """Every entry of ``modules`` (unit -> module) is in the checkpoint with its shape and dtype."""
+def _check_held(path: Path, modules: dict[int, nn.Module], problems: list[str], tp: TPLayout = TPLayout()) -> None:
+    """Every entry of ``modules`` (unit -> module; ``tp``: their TP layout) is in the checkpoint
+    with its (whole) shape and dtype."""
     md = _metadata(path)
     missing, wrong = [], []
     for u, module in modules.items():
@@ -99,9 +102,9 @@ def _check_held(path: Path, modules: dict[int, nn.Module], problems: list[str]) 
             m = md.get(key)
             if m is None or not hasattr(m, "size"):
                 missing.append(key)
-            elif tuple(m.size) != tuple(t.shape) or m.properties.dtype != t.dtype:
-                wrong.append(f"{key}: checkpoint {tuple(m.size)} {m.properties.dtype}, model {tuple(t.shape)} "
-                             f"{t.dtype}")
+            elif tuple(m.size) != tp.global_shape(key, t.shape) or m.properties.dtype != t.dtype:
+                wrong.append(f"{key}: checkpoint {tuple(m.size)} {m.properties.dtype}, model "
+                             f"{tp.global_shape(key, t.shape)} {t.dtype}")
     if missing:
         problems = [f"{len(missing)} entries missing (e.g. {', '.join(missing[:3])})"] + problems
     if wrong:
@@ -219,6 +222,7 @@ def save(pipe, path: str | os.PathLike, meta: dict | None = None) -> Path:
     no_dist = not (pipe.backend == "dist" and dist.is_initialized())
     sd.update({k: get() for k, (get, _) in _rng(_process(no_dist)).items()})
     sd[_META] = json.dumps(meta or {})
+    sd = layout_of(pipe).wrap(sd)
     with _quiet(), _named_failure("writing", Path(path), sd):
         dcp.save(sd, checkpoint_id=str(path), no_dist=no_dist)
     return Path(path)
@@ -248,21 +252,24 @@ def _storage(path: Path) -> dict:
     return dcp.FileSystemReader(str(path)).read_metadata().storage_data
 
 
-def _placeholders(md: dict, prefix: str) -> dict[str, Any]:
-    """Empty tensors (or None for objects) for every saved entry ``prefix + name`` (no dot in name)."""
+def _placeholders(md: dict, prefix: str, tp: TPLayout) -> dict[str, Any]:
+    """Empty tensors (this process's TP slice of each) or None for objects, for every saved entry
+    ``prefix + name`` (no dot in name)."""
     out: dict[str, Any] = {}
     for key, m in md.items():
         if key.startswith(prefix) and "." not in key[len(prefix):]:
-            out[key] = torch.empty(tuple(m.size), dtype=m.properties.dtype) if hasattr(m, "size") else None
+            out[key] = torch.empty(tp.local_shape(key, m.size), dtype=m.properties.dtype) if hasattr(m, "size") \
+                else None
     return out
 
 
 def _load_state(modules: dict[int, nn.Module], optimizers: list[tuple[Any, dict]], path: Path,
                 no_dist: bool, extra: dict[str, Any] | None = None,
-                hyper: dict | None = None) -> tuple[dict, dict[str, Any]]:
+                hyper: dict | None = None, tp: TPLayout = TPLayout()) -> tuple[dict, dict[str, Any]]:
     """Load the entries of ``modules`` (in place), ``optimizers`` (their hyper-parameters the
     checkpoint's, then ``hyper``'s), the random state and ``extra`` (placeholders, filled in
-    the returned state dict); returns (meta, state dict)."""
+    the returned state dict), each sharded entry as this process's slice (``tp``); returns
+    (meta, state dict)."""
     md = _metadata(path)
     sd: dict[str, Any] = {f"model.unit{u}.{k}": v for u, m in modules.items() for k, v in m.state_dict().items()}
     sd.update(extra or {})
@@ -272,7 +279,7 @@ def _load_state(modules: dict[int, nn.Module], optimizers: list[tuple[Any, dict]
             prefix = f"optim.{names[id(p)]}."
             if prefix + "hyper" not in md:
                 raise CheckpointError(f"checkpoint {str(path)!r} has no optimizer state for {names[id(p)]}")
-            sd.update(_placeholders(md, prefix))
+            sd.update(_placeholders(md, prefix, tp))
         if stepped is not params:
             sd.update({f"master.{names[id(p)]}": m.detach() for m, p in zip(stepped, params)})
     me = _process(no_dist)
@@ -282,8 +289,10 @@ def _load_state(modules: dict[int, nn.Module], optimizers: list[tuple[Any, dict]
         if src in md:
             rng[src], sd[src] = put, get()
     sd[_META] = ""
+    sd = tp.wrap(sd)
     with _quiet(), _named_failure("reading", path, sd):
         dcp.load(sd, checkpoint_id=str(path), no_dist=no_dist)
+    sd = tp.unwrap(sd)
     for src, put in rng.items():
         put(sd[src])
     for opt, names in optimizers:
@@ -321,9 +330,11 @@ def load(pipe, path: str | os.PathLike, hyper: dict | None = None) -> dict:
     p = resolve(path)
     check_files(p)
     modules, optimizers, sharded, copies = _holdings(pipe)
-    _check_held(p, {**modules, **{u: pipe.modules[r][u] for r, u in sharded}}, [])
+    tp = layout_of(pipe)
+    _check_held(p, {**modules, **{u: pipe.modules[r][u] for r, u in sharded}}, [], tp)
     no_dist = not (pipe.backend == "dist" and dist.is_initialized())
-    meta, sd = _load_state(modules, optimizers, p, no_dist, _zero_placeholders(pipe, sharded, _metadata(p)), hyper)
+    meta, sd = _load_state(modules, optimizers, p, no_dist, _zero_placeholders(pipe, sharded, _metadata(p), tp), hyper,
+                           tp)
     _apply_zero(pipe, sharded, sd, hyper or {})
     _copy_replicas(pipe, copies)
     return meta
@@ -411,7 +422,7 @@ def _zero_entries(pipe, sharded: list[tuple[int, int]]) -> dict[str, Any]:
     return out
 
 
-def _zero_placeholders(pipe, sharded: list[tuple[int, int]], md: dict) -> dict[str, Any]:
+def _zero_placeholders(pipe, sharded: list[tuple[int, int]], md: dict, tp: TPLayout) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for r, u in sharded:
         module, st = pipe.modules[r][u], pipe._executors[r].state
@@ -420,7 +431,7 @@ def _zero_placeholders(pipe, sharded: list[tuple[int, int]], md: dict) -> dict[s
             out[f"model.unit{u}.{k}"] = torch.empty(v.shape, dtype=v.dtype, device=v.device) if k in params else v
         for zc, z in st.parts[u]:
             for name in (_names(st, module, u, zc) if z else ()):  # stage 0: the owner's optimizer loads it
-                out.update(_placeholders(md, f"optim.unit{u}.{name}."))
+                out.update(_placeholders(md, f"optim.unit{u}.{name}.", tp))
     return out
 
 

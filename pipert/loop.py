@@ -87,43 +87,46 @@ class TrainingLoop:
         self._execute(self._executors, None, None, parts)
 
     # ------------------------------------------------------------------ gradients
-    def _grads(self) -> Iterator[tuple[torch.Tensor, bool]]:
-        """(gradient, counted in the global norm) of every part this process's ranks update."""
+    def _grads(self) -> Iterator[tuple[torch.Tensor, list[torch.Tensor]]]:
+        """(gradient, its pieces counted in the global norm) of every part this process's ranks
+        update: each element of the model once over all stages, replicas and TP ranks."""
+        once = _tp_once(self)
         for r in self.ranks:
             st = self._executors[r].state
             for u in sorted(st.held):
                 first = st.position(u)[0] == 0
+                counted = once(st.runners[u].module)
                 for zc, z in st.parts[u]:
                     if z >= 1:
                         g = st.shard_grads.get((u, zc))
                         if g is not None:
-                            yield g, True
+                            yield g, _shard_pieces(g, st.params(u, zc), st.position(u)[0], counted)
                         continue
                     for p in st.params(u, zc):
                         if p.grad is not None:
-                            yield p.grad, first
+                            yield p.grad, [p.grad] if first and counted(p) else []
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Scale every gradient of the step by ``max_norm / (norm + 1e-6)`` when that is below 1,
         where ``norm`` is the ``norm_type``-norm of all gradients of all stages and replicas, each
-        counted once: ``torch.nn.utils.clip_grad_norm_`` of the single-process model. Call it
-        between ``forward_backward`` and ``optimizer_step``; returns the norm (float64, on the
-        device the job reduces on; in a torch.distributed job every rank must call it)."""
+        counted once (a TP shard's elements on its TP rank, a replicated parameter's on TP rank
+        0): ``torch.nn.utils.clip_grad_norm_`` of the single-process model. Call it between
+        ``forward_backward`` and ``optimizer_step``; returns the norm (float64, on the device the
+        job reduces on; in a torch.distributed job every rank must call it)."""
         if not self._update_due:
             raise PipelineError("clip_grad_norm_() reads the gradients of a forward_backward(); call it after "
                                 "forward_backward() and before optimizer_step()")
-        if getattr(self, "tp", 1) > 1:  # replicated parameters would count T times, shards of ZeRO mix both kinds
-            raise PipelineError("clip_grad_norm_() is not supported with tensor parallelism (tp > 1) yet")
         norm_type = float(norm_type)
         if not (norm_type > 0):
             raise ValueError(f"norm_type must be positive or inf, got {norm_type}")
         grads = list(self._grads())
         device = grads[0][0].device if grads else torch.device("cpu")
         total = torch.zeros((), dtype=torch.float64, device=device)
-        for g, counted in grads:
-            if counted and g.numel():
-                a = g.detach().to(device, torch.float64).abs()
-                total = torch.maximum(total, a.max()) if math.isinf(norm_type) else total + a.pow(norm_type).sum()
+        for _, pieces in grads:
+            for g in pieces:
+                if g.numel():
+                    a = g.detach().to(device, torch.float64).abs()
+                    total = torch.maximum(total, a.max()) if math.isinf(norm_type) else total + a.pow(norm_type).sum()
         if self.backend == "dist":
             total = total.to(reduction_device(dist.get_backend(), total.device))
             dist.all_reduce(total, op=dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM)
@@ -168,6 +171,36 @@ class TrainingLoop:
         if not outputs:
             return None
         return _concat([outputs[m] for m in range(M)])
+
+
+def _tp_once(pipe) -> Callable[[torch.nn.Module], Callable[[torch.Tensor], bool]]:
+    """module -> (parameter -> whether this process counts its gradient in the norm): every
+    parameter without TP; with it, the shards (``pipert.models.tpshard.shard_dim``: each TP rank
+    holds its own slice) and, on TP rank 0 only, the replicated ones (equal on every TP rank)."""
+    tp = getattr(pipe, "tp", 1)
+    if tp == 1:
+        return lambda module: lambda p: True
+    from .models.tpshard import shard_dim
+    lead = dist.get_rank() % tp == 0  # global rank r*T + t runs program rank r at tp coordinate t
+
+    def of(module: torch.nn.Module) -> Callable[[torch.Tensor], bool]:
+        sharded = {id(p) for n, p in module.named_parameters() if shard_dim(n) is not None}
+        return lambda p: lead or id(p) in sharded
+    return of
+
+
+def _shard_pieces(g: torch.Tensor, params: list, k: int, counted: Callable[[torch.Tensor], bool]) -> list[torch.Tensor]:
+    """The pieces of ZeRO holder ``k``'s gradient shard ``g`` (slice k of the flat, padded
+    concatenation of ``params``) that belong to parameters ``counted`` says this process counts."""
+    if all(counted(p) for p in params):
+        return [g]
+    lo, hi, off, out = k * g.numel(), (k + 1) * g.numel(), 0, []
+    for p in params:
+        a, b = max(off, lo), min(off + p.numel(), hi)
+        if a < b and counted(p):
+            out.append(g[a - lo:b - lo])
+        off += p.numel()
+    return out
 
 
 def _replicas_outputs(mine: dict[int, Any]) -> dict[int, Any]:

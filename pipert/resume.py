@@ -4,8 +4,9 @@ resumed run must share with its checkpoint and what it may change.
 A resumed run keeps the model and the data stream (``--model``, ``--dtype``, ``--seq``,
 ``--batch-size``, ``--seed`` equal the checkpoint's, else refused); ``--lr`` given on
 ``--resume`` replaces the checkpoint's learning rate from the first resumed step on (left out:
-the checkpoint's); the schedule, ``--stages``, ``--microbatches``, ``--dp``, ``--zero``, passes,
-backend and links may change; ``--steps`` is the total.
+the checkpoint's); the schedule, ``--stages``, ``--microbatches``, ``--dp``, ``--zero``, ``--tp``, ``--sp``,
+passes, backend and links may change (a TP shard is saved as its slice of the whole tensor:
+``pipert.ckpttp``); ``--steps`` is the total.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def train_meta(cfg, step: int) -> dict:
     from .ckptfolder import run_hash
     settings = run_settings(cfg)
     return {"step": step, **settings, "run": run_hash(settings),
-            "schedule": cfg.schedule, "stages": cfg.stages, "microbatches": cfg.microbatches}
+            "schedule": cfg.schedule, "stages": cfg.stages, "microbatches": cfg.microbatches, "tp": cfg.tp}
 
 
 def claim_save(cfg) -> str:

@@ -85,9 +85,7 @@ def check_tensor_parallel(cfg: Any) -> None:
     if cfg.tp == 1:
         return
     check_tp_sizes(model_config(cfg.model), cfg.tp, cfg.seq if cfg.sp else None)
-    refused = {"--backend local": cfg.backend == "local",
-               "--save": bool(cfg.save), "--resume": bool(cfg.resume),
-               "--profile": cfg.profile, "--dcs/--node-*": cfg.link_options().active}
+    refused = {"--backend local": cfg.backend == "local", "--dcs/--node-*": cfg.link_options().active}
     bad = [flag for flag, given in refused.items() if given]
     if bad:
         raise ValueError(f"--tp {cfg.tp}: {', '.join(bad)} not supported with tensor parallelism yet; "

@@ -28,6 +28,11 @@ for each message whose reader was already waiting when the link model says it ar
 latency of every link in both predictions (the simulator's own latency term). It needs the
 ranks' clocks to be one (processes of one host: ``time.perf_counter``); ranks on several hosts
 get none.
+
+Under tensor parallelism T processes run each rank's computes together (their collectives keep
+them in step): each process measures the rank's computes, the means take every process's, the
+messages are those of tp coordinate 0 (every coordinate carries the same ones), and a host's
+capacity in the shared prediction is its cores / T (a rank's compute keeps T processes busy).
 """
 from __future__ import annotations
 
@@ -63,8 +68,9 @@ class StepProfile:
     """Mean CPU seconds of one rank's optimizer step."""
     host_of_rank: list[int] = field(default_factory=list)
     """Per rank, the index of the CPU host it computes on (empty: a rank computes on a GPU)."""
-    cores: list[int] = field(default_factory=list)
-    """Per host, the cores its processes may run on."""
+    cores: list[float] = field(default_factory=list)
+    """Per host, the cores its processes may run on, in ranks' terms: divided by T under tensor
+    parallelism."""
     action_overhead: float = 0.0
     """CPU seconds per compute that the processes of a CPU host spent beyond their computes."""
     messages: list = field(default_factory=list)
@@ -88,10 +94,20 @@ def local_measurements(pipe: Any) -> dict:
     weight = {u: sum(p.numel() * p.element_size() for p in mod.parameters())
               for mods in pipe.modules.values() for u, mod in mods.items()}
     messages = [(r, *m) for r, res in pipe.last_results.items() for m in res.messages]
-    return {"times": times, "act": act, "weight": weight, "ranks": list(pipe.ranks),
+    tp = getattr(pipe, "tp", 1)
+    return {"times": times, "act": act, "weight": weight, "ranks": list(pipe.ranks), "tp": tp,
+            "tp_rank": _tp_rank(tp),
             "host": socket.gethostname() if on_cpu else None, "cores": len(os.sched_getaffinity(0)),
             "process_cpu": getattr(pipe, "last_process_cpu", 0.0), "messages": messages,
             "clock_host": socket.gethostname()}
+
+
+def _tp_rank(tp: int) -> int:
+    """This process's tp coordinate (global rank r*T + t runs program rank r)."""
+    if tp == 1:
+        return 0
+    import torch.distributed as dist
+    return dist.get_rank() % tp
 
 
 def profile_from_measurements(parts: Iterable[dict], num_units: int) -> StepProfile:
@@ -123,13 +139,15 @@ def profile_from_measurements(parts: Iterable[dict], num_units: int) -> StepProf
         return statistics.fmean(v) if v else 0.0
 
     _, cores, host_of = _hosts(parts)
+    tp = max(p.get("tp", 1) for p in parts) if parts else 1
+    cores = [c / tp for c in cores] if tp > 1 else cores
     busy = sum(s for v in wall.values() for s in v)
     beyond = sum(max(0.0, p.get("process_cpu", 0.0) - sum(t[3] for t in p["times"])) for p in parts)
     computes = sum(len(p["times"]) for p in parts)
     overhead = beyond / computes if host_of and computes else 0.0
     clocks = {p.get("clock_host") for p in parts}
     one_clock = len(clocks) == 1 and None not in clocks
-    messages = [tuple(m) for p in parts for m in p.get("messages", ())] if one_clock else []
+    messages = [tuple(m) for p in parts if not p.get("tp_rank") for m in p.get("messages", ())] if one_clock else []
     return StepProfile(units(wall), opt(wall), busy, units(cpu), opt(cpu), host_of, cores, overhead, messages)
 
 

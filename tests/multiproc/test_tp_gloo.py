@@ -1,10 +1,12 @@
 """Tensor and sequence parallelism on gloo processes: the TP layers against the whole model, and
 `pipert train --tp 2 [--sp] --check` against the single-process reference (float64, 1e-10)."""
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from pipert.launch import launch
 from pipert.tools.tpcheck import check_ranks
@@ -45,7 +47,8 @@ def _train(*args: str) -> list[dict]:
 
 
 CASES = {
-    "1f1b": ["--schedule", "1f1b", "--stages", "2", "--tp", "2", "--backend", "gloo"],
+    # --profile: the simulator's step time from each process's measured computes
+    "1f1b": ["--schedule", "1f1b", "--stages", "2", "--tp", "2", "--backend", "gloo", "--profile"],
     # weight passing: each TP rank's shard travels between the same tp coordinates
     "weipipe-zb2-sp-gpt": ["--schedule", "weipipe-zb2", "--stages", "2", "--tp", "2", "--sp", "--model", "gpt-tiny",
                            "--backend", "gloo"],
@@ -82,6 +85,11 @@ def test_train_tp_matches_reference(case):
     assert len(sizes) == 4 and sizes[0] == sizes[1] and sizes[2] == sizes[3], sizes
     held = 2 * whole if case.startswith("weipipe") else whole
     assert held / 2 < sum(sizes) < 1.02 * held, (sizes, whole)
+    if "--profile" in CASES[case]:  # 2 program ranks on this host, each keeping 2 processes busy
+        cores = len(os.sched_getaffinity(0))
+        for s in steps:
+            assert s["ranks_per_host"] == [2] and s["cores_per_host"] == [cores / 2], s
+            assert s["predicted_step_s"] > 0 and s["predicted_shared_step_s"] > 0, s
 
 
 def test_pipemesh_dp_zero3_tp_matches_reference():
@@ -90,6 +98,60 @@ def test_pipemesh_dp_zero3_tp_matches_reference():
                    "--backend", "gloo", "--microbatches", "4", "--batch-size", "4")
     _check(steps)
     assert len(steps[0]["rank_param_bytes"]) == 8
+
+
+CLIP = 0.05
+
+
+def _clip_rank(rank: int, world: int, path: str) -> None:
+    """P=1 x D=2 x T=2 with SP; ZeRO-1 for layer 0 (its shards mix TP-sharded and replicated
+    parameters), ZeRO-0 for the rest: forward_backward, clip_grad_norm_, an SGD step; rank 0
+    writes the norm and the clipped gradients, gathered whole."""
+    import torch.distributed as dist
+    from pipert import Pipeline
+    from pipert.binding import RuntimeOptions
+    from pipert.comm.mesh import pipeline_mesh, tp_group
+    from pipert.data import ByteCorpus
+    from pipert.models import build_units
+    from pipert.models.tp import TensorParallel
+    from pipert.models.tpshard import gather_shards, shard_units
+    from pipert.train import TrainConfig, build_program
+    torch.set_num_threads(1)
+    cfg = TrainConfig(stages=1, dp=2, tp=2, sp=True, zero="1:layers.0,0", microbatches=4, batch_size=4, seq=16,
+                      dtype="float64", backend="gloo")
+    program = build_program(cfg)
+    tp = TensorParallel(2, rank % 2, tp_group(pipeline_mesh(1, 2, "cpu", tp=2)), sequence_parallel=True)
+    units = build_units("tiny", program.num_units, max_seq=16, dtype="float64")
+    shard_units(units, tp)
+    pipe = Pipeline(units, program, optimizer=lambda ps: torch.optim.SGD(ps, lr=1.0), backend="dist",
+                    runtime=RuntimeOptions(tp=2))
+    x, y = ByteCorpus(16).batch(0, 4)
+    pipe.forward_backward(x, y)
+    norm = pipe.clip_grad_norm_(CLIP)
+    pipe.optimizer_step()  # the gradients it read (named_grads) are the clipped ones
+    grads = gather_shards({k: v.detach().clone() for k, v in pipe.named_grads().items()}, tp)
+    if rank == 0:
+        torch.save({"norm": norm.item(), "grads": grads, "x": x, "y": y}, path)
+    pipe.close()
+    dist.barrier()
+
+
+def test_clip_grad_norm_counts_tp_shards_and_replicas_once(tmp_path):
+    """The global norm and the clipped gradients equal torch.nn.utils.clip_grad_norm_ of the whole
+    model in one process (float64, 1e-10)."""
+    from pipert.models import build_units
+    from pipert.tools.reference import named_unit_parameters, rel_err
+    path = tmp_path / "clip.pt"
+    launch(_clip_rank, 4, args=(str(path),), timeout=120)
+    got = torch.load(path)
+    units = build_units("tiny", 1, max_seq=16, dtype="float64")
+    for tok, tgt in zip(got["x"].chunk(4), got["y"].chunk(4)):
+        (units[0](tok, tgt) / 4).backward()
+    params = named_unit_parameters(units)
+    want = float(torch.nn.utils.clip_grad_norm_(list(params.values()), CLIP))
+    assert want > 2 * CLIP  # clipping scales every gradient
+    assert got["norm"] == pytest.approx(want, rel=1e-10, abs=0)
+    assert rel_err(got["grads"], {k: p.grad for k, p in params.items()}) <= 1e-10
 
 
 def test_helixpipe_sp_recompute_chunked_mlp_matches_reference():

@@ -207,3 +207,20 @@ def test_zero_units_with_master_weights_are_refused(tmp_path):
     pipe.step(x, y)
     with pytest.raises(CheckpointError, match="unit 0 is sharded with ZeRO and steps fp32 master copies"):
         checkpoint.save(pipe, tmp_path)
+
+
+def test_tp_layout_shards_each_entry_like_its_parameter():
+    """Weights, AdamW moments and fp32 masters of a TP-sharded parameter are sliced along the
+    parameter's dimension (tpshard.shard_dim); its 0-d step, replicated parameters and the
+    other entries stay whole; T = 1 leaves everything whole."""
+    from pipert.ckpttp import TPLayout
+    tp = TPLayout(2)
+    shapes = {"model.unit0.layers.0.attn.wq.weight": ((64, 64), (32, 64)),
+              "optim.unit1.layers.1.mlp.w2.weight.exp_avg_sq": ((64, 176), (64, 88)),
+              "master.unit2.head.weight": ((256, 64), (128, 64)),
+              "optim.unit1.layers.1.mlp.w2.weight.step": ((), ()),
+              "optim.unit0.layers.0.attn_norm.weight.exp_avg": ((64,), (64,)),
+              "rng.process0": ((5056,), (5056,))}
+    for key, (whole, mine) in shapes.items():
+        assert tp.local_shape(key, whole) == mine and tp.global_shape(key, mine) == whole, key
+        assert TPLayout(1).local_shape(key, whole) == whole, key

@@ -116,3 +116,21 @@ def test_a_traced_step_records_each_message_at_both_ends():
     assert sorted(sends) == sorted(recvs) == [(0, 1, k) for k in range(4)] + [(1, 0, k) for k in range(4)]
     assert all(sends[key][3] > 0 and sends[key][4] <= recvs[key][4] for key in sends)  # posted before read
     assert pipe.last_process_cpu > 0
+
+
+def test_tensor_parallel_processes_measure_their_rank_once():
+    """T=2: each rank's two processes measure its computes (the means keep their values), the
+    messages of tp coordinate 0 alone are counted, and a host of 4 cores runs 2 ranks' computes
+    at once: the shared prediction is the T=1 one on 2 cores."""
+    program = compile(build_schedule("1f1b", stages=4, microbatches=8))
+    one = _parts(program, 1.0, 2.0, spread=0.5, cpu=0.5, cores=2)
+    parts = []
+    for p in _parts(program, 1.0, 2.0, spread=0.5, cpu=0.5, cores=4):
+        r = p["ranks"][0]
+        p["clock_host"], p["messages"] = "h", [(r, "send", r + 1, 0, 8, 0.0)] if r < 3 else []
+        parts += [{**p, "tp": 2, "tp_rank": t} for t in (0, 1)]
+    prof = profile_from_measurements(parts, program.num_units)
+    assert prof.cores == [2.0] and prof.host_of_rank == [0, 0, 0, 0] and len(prof.messages) == 3
+    want = profile_from_measurements(one, program.num_units)
+    assert predict_step(program, prof) == pytest.approx(predict_step(program, want), rel=1e-12)
+    assert predict_step_shared(program, prof) == pytest.approx(predict_step_shared(program, want), rel=1e-12)

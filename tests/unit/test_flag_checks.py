@@ -24,7 +24,8 @@ CASES = [
     (["train", "--seed", "-1"], "--seed must be >= 0, got -1"),
     (["train", "--tp", "3"], "--tp 3 must divide heads=4, kv_heads=2, ffn=176, vocab=256 (LlamaConfig); allowed "
                              "--tp: 1, 2"),
-    (["train", "--tp", "2", "--mlp-chunk", "8"], "--tp 2: --mlp-chunk not supported with tensor parallelism yet"),
+    (["train", "--tp", "2", "--backend", "local"], "--tp 2: --backend local not supported with tensor parallelism "
+                                                  "yet"),
     (["train", "--steps", "0"], "--steps must be >= 1, got 0"),
     (["train", "--model", "huge"], "--model 'huge' unknown; allowed: tiny, small"),
     (["train", "--schedule", "zb-v", "--chunks", "3"], "--schedule zb-v --stages 4 --microbatches 8 (per replica) "
