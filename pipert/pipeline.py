@@ -35,7 +35,7 @@ from .exec.buffers import BoundarySpec
 from .exec.executor import RankExecutor, StepResult
 from .exec.optim import MasterWeightOptimizer, needs_master_weights
 from .exec.state import UnitState
-from .exec.unit import UnitRunner
+from .exec.unit import unit_runner
 from .ir import COMPUTE_OPS, Payload, Schedule
 from .ir.program import Program
 from .ir.semantics import HOST_OPS
@@ -343,8 +343,7 @@ class Pipeline(TrainingLoop):
         if like is not None:
             runners, state = like.runners, like.state
         else:
-            runners = {u: UnitRunner(mod, is_first=(u == 0), is_last=(u == program.num_units - 1))
-                       for u, mod in self.modules[rank].items()}
+            runners = {u: unit_runner(mod, u, program.num_units, program.meta) for u, mod in self.modules[rank].items()}
             state = UnitState(rank, program, runners, self.optimizers[rank],
                               lambda ps: _owner_optimizer(ps, self._optimizer_factory), pool=self.pool)
         from .device.queues import make_queues

@@ -113,6 +113,7 @@ HELIX_CASES = [
     Case("helixpipe-2fold", 2, 4, chunks=2, mlp_chunk=4, recompute="no_attention"),
     Case("helixpipe", 2, 4, model="gpt", mlp_chunk=4),
     Case("helixpipe-2fold", 2, 4, passes=("expand_folds", "send_early")),
+    Case("helixpipe-2fold", 2, 4, model="gpt", options=(("loss_in_backward", False),)),  # the opt-out
 ]
 HELIX_P4_CASES = [
     Case("helixpipe", 4, 4, model="gpt", recompute="no_attention", mlp_chunk=4, steps=2),

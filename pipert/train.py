@@ -20,7 +20,7 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:
     import torch
@@ -411,11 +411,12 @@ def process_group_backend(backend: str) -> str:
 
 
 def _model_units(cfg: TrainConfig, num_units: int, cut: str | None, device: torch.device, keep=None,
-                 schedule_recompute: str | None = None) -> list:
+                 meta: Mapping | None = None) -> list:
     """The model of ``cfg`` cut into ``num_units`` units (``pipert.models.build_units``), recomputing
-    as --recompute says, else as the schedule records (``schedule_recompute``), else nothing."""
+    as --recompute says, else as the schedule records (``meta``), else nothing (``units_recompute``)."""
     from .models import build_units
-    recompute = cfg.recompute or schedule_recompute or "none"
+    from .models.recompute import units_recompute
+    recompute = units_recompute(cfg.recompute, meta or {})
     return build_units(cfg.model, num_units, seed=cfg.seed, keep=keep, device=device, max_seq=cfg.seq,
                        dtype=cfg.dtype, cut=cut, recompute=recompute, **_mlp_overrides(cfg))
 
@@ -426,7 +427,7 @@ def _rank_units(cfg: TrainConfig, program: Program, device: torch.device, keep=N
     model built in one process, whatever ``keep`` is; with ``tp`` (a
     ``pipert.models.tp.TensorParallel``) each unit is cut to this process's TP shard after it is
     materialised (a unit's whole parameters exist for a moment)."""
-    units = _model_units(cfg, program.num_units, program.meta.get("cut"), device, keep, program.meta.get("recompute"))
+    units = _model_units(cfg, program.num_units, program.meta.get("cut"), device, keep, program.meta)
     if tp is not None:
         from .models.tpshard import shard_units
         shard_units(units, tp)

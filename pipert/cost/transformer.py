@@ -443,8 +443,10 @@ class TransformerCost:
     loss_in_backward: bool = False
     """The LM head and cross-entropy run in the backward of the unit that holds them (HelixPipe's
     section 4, which the paper applies to its baselines too): their forward work and TP collectives
-    move from that unit's F to its D (and B), and its stash keeps no logits. With
-    ``recompute="no_attention"`` the D's rerun of the forward already includes them."""
+    move from that unit's F to its D (and B); its stash keeps the final norm's input (the trunk's
+    output, as ``pipert.exec.unit.UnitRunner`` does) instead of the norm's output and the logits.
+    With ``recompute="no_attention"`` the D's rerun of the forward already includes them, and that
+    kept input is one more tensor beside the unit's inputs."""
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -488,7 +490,7 @@ class TransformerCost:
             moved = self._loss_moved(spec, pieces["head"])
             acc.stash -= moved.stash
             if self.recompute == "no_attention":
-                acc.stash = self._kept_no_attention(spec)
+                acc.stash = self._kept_no_attention(spec) + (self._head_input() if self.loss_in_backward and spec.head else 0.0)
                 rerun = sum(pieces[p].ew_f for p, _ in parts if p != "attn")
                 acc.ew_d += rerun
                 acc.rerun_mm = acc.mm
@@ -499,12 +501,16 @@ class TransformerCost:
 
     def _loss_moved(self, spec: UnitSpec, head: _Piece) -> _Piece:
         """What the loss-in-backward takes out of ``spec``'s forward: the head's matmul and
-        elementwise work, and the logits' bytes from its stash (nothing for a unit without the
-        head, or with ``loss_in_backward`` off)."""
+        elementwise work, and from its stash the logits and the norm's output (nothing for a unit
+        without the head, or with ``loss_in_backward`` off)."""
         if not (self.loss_in_backward and spec.head):
             return _Piece()
         logits = self.model.tokens * self.model.vocab * self.model.dtype_bytes * self._ks
-        return _Piece(mm=head.mm, ew_f=head.ew_f, stash=logits)
+        return _Piece(mm=head.mm, ew_f=head.ew_f, stash=logits + self._head_input())
+
+    def _head_input(self) -> float:
+        """Bytes of the final norm's input or output ([T, h], whole per device unless SP)."""
+        return self.model.tokens * self.model.hidden * self.model.dtype_bytes * self._kr
 
     # --- per-unit quantities -------------------------------------------------------------
     @property

@@ -71,6 +71,7 @@ def _real(args: argparse.Namespace, sc, sched) -> int:
     import torch
     from ..models import model_config, model_from_config, partition
     from ..models.partition import check_unit_count
+    from ..models.recompute import units_recompute
     from .real import emulate_real
     cut = sched.meta.get("cut")
     # a helix schedule fixes the layer count (2L+1 units): the preset is built with L layers
@@ -78,7 +79,8 @@ def _real(args: argparse.Namespace, sc, sched) -> int:
     name = args.real_model or "tiny"
     cfg = model_config(name, max_seq=max(args.seq or 128, 16), **extra)
     check_unit_count(sched.name, sched.num_units, name, cfg.layers, cut)
-    units = partition(model_from_config(cfg, seed=0), sched.num_units, cut=cut)
+    units = partition(model_from_config(cfg, seed=0), sched.num_units, cut=cut,
+                      recompute=units_recompute(args.recompute, sched.meta))
     seq, mbs = args.seq or 128, args.micro_batch_size or 2
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, cfg.vocab, (sched.num_microbatches * mbs, seq + 1), generator=g)
@@ -92,10 +94,11 @@ def _real(args: argparse.Namespace, sc, sched) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..scenario_flags import add_scenario_args
+    from ..scenario_flags import add_helix_args, add_scenario_args
     p = sub.add_parser("emulate", help="run a schedule in one process with calibrated compute and delayed links")
     p.add_argument("schedule", help="registered schedule name, or a schedule file (.json, torch's .csv)")
     add_scenario_args(p)
+    add_helix_args(p)
     p.add_argument("--time-unit", default=None,
                    help="wall time of one time unit of the costs: 2ms, or a bare number of seconds (default 2ms "
                         "for uniform costs, 1s for --model; not with --real)")

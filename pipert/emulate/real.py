@@ -70,15 +70,17 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def profile_units(units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, reps: int = 5) -> ProfiledCost:
-    """F, B, D and W of every unit on one micro-batch (x, y), each timed on its own."""
-    from ..exec.unit import UnitRunner
+def profile_units(units: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, reps: int = 5,
+                  meta: Any = None) -> ProfiledCost:
+    """F, B, D and W of every unit on one micro-batch (x, y), each timed on its own, run as a
+    program with ``meta`` runs them (its loss in backward: C(L)'s head timed in B and D)."""
+    from ..exec.unit import unit_runner
     times: dict[tuple[Op, int], float] = {}
     act_bytes, weight_bytes = [], []
     h = x
     last = len(units) - 1
     for u, mod in enumerate(units):
-        runner = UnitRunner(mod, is_first=(u == 0), is_last=(u == last))
+        runner = unit_runner(mod, u, len(units), meta or {})
         tgt = y if u == last else None
         out = runner.forward(0, h, tgt)
         runner.clear()
@@ -155,7 +157,7 @@ def _emulate_real(schedule: Program | Schedule, units: Sequence[nn.Module], x: t
     M = program.num_microbatches
     xs, ys = split_microbatches(x, M), split_microbatches(y, M)
     import copy
-    cost = profile_units([copy.deepcopy(u) for u in units], xs[0], ys[0])
+    cost = profile_units([copy.deepcopy(u) for u in units], xs[0], ys[0], meta=program.meta)
     predicted = simulate(program, cost, links=links).makespan
     capacity = device_capacity(x.device)
     shared = shared_step(program, cost, links, [0] * program.num_ranks, [capacity])

@@ -434,7 +434,9 @@ class RankExecutor:
                 return None
             with self.state.stash.capture(u, m):
                 if u == self.last_unit:  # no host read here: the step reads its losses once
-                    self.result.loss_values[m] = runner.forward(m, x, self.targets[m], keep_graph=graph).detach()
+                    loss = runner.forward(m, x, self.targets[m], keep_graph=graph)
+                    if loss is not None:  # None: the loss comes with the backward (loss in backward)
+                        self.result.loss_values[m] = loss.detach()
                     return None
                 return runner.forward(m, x, keep_graph=graph)
         if op is Op.RECOMPUTE:
@@ -451,8 +453,13 @@ class RankExecutor:
             self.state.fresh_grads(u)
             out = runner.backward(m, x, loss_scale=self.loss_scale)
             self.state.stash.drop(u, m)
-            return out
-        return runner.backward_input(m, x, loss_scale=self.loss_scale)  # D
+        else:
+            out = runner.backward_input(m, x, loss_scale=self.loss_scale)  # D
+        if u == self.last_unit:
+            loss = runner.pop_loss(m)  # the loss of a unit whose head runs in its backward
+            if loss is not None:
+                self.result.loss_values[m] = loss
+        return out
 
     # ------------------------------------------------------------------ communication
     def _payload_out(self, i: int, a: Action, release: bool) -> torch.Tensor:

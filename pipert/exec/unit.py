@@ -27,6 +27,14 @@ keeps no copy of a relayed input (only its shape, as a zero-stride placeholder t
 bytes) and hands the gradient of output ``j`` back as the gradient of input ``i``. The first
 forward checks that output ``j`` is input ``i`` and that no graph of the unit holds input ``i``.
 
+Loss in backward (``loss_in_backward=True``, what a program's ``meta["loss_in_backward"]`` asks
+for: HelixPipe's section 4): the last unit's F runs only ``module.forward_trunk(x)`` (its forward up
+to the final norm's input, recomputed as its forward would be) and keeps that tensor instead of the
+logits' graph; its first backward (B or D) runs ``module.head_loss(h, targets)`` (final norm, LM
+head, cross-entropy) with autograd recording, then differentiates the whole. The loss value is then
+produced by that backward: :meth:`pop_loss` hands it over (``forward`` returns None). An F without
+its graph (a RECOMPUTE follows) computes nothing; the RECOMPUTE runs the trunk.
+
 Loss scaling: the last unit's backward seeds its loss with ``loss_scale`` (default: the
 constructor's, 1.0). The executor passes ``1/M`` so that the accumulated gradients are
 those of the mean over M micro-batches, matching ``pipert.tools.reference``. Other units
@@ -60,7 +68,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
-__all__ = ["UnitRunner", "Activation"]
+__all__ = ["UnitRunner", "Activation", "unit_runner"]
 
 Activation = Union[Tensor, tuple[Tensor, ...]]
 
@@ -110,6 +118,7 @@ class _Entry:
     input_done: bool = False          # D ran; only W may follow
     w_pieces_done: int = 0            # pieces of W run so far
     relayed: dict | None = None       # input position -> output position passed through (see Relays)
+    head_input: Tensor | None = None  # loss in backward: the trunk's output (with its graph) until B/D
 
 
 def _as_tuple(x: Activation) -> tuple[tuple[Tensor, ...], bool]:
@@ -133,9 +142,16 @@ class UnitRunner:
     """Runs F/B/D/W/RECOMPUTE of one unit for any number of in-flight micro-batches."""
 
     def __init__(self, module: nn.Module, is_first: bool, is_last: bool, *,
-                 loss_scale: float = 1.0, split: str = "auto") -> None:
+                 loss_scale: float = 1.0, split: str = "auto", loss_in_backward: bool = False) -> None:
         if split not in ("auto", "intermediates", "retain"):
             raise ValueError(f"split={split!r}; allowed: 'auto', 'intermediates', 'retain'")
+        self.loss_in_backward = bool(loss_in_backward and is_last)
+        """The last unit's head and loss run in its backward (see the module doc)."""
+        if self.loss_in_backward and not all(callable(getattr(module, f, None)) for f in ("forward_trunk", "head_loss")):
+            raise TypeError(f"loss in backward: the last unit ({type(module).__name__}) must provide forward_trunk(x) "
+                            f"and head_loss(x, targets), as pipert.models' units do; a unit that computes its loss "
+                            f"only in its forward needs the program's loss in forward (pipert train --loss-in-forward)")
+        self._losses: dict[int, Tensor] = {}
         self.module = module
         self.is_first = is_first
         self.is_last = is_last
@@ -155,7 +171,8 @@ class UnitRunner:
         """Whether micro-batch ``mb`` holds the stash its first backward reads: its forward ran
         with its graph (or a RECOMPUTE rebuilt it) and no B or D has run yet."""
         entry = self._stash.get(mb)
-        return entry is not None and entry.outputs is not None and not entry.input_done
+        return entry is not None and (entry.outputs is not None or entry.head_input is not None) \
+            and not entry.input_done
 
     def awaiting_weight(self) -> list[int]:
         """Micro-batches whose D ran and whose W has not."""
@@ -164,6 +181,12 @@ class UnitRunner:
     def clear(self) -> None:
         """Drop every stash (e.g. after a failed step)."""
         self._stash.clear()
+        self._losses.clear()
+
+    def pop_loss(self, mb: int) -> Tensor | None:
+        """Loss in backward: the loss of micro-batch ``mb`` (detached, 0-d) once its first backward
+        ran, handed over once; None otherwise (and always when the loss comes out of ``forward``)."""
+        return self._losses.pop(mb, None)
 
     def drop(self, mb: int) -> None:
         """FREE of a stash: forget what micro-batch ``mb`` kept (its backward can no longer run)."""
@@ -171,13 +194,16 @@ class UnitRunner:
             raise RuntimeError(f"FREE stash of micro-batch {mb}: nothing stashed (stashed: {self.stashed()})")
 
     def held_inputs(self) -> dict[int, tuple[Tensor, ...]]:
-        """Micro-batch -> the input tensors its stash entry keeps (until its last backward)."""
-        return {m: e.inputs for m, e in self._stash.items()}
+        """Micro-batch -> the tensors its stash entry keeps itself (until its last backward): the
+        inputs, and under loss in backward the head's input and the targets until the first backward."""
+        return {m: e.inputs + (() if e.head_input is None else (e.head_input, e.targets))
+                for m, e in self._stash.items()}
 
     # ------------------------------------------------------------------ forward
     def forward(self, mb: int, inputs: Activation, targets: Tensor | None = None, *,
                 keep_graph: bool = True) -> Activation:
-        """F: run the unit on ``inputs``; return the detached output, or the loss if last."""
+        """F: run the unit on ``inputs``; return the detached output, or the loss if last (None
+        under loss in backward)."""
         if mb in self._stash:
             raise RuntimeError(f"forward of micro-batch {mb}: it is already stashed (forward twice?)")
         if self.is_last and targets is None:
@@ -216,7 +242,7 @@ class UnitRunner:
     def recompute(self, mb: int) -> None:
         """RECOMPUTE: rebuild the graph of a forward that ran with ``keep_graph=False``."""
         entry = self._get(mb, "RECOMPUTE")
-        if entry.outputs is not None or entry.input_done:
+        if entry.outputs is not None or entry.head_input is not None or entry.input_done:
             raise RuntimeError(f"RECOMPUTE of micro-batch {mb}: its graph is already present")
         self._run(entry, record=True)
 
@@ -228,6 +254,11 @@ class UnitRunner:
 
     def _run(self, entry: _Entry, record: bool) -> Activation:
         x = entry.inputs[0] if entry.single else entry.inputs
+        if self.loss_in_backward:  # the trunk only; without a graph there is nothing to keep
+            if record:
+                with torch.enable_grad():
+                    entry.head_input = self.module.forward_trunk(x)
+            return None
         with torch.set_grad_enabled(record):
             out = self.module(x, entry.targets) if self.is_last else self.module(x)
         if self.is_last:
@@ -311,9 +342,21 @@ class UnitRunner:
         entry = self._get(mb, op)
         if entry.input_done:
             raise RuntimeError(f"{op} of micro-batch {mb}: its D already ran; only W may follow")
+        if entry.head_input is not None:
+            self._head_forward(mb, entry)
         if entry.outputs is None:
             raise RuntimeError(f"{op} of micro-batch {mb}: forward ran without a graph; RECOMPUTE first")
         return entry
+
+    def _head_forward(self, mb: int, entry: _Entry) -> None:
+        """Loss in backward: the head and loss on the kept trunk output, recorded; its root replaces
+        the trunk's and the loss waits in ``pop_loss``."""
+        with torch.enable_grad():
+            loss = self.module.head_loss(entry.head_input, entry.targets)
+        if not isinstance(loss, Tensor) or loss.numel() != 1:
+            raise TypeError("head_loss of the last unit must return a scalar loss tensor")
+        entry.outputs, entry.head_input = (_Root.of(loss),), None
+        self._losses[mb] = loss.detach()
 
     def _roots(self, mb: int, entry: _Entry, grad_output: Activation | None,
                loss_scale: float | None) -> tuple[list[Tensor], list[Tensor]]:
@@ -406,3 +449,10 @@ def _capture(group: dict, i: int):
     def hook(grad_outputs):
         group.setdefault("captured", {})[i] = grad_outputs
     return hook
+
+
+def unit_runner(module: nn.Module, unit: int, num_units: int, meta: dict, **kwargs: Any) -> UnitRunner:
+    """The runner of ``unit`` of a program with ``num_units`` units and ``meta`` (a Program's or a
+    Schedule's): the last unit's loss runs in its backward when ``meta["loss_in_backward"]`` says so."""
+    return UnitRunner(module, is_first=(unit == 0), is_last=(unit == num_units - 1),
+                      loss_in_backward=bool(meta.get("loss_in_backward", False)), **kwargs)

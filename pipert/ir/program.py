@@ -30,7 +30,7 @@ __all__ = ["Program", "CompileOptions", "ProgramError", "schedule_digest", "rule
 RULES = ("gloo", "nccl")
 """Communication rules a program is validated under: gloo's (also the local hub's) or NCCL's."""
 
-DIGEST_META = ("update_every",)
+DIGEST_META = ("update_every", "loss_in_backward")
 """Meta entries the executor reads, and so part of a program's digest (generator statistics such as
 solve times are not)."""
 

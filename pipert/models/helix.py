@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from .common import DecoderModel, attention_core, embed_input, project_qkv
 from .tp import enter, row_linear
-from .unitbase import QKV, ModelUnit, final_loss
+from .unitbase import QKV, ModelUnit
 
 __all__ = ["HelixUnit", "HelixAttentionUnit", "helix_units"]
 
@@ -71,17 +71,20 @@ class HelixUnit(ModelUnit):
         self.head = model.head if self.is_last else None
 
     def body(self, xs: Tensor | tuple[Tensor, Tensor], targets: Tensor | None = None):
+        x = self.trunk(xs)
+        if self.is_last:
+            return self.head_loss(x, targets)
+        return x, self.layers[str(self.layer_index)].attn_norm(x)
+
+    def trunk(self, xs: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+        """The residual stream after the embedding (C(0)) or after post(l-1)."""
         l = self.layer_index
         if l == 0:
-            x = embed_input(xs, self.embed, self.pos, self.tp)
-        else:
-            x, o = xs
-            post = self.layers[str(l - 1)]
-            x = x + row_linear(self.tp, post.attn.wo, o)
-            x = x + post.mlp(post.mlp_norm(x))
-        if self.is_last:
-            return final_loss(x, self.norm, self.head.weight, targets, self.tp)
-        return x, self.layers[str(l)].attn_norm(x)
+            return embed_input(xs, self.embed, self.pos, self.tp)
+        x, o = xs
+        post = self.layers[str(l - 1)]
+        x = x + row_linear(self.tp, post.attn.wo, o)
+        return x + post.mlp(post.mlp_norm(x))
 
 
 class HelixAttentionUnit(ModelUnit):

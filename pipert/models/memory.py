@@ -100,13 +100,16 @@ def _mlp_ffn_saved(cfg: Any, tokens: int) -> int:
     return (2 if gpt else 4) * tokens * cfg.ffn * e
 
 
-def helix_stash_bytes(cfg: Any, unit: int, batch: int, seq: int, recompute: str = "none") -> int:
+def helix_stash_bytes(cfg: Any, unit: int, batch: int, seq: int, recompute: str = "none",
+                      loss_in_backward: bool = False) -> int:
     """Exact stash bytes of helix unit ``unit`` (0..2L) for one micro-batch of ``batch`` x ``seq``
     tokens (float32 or float64 models; table and derivation in docs/helixpipe.md).
 
     N = batch*seq tokens, e bytes per element, r bytes per statistic (8 for float64, else 4:
     norm statistics and the attention logsumexp), h hidden, f ffn, V vocab, H heads, kv the
     key/value width (Hkv*d), F the MLP's ffn-wide saved bytes (``_mlp_ffn_saved``).
+    ``loss_in_backward``: C(L)'s forward stops before the final norm and keeps that norm's input
+    (``UnitRunner``), so no norm, head or loss tensors are kept until its backward.
     """
     n_units = 2 * cfg.layers + 1
     if not 0 <= unit < n_units:
@@ -121,11 +124,12 @@ def helix_stash_bytes(cfg: Any, unit: int, batch: int, seq: int, recompute: str 
     lse = batch * cfg.heads * seq * r
     first, last, attn = unit == 0, unit == n_units - 1, unit % 2 == 1
     tokens = 8 * N  # int64 token ids (first unit) or targets (last unit)
+    head_input = N * h * e if last and loss_in_backward else 0
     if save is not None:  # checkpointed: inputs, plus attention output and lse where kept
         if attn:  # h (x is relayed, not kept)
             kept = N * h * e + lse if "attention" in save else 0
             return N * h * e + kept
-        return tokens if first else 2 * N * h * e + (tokens if last else 0)
+        return tokens if first else 2 * N * h * e + (tokens + head_input if last else 0)
     if attn:  # h, q, k, v, attention output, lse (x is relayed, not kept)
         kv = cfg.kv_heads * cfg.head_dim
         return 3 * N * h * e + 2 * N * kv * e + lse if not gpt else 5 * N * h * e + lse
@@ -137,5 +141,7 @@ def helix_stash_bytes(cfg: Any, unit: int, batch: int, seq: int, recompute: str 
     post = 2 * N * h * e + norm + N * h * e + _mlp_ffn_saved(cfg, N)  # x, o; mlp_norm; its output; MLP
     if not last:
         return post + norm  # attn_norm(l)
+    if loss_in_backward:
+        return post + head_input + tokens
     # final norm, its output (head input), log-softmax [N, V], targets, CE's total weight
     return post + norm + N * h * e + N * cfg.vocab * e + tokens + e

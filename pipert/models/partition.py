@@ -66,7 +66,7 @@ from .common import DecoderModel, attention_core, embed_input, project_qkv
 from .helix import HelixAttentionUnit, HelixUnit, helix_units
 from .recompute import recompute_save_set
 from .tp import enter, row_linear
-from .unitbase import QKV, ModelUnit, final_loss
+from .unitbase import QKV, ModelUnit
 
 __all__ = [
     "partition", "LlamaUnit", "PreAttentionUnit", "AttentionUnit", "PostAttentionUnit",
@@ -92,14 +92,15 @@ class LlamaUnit(ModelUnit):
         self.is_last = last
 
     def body(self, x: Tensor, targets: Tensor | None = None) -> Tensor:
+        x = self.trunk(x)
+        return self.head_loss(x, targets) if self.is_last else x
+
+    def trunk(self, x: Tensor) -> Tensor:
         if self.embed is not None:
             x = embed_input(x, self.embed, self.pos, self.tp)
         for layer in self.layers.values():
             x = layer(x)
-        if not self.is_last:
-            return x
-        w = self.embed.weight if self.head is None else self.head.weight
-        return final_loss(x, self.norm, w, targets, self.tp)
+        return x
 
 
 class PreAttentionUnit(ModelUnit):
@@ -162,13 +163,14 @@ class PostAttentionUnit(ModelUnit):
         self.layer_index = layer
 
     def body(self, xs: tuple[Tensor, Tensor], targets: Tensor | None = None) -> Tensor:
+        x = self.trunk(xs)
+        return x if self.norm is None else self.head_loss(x, targets)
+
+    def trunk(self, xs: tuple[Tensor, Tensor]) -> Tensor:
         x, o = xs
         part = self.layers[str(self.layer_index)]
         x = x + row_linear(self.tp, part.attn.wo, o)
-        x = x + part.mlp(part.mlp_norm(x))
-        if self.norm is None:
-            return x
-        return final_loss(x, self.norm, self.head.weight, targets, self.tp)
+        return x + part.mlp(part.mlp_norm(x))
 
 
 class SequentialUnit(nn.Module):

@@ -35,7 +35,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-__all__ = ["stochastic", "SAVE_GROUPS", "RECOMPUTE_MODES", "KEEP_PREFIX", "save_set", "recompute_save_set", "save_policy",
+__all__ = ["stochastic", "SAVE_GROUPS", "RECOMPUTE_MODES", "KEEP_PREFIX", "save_set", "recompute_save_set",
+           "units_recompute", "save_policy",
            "selective_context", "selective_checkpoint", "collect_caches", "cached_tensors", "selective_recompute"]
 
 SAVE_GROUPS: dict[str, frozenset[str]] = {
@@ -84,6 +85,14 @@ def recompute_save_set(mode: str) -> frozenset[str] | None:
         raise ValueError(f"recompute={mode!r}; allowed: {', '.join(RECOMPUTE_MODES)}, or {KEEP_PREFIX}GROUP,... "
                          f"with groups of {', '.join(SAVE_GROUPS)}")
     return RECOMPUTE_MODES[mode]
+
+
+def units_recompute(given: str | None, meta: Any) -> str:
+    """The recompute mode to build a program's units with: ``given`` (``--recompute``), else the
+    one its schedule records (``meta["recompute"]``: helixpipe-2fold's paper default), else none."""
+    mode = given or meta.get("recompute") or "none"
+    recompute_save_set(mode)
+    return mode
 
 
 def _op_name(op: Any) -> str:

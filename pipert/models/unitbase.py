@@ -26,12 +26,32 @@ class ModelUnit(nn.Module):
 
     def run_body(self, *args: Any) -> Any:
         """``body(*args)``, under selective checkpointing when ``save_ops`` is set."""
+        return self._region(self.body, *args)
+
+    def _region(self, fn: Any, *args: Any) -> Any:
         if self.save_ops is None:
-            return self.body(*args)
-        return selective_checkpoint(self.body, *args, save=self.save_ops)
+            return fn(*args)
+        return selective_checkpoint(fn, *args, save=self.save_ops)
 
     def forward(self, *args: Any) -> Any:
         return self.run_body(*args)
+
+    # The unit that holds the head: ``body(x, targets) == head_loss(trunk(x), targets)``.
+    def trunk(self, *args: Any) -> Tensor:
+        """The head holder's body up to the final norm's input (the residual stream)."""
+        raise NotImplementedError(f"{type(self).__name__} holds no LM head")
+
+    def forward_trunk(self, *args: Any) -> Tensor:
+        """F of a head holder whose loss runs in its backward: :meth:`trunk`, recomputed as the
+        unit's forward is (under selective checkpointing when ``save_ops`` is set)."""
+        return self._region(self.trunk, *args)
+
+    def head_loss(self, x: Tensor, targets: Tensor | None) -> Tensor:
+        """Final norm, LM head and (with ``targets``) the cross-entropy of the residual stream ``x``;
+        a tied head reads the embedding's weight."""
+        head = getattr(self, "head", None)
+        w = head.weight if head is not None else self.embed.weight
+        return final_loss(x, self.norm, w, targets, self.tp)
 
 
 class QKV(nn.Module):

@@ -109,17 +109,27 @@ class Search:
                 "skipped": dict(self.skipped), "failed": dict(self.failed), "seconds": self.seconds}
 
 
-CostFor = Callable[[ModelSpec, Layout, str, int], Any]
-"""(model, layout, recompute, units) -> the cost model of one replica's units."""
+CostFor = Callable[[ModelSpec, Layout, str, int, bool], Any]
+"""(model, layout, recompute, units, loss_in_backward) -> the cost model of one replica's units."""
+
+
+def family_default(name: str, option: str, fallback: Any) -> Any:
+    """The default of generator option ``option`` of family ``name`` (what its schedule records
+    unless told otherwise: helixpipe-2fold's paper defaults), else ``fallback``."""
+    import inspect
+    from ..schedules import family
+    param = inspect.signature(family(name).build).parameters.get(option)
+    return param.default if param is not None else fallback
 
 
 def analytic_cost(cluster: Cluster) -> CostFor:
     """The analytic transformer cost of a layout, TP collectives on the intra-node link."""
-    def cost(model: ModelSpec, lay: Layout, recompute: str, units: int) -> TransformerCost:
+    def cost(model: ModelSpec, lay: Layout, recompute: str, units: int,
+             loss_in_backward: bool = False) -> TransformerCost:
         spec = ModelSpec(**{**model.__dict__, "micro_batch": lay.micro_batch})
         parts = partition_helix(spec) if units == 2 * spec.layers + 1 else partition_layers(spec, units)
         return TransformerCost(spec, cluster.device, parts, recompute=recompute, tp=lay.tp, sp=lay.sp,
-                               tp_link=cluster.links.get("intra_node"))
+                               tp_link=cluster.links.get("intra_node"), loss_in_backward=loss_in_backward)
     return cost
 
 
@@ -147,7 +157,7 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
     for lay in lays:
         key = (lay.tp, lay.sp, lay.micro_batch)
         if key not in work:
-            c = cost_for(model, lay, "none", model.layers)
+            c = cost_for(model, lay, "none", model.layers, False)
             units = range(c.num_units)
             work[key] = (sum(c.unit_time(u, "F") + c.unit_time(u, "B") for u in units),
                          sum(c.params(u) for u in units), sum(c.unit_time(u, "OPT") for u in units),
@@ -170,7 +180,7 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
         if _is_chain(lay):            # the rank of the heaviest unit (the head's, often) runs it M times
             ukey = (*key, lay.units)
             if ukey not in unit_max:
-                c = cost_for(model, lay, "none", lay.units)
+                c = cost_for(model, lay, "none", lay.units, False)
                 unit_max[ukey] = max(c.unit_time(u, "F") + c.unit_time(u, "B") for u in range(c.num_units))
             heaviest = lay.microbatches * unit_max[ukey]
         bound = max(per_rank, heaviest, least + _warm_up(lay, cluster, act, forward), links) + dp_bound[gkey] + \
@@ -257,12 +267,12 @@ def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, b
               out: Search) -> Candidate | None:
     from ..sim import simulate
     from .pipe import simulate_pipe
-    cost = cost_for(model, lay, recompute, lay.units)
+    cost = cost_for(model, lay, recompute, lay.units, family_default(lay.family, "loss_in_backward", False))
     links, topo = lay.links(cluster), lay.topology()
     owners: list = []
 
     def run(shape: Layout) -> tuple:
-        sched = _build(shape, cost, links, out.budget)
+        sched = _build(shape, cost, links, out.budget, recompute)
         owners[:] = sched.placement.weight_owner
         out.simulated += 1
         return sched, simulate(sched, cost, links=links, topology=topo)
@@ -301,13 +311,16 @@ def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, b
     return best
 
 
-def _build(lay: Layout, cost: Any, links: Any, budget: float) -> Any:
+def _build(lay: Layout, cost: Any, links: Any, budget: float, recompute: str) -> Any:
     """The schedule of one replica; delay-aware builders get its costs, links and what memory the
-    model states leave (ZeRO-1 over D, or none with D = 1)."""
+    model states leave (ZeRO-1 over D, or none with D = 1); a family that records its units'
+    recomputation (helixpipe-2fold) records ``recompute``, and its loss placement is its default,
+    as ``cost`` prices it."""
     from ..schedules import build_schedule, family
     held = sum(cost.params(u) for u in range(cost.num_units)) / lay.stages
     opts = {"cost": cost, "links": links, "topology": links.topology, "ranks_per_node": lay.ranks_per_node,
-            "memory_limit": max(budget - held * _state_bytes(min(lay.dp - 1, 1), lay.dp), 1.0)}
+            "memory_limit": max(budget - held * _state_bytes(min(lay.dp - 1, 1), lay.dp), 1.0),
+            "recompute": recompute}
     accepted = family(lay.family).options()
     opts = opts if accepted is None else {k: v for k, v in opts.items() if k in accepted}
     opts.update(BUILD_OPTIONS.get(lay.family, {}))
@@ -317,8 +330,9 @@ def _build(lay: Layout, cost: Any, links: Any, budget: float) -> Any:
 def schedule_of(model: ModelSpec, cluster: Cluster, cand: Candidate, cost_for: CostFor | None = None) -> Any:
     """The schedule ``cand`` was simulated with (for a schedule file ``pipert train`` runs)."""
     lay = cand.layout
-    cost = (cost_for or analytic_cost(cluster))(model, lay, cand.recompute, lay.units)
-    return _build(lay, cost, lay.links(cluster), cluster.device.memory)
+    cost = (cost_for or analytic_cost(cluster))(model, lay, cand.recompute, lay.units,
+                                                family_default(lay.family, "loss_in_backward", False))
+    return _build(lay, cost, lay.links(cluster), cluster.device.memory, cand.recompute)
 
 
 def _state_bytes(zero: int, dp: int) -> float:

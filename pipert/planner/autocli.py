@@ -40,7 +40,7 @@ def add_auto_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--node-bandwidth", default=None, help="bandwidth per device between nodes, with a unit "
                    "(default 200Gbps)")
     g.add_argument("--schedules", default=None, help="comma-separated families to search (default: "
-                   "1f1b, interleaved-1f1b, zb-h1, zb-v, weipipe-interleave, tawpipe, helixpipe, pipemesh, "
+                   "1f1b, interleaved-1f1b, zb-h1, zb-v, weipipe-interleave, tawpipe, helixpipe-2fold, pipemesh, "
                    "crosspipe-greedy)")
     g.add_argument("--top", type=int, default=None, help="rows of the table (default 5)")
     g.add_argument("--profile", action="store_true", help="first measure this machine (one real unit profile of "

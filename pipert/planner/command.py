@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 
-from .auto import BUILD_OPTIONS, Candidate
+from .auto import BUILD_OPTIONS, Candidate, family_default
 from .cluster import Cluster
 
 __all__ = ["train_argv", "not_runnable", "command_line", "runtime_models"]
@@ -46,18 +46,10 @@ def train_argv(cand: Candidate, model: str, seq: int, dtype_bytes: int, schedule
              "--model", model, "--dtype", _TORCH_DTYPE.get(dtype_bytes, "bfloat16")]
     if cand.zero:
         argv += ["--zero", str(cand.zero)]
-    if cand.recompute != _default_recompute(lay.family):
+    # train recomputes as the generator's ``recompute`` default says (helixpipe-2fold: no_attention)
+    if cand.recompute != family_default(lay.family, "recompute", "none"):
         argv += ["--recompute", cand.recompute]
     return argv
-
-
-def _default_recompute(name: str) -> str:
-    """What ``pipert train --schedule name`` recomputes without --recompute: the generator's
-    ``recompute`` option default (helixpipe-2fold: no_attention), else none."""
-    import inspect
-    from ..schedules import family
-    param = inspect.signature(family(name).build).parameters.get("recompute")
-    return param.default if param is not None else "none"
 
 
 def command_line(argv: list[str], cluster: Cluster) -> str:

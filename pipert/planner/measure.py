@@ -140,10 +140,10 @@ def measured_cluster(name: str, spec: Any, cluster: Cluster) -> tuple[Cluster, A
     link = measure_link()
     cache: dict[tuple[int, int], MeasuredCost] = {}
 
-    def cost_for(model: Any, lay: Any, recompute: str, units: int) -> MeasuredCost:
-        if lay.tp > 1 or recompute != "none" or units > model_config(name).layers:
+    def cost_for(model: Any, lay: Any, recompute: str, units: int, loss_in_backward: bool = False) -> MeasuredCost:
+        if lay.tp > 1 or recompute != "none" or units > model_config(name).layers or loss_in_backward:
             raise ValueError("--profile measures whole layer units: no tensor parallelism, recomputation or "
-                             "HelixPipe pieces")
+                             "HelixPipe pieces (nor their loss in backward)")
         key = (units, lay.micro_batch)
         if key not in cache:
             cache[key] = _profile(name, units, lay.micro_batch, spec.seq, dtype)

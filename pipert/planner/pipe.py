@@ -19,10 +19,10 @@ from .layouts import PLAN_PAIR_LIMIT, PLAN_PAIRS, Layout
 
 __all__ = ["Pipe", "simulate_pipe", "sim_microbatches", "STEADY", "PEAK_GROWS"]
 
-STEADY = {"zb-v": 2, "helixpipe": 2}
+STEADY = {"zb-v": 2, "helixpipe": 2, "helixpipe-2fold": 2}
 """Families whose smaller step must hold 2P micro-batches (others: P) to be on the line: ZB-V's
 makespan extrapolated from 16 and 8 at P = 8 was 7 % short, from 32 and 16 exact."""
-PEAK_GROWS = ("helixpipe",)
+PEAK_GROWS = ("helixpipe", "helixpipe-2fold")
 """Families whose peak memory grows with M (extended along the line); the others' peak is the
 larger simulated step's (a line through 16 and 8 at P = 8 overstated interleaved's by 180 %)."""
 

@@ -199,3 +199,27 @@ def test_data_parallel_groups_are_priced_on_the_link_they_cross():
     assert ring == pytest.approx(2 * (dc.latency + n / 2 / 1e9))     # 2(n-1) steps of b/n, n = 2
     whole = next(x for x in layouts(cl, TINY, 8, ("1f1b",), stages=4, tp=1, micro_batch=1))
     assert whole.dp == 1 and whole.dcs == 2 and whole.links(cl).spec(1, 2) == dc
+
+
+def test_helixpipe_is_searched_as_its_paper_runs_it_and_its_command_builds_the_same_program():
+    """The default families hold helixpipe-2fold (not the naive FILO); its candidate was priced with
+    the loss in backward and the recomputation its schedule records, and the printed train command
+    builds a program with the same meta."""
+    from dataclasses import fields
+
+    from pipert.cli import build_parser
+    from pipert.planner.auto import schedule_of
+    from pipert.planner.command import train_argv
+    from pipert.planner.layouts import FAMILIES
+    from pipert.train import TrainConfig, build_program
+    assert "helixpipe-2fold" in FAMILIES and "helixpipe" not in FAMILIES
+    cluster = Cluster(2, 1)
+    res = search(TINY, cluster, 8, families=("helixpipe-2fold",), top=2)
+    cand = res.ranked[0]
+    meta = schedule_of(TINY, cluster, cand).meta
+    assert (meta["loss_in_backward"], meta["recompute"]) == (True, cand.recompute)
+    args = build_parser("train").parse_args(["train"] + train_argv(cand, "tiny", 16, 4))
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    program = build_program(cfg)
+    assert (program.meta["loss_in_backward"], program.meta["recompute"]) == (True, cand.recompute)
+    assert (program.num_ranks, program.num_microbatches) == (cand.layout.stages, cand.layout.microbatches)
