@@ -56,13 +56,13 @@ class Candidate:
 
 
 def rank_schedules(stages: int, microbatches: int, cost: Any, links: Any = None, topology: Any = None, *,
-                   memory_limit: float | None = None, names: Sequence[str] = STATIC + CROSSPIPE[:2],
+                   memory_limit: float | Sequence[float] | None = None, names: Sequence[str] = STATIC + CROSSPIPE[:2],
                    cost_for: Callable[[int], Any] | None = None, options: dict[str, dict] | None = None
                    ) -> list[Candidate]:
     """Build, simulate and rank ``names`` (fits first, then makespan).
 
-    ``memory_limit`` None: CrossPipe families take their default (the static counterpart's
-    peak) and every candidate fits. ``options[name]`` are extra builder options.
+    ``memory_limit`` (one number, or one per rank) None: CrossPipe families take their default
+    (the paper's budget: the static counterpart's per-rank peaks) and every candidate fits. ``options[name]`` are extra builder options.
     """
     from ...sim import simulate
     from .. import build_schedule
@@ -86,15 +86,23 @@ def rank_schedules(stages: int, microbatches: int, cost: Any, links: Any = None,
         note = ""
         if "status" in s.meta:
             note = f"{s.meta['status']}, gap {s.meta['gap']:.1%}"
-        out.append(Candidate(name, r.makespan, peak, memory_limit is None or peak <= memory_limit + 1e-9, dt, s,
-                             note))
+        out.append(Candidate(name, r.makespan, peak, _fits(r.peak_memory, memory_limit), dt, s, note))
     out.sort(key=lambda c: (not c.fits, c.makespan))
     return out
 
 
-def format_ranking(cands: Sequence[Candidate], memory_limit: float | None = None) -> str:
+def _fits(peaks: Sequence[float], limit: float | Sequence[float] | None) -> bool:
+    """Every rank's peak within its limit (one number: the same on every rank; None: no limit)."""
+    if limit is None:
+        return True
+    lims = [limit] * len(peaks) if isinstance(limit, (int, float)) else list(limit)
+    return all(p <= q + 1e-9 for p, q in zip(peaks, lims))
+
+
+def format_ranking(cands: Sequence[Candidate], memory_limit: float | Sequence[float] | None = None) -> str:
     """Text table of a ranking (what ``pipert plan`` prints)."""
-    lim = "none" if memory_limit is None else f"{memory_limit:g}"
+    lim = "none" if memory_limit is None else f"{memory_limit:g}" if isinstance(memory_limit, (int, float)) \
+        else " ".join(f"{x:g}" for x in memory_limit)
     best = next((c.makespan for c in cands if c.fits and math.isfinite(c.makespan)), math.nan)
     lines = [f"memory limit per rank: {lim}",
              f"{'rank':<5}{'schedule':<20}{'makespan':>10}{'vs best':>9}{'peak mem':>10}{'fits':>6}{'build s':>9}  note"]
