@@ -6,11 +6,13 @@
 - :mod:`.solver`   the paper's constraint model in OR-Tools CP-SAT;
 - :mod:`.lowering` compute orders + receive positions -> a pipert Schedule;
 - :mod:`.build`    registry builders and the default memory limit;
-- :mod:`.select`   candidate ranking and the cross-DC pipeline-vs-data-parallel comparison.
+- :mod:`.select`   candidate ranking and the cross-DC pipeline-vs-data-parallel comparison;
+- :mod:`.dp`       the DP-overlap operations: replication policy ``crosspipe-overlap``.
 
 Registered names: ``crosspipe-greedy`` (UD), ``crosspipe-wave`` (Wave greedy),
 ``crosspipe-optimal`` (CP-SAT; ``pattern=`` ud/wave/loop). See docs/crosspipe.md.
 """
+from . import dp  # noqa: F401  (registers the crosspipe-overlap replication policy)
 from .build import (COUNTERPART, best_hint, build_greedy, build_optimal, build_wave, default_memory_limit,
                     make_problem, resolve_system, schedule_as_hint)
 from .greedy import GreedyConfig, GreedyResult, greedy_best, greedy_schedule

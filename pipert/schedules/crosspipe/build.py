@@ -6,15 +6,22 @@ With no links and no ``dc_latency``/``dc_transfer`` every transfer is free.
 
 Memory convention: the limit is one number per rank in the cost model's memory unit,
 counted the simulator's way (stashes plus activation/gradient buffers -- received ones
-from their RECV, written ones until sent or read -- in list order). The default is the
-static counterpart's peak -- the largest per-rank peak of ZB-H1 for UD (= 1F1B's: rank 0
-after its P-th forward holds P stashes, the first gradient, whose RECV ``lower`` posts one
-compute ahead, and that forward's activation until its SEND: P + 2 in uniform units), the
-handcrafted ZB-V order for Wave, interleaved 1F1B for Loop -- applied to every rank, as a device capacity is.
+from their RECV, written ones until sent or read -- in list order). The default budget
+(``memory_budget="paper"``) is the paper's "same peak memory as the static base schedule
+(CrossUD matches 1F1B)": each rank gets its counterpart's peak on that rank -- 1F1B for UD
+(rank s: P - s stashes plus buffers; in uniform units P + 2, P + 1, ..., 2 at the last rank)
+plus one W share ``stash_w``: a split backward keeps it from D to W, where 1F1B's combined B
+frees the whole stash (the paper counts stashes only; with buffers counted too, 1F1B's bare
+peak leaves the last rank no room to receive the next activation before its W ran),
+the handcrafted ZB-V order for Wave, interleaved 1F1B for Loop. ``memory_budget="static-max"``
+is the looser convention pipert used before: the largest per-rank peak of ZB-H1 (UD), ZB-V
+(Wave) or interleaved 1F1B (Loop) applied to every rank, under which the greedy reaches
+ZB-H1's makespan at zero delay (ZB-H1 itself exceeds 1F1B's peak on every rank but the
+first: it keeps deferred W stashes).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from ...cost.topology import Links, Topology
 from ...cost.uniform import UniformCost
@@ -25,25 +32,42 @@ from .lowering import lower_crosspipe, place_receives
 from .model import CrossPipeProblem, pattern_chunks, problem_from_cost
 from .solver import SolverConfig, solve
 
-__all__ = ["COUNTERPART", "default_memory_limit", "resolve_system", "make_problem", "schedule_as_hint", "best_hint", "build_greedy",
+__all__ = ["COUNTERPART", "PAPER_COUNTERPART", "BUDGETS", "default_memory_limit", "resolve_system", "make_problem", "schedule_as_hint", "best_hint", "build_greedy",
            "build_wave", "build_optimal"]
 
 COUNTERPART = {"ud": ("zb-h1", 1), "wave": ("zb-v", 2), "loop": ("interleaved-1f1b", None)}
-"""pattern -> (static schedule with the same placement kind, its chunks)."""
+"""pattern -> (split-backward static schedule of the same placement, its chunks): the solver's
+second hint, and the budget of ``memory_budget="static-max"``."""
+
+PAPER_COUNTERPART = {"ud": ("1f1b", 1), "wave": ("zb-v", 2), "loop": ("interleaved-1f1b", None)}
+"""pattern -> (the static schedule whose per-rank peaks the paper's budget copies, its chunks)."""
+
+BUDGETS = ("paper", "static-max")
+"""``memory_budget`` values (module doc)."""
 
 
-def default_memory_limit(pattern: str, stages: int, microbatches: int, cost: Any, chunks: int | None = None) -> float:
-    """Largest per-rank peak memory of the static counterpart of ``pattern`` under ``cost``."""
+def default_memory_limit(pattern: str, stages: int, microbatches: int, cost: Any, chunks: int | None = None,
+                         budget: str = "paper") -> tuple[float, ...]:
+    """Per-rank memory limit of ``pattern`` under ``cost``: ``budget="paper"`` each rank's peak in
+    the paper's static counterpart (1F1B for UD), ``"static-max"`` the largest per-rank peak of the
+    split-backward counterpart (ZB-H1 for UD) on every rank (module doc)."""
     from ...sim import validate
     from .. import build_schedule
-    name, v = COUNTERPART[pattern]
+    if budget not in BUDGETS:
+        raise ValueError(f"memory_budget={budget!r} unknown; allowed: {', '.join(BUDGETS)}")
+    name, v = (PAPER_COUNTERPART if budget == "paper" else COUNTERPART)[pattern]
     v = pattern_chunks(pattern, chunks) if v is None else v
     order = {"order": "handcrafted"} if name == "zb-v" else {}    # zb-v's search may use less
     try:
         s = build_schedule(name, stages=stages, microbatches=microbatches, chunks=v, **order)
-    except ValueError:     # e.g. interleaved 1F1B needs M >= P: fall back to ZB-H1's peak
-        s, v = build_schedule("zb-h1", stages=stages, microbatches=microbatches), 1
-    return max(validate(s, cost).peak_memory)
+    except ValueError:     # e.g. interleaved 1F1B needs M >= P: fall back to 1F1B's / ZB-H1's peaks
+        s = build_schedule("1f1b" if budget == "paper" else "zb-h1", stages=stages, microbatches=microbatches)
+    peaks = tuple(float(x) for x in validate(s, cost).peak_memory)
+    if budget != "paper":
+        return (max(peaks),) * stages
+    if any(a.op is Op.B for _, _, a in s):      # a split backward keeps stash_w from D to W, which B never holds
+        peaks = tuple(p + float(cost.memory("stash_w", r)) for r, p in enumerate(peaks))
+    return peaks
 
 
 def resolve_system(stages: int, cost: Any = None, links: Any = None, topology: Any = None, dc_latency: float = 0.0,
@@ -59,14 +83,18 @@ def resolve_system(stages: int, cost: Any = None, links: Any = None, topology: A
 
 
 def make_problem(config: PipelineConfig, pattern: str, cost: Any, links: Any,
-                 memory_limit: float | None = None) -> CrossPipeProblem:
-    """The problem of ``pattern`` on ``config`` (memory limit default: the counterpart's peak)."""
+                 memory_limit: float | Sequence[float] | None = None, memory_budget: str = "paper") -> CrossPipeProblem:
+    """The problem of ``pattern`` on ``config`` (memory limit default: ``memory_budget``'s, module doc)."""
     p, m = config.stages, config.microbatches
     chunks = pattern_chunks(pattern, config.chunks if pattern == "loop" else None)
     if config.chunks != chunks:
         raise ValueError(f"pattern {pattern!r} runs {chunks} chunk(s) per rank (got chunks={config.chunks})")
     if memory_limit is None:
-        memory_limit = default_memory_limit(pattern, p, m, cost, chunks)
+        memory_limit = default_memory_limit(pattern, p, m, cost, chunks, memory_budget)
+    elif memory_budget not in BUDGETS:
+        raise ValueError(f"memory_budget={memory_budget!r} unknown; allowed: {', '.join(BUDGETS)}")
+    if not isinstance(memory_limit, (int, float)):
+        memory_limit = tuple(float(x) for x in memory_limit)
     meta = {"memory_limit": memory_limit, "pattern": pattern}
     return problem_from_cost(p, m, pattern, cost, links, chunks=chunks, memory_limit=memory_limit, meta=meta)
 
@@ -83,7 +111,7 @@ def schedule_as_hint(problem: CrossPipeProblem, schedule: Schedule, cost: Any, l
     if any(a.op is Op.B for _, _, a in schedule) or tuple(schedule.placement.ranks) != problem.unit_ranks:
         return None
     r = simulate(schedule, cost, links)
-    if max(r.peak_memory) > min(problem.limit(q) for q in range(problem.stages)) + 1e-9:
+    if any(peak > problem.limit(q) + 1e-9 for q, peak in enumerate(r.peak_memory)):
         return None
     timeline: list[list[Timed]] = [[] for _ in range(problem.stages)]
     messages: dict[tuple, tuple[float, float]] = {}
@@ -111,10 +139,10 @@ def best_hint(problem: CrossPipeProblem, cost: Any, links: Any, sub_blocks: int 
     return h if h is not None and h.makespan < g.makespan - 1e-9 else g
 
 
-def _greedy(config: PipelineConfig, pattern: str, name: str, sub_blocks: int, memory_limit: float | None,
-            **system: Any) -> Schedule:
+def _greedy(config: PipelineConfig, pattern: str, name: str, sub_blocks: int, memory_limit: Any,
+            memory_budget: str, **system: Any) -> Schedule:
     cost, links = resolve_system(config.stages, **system)
-    pr = make_problem(config, pattern, cost, links, memory_limit)
+    pr = make_problem(config, pattern, cost, links, memory_limit, memory_budget)
     g = greedy_best(pr, GreedyConfig(sub_blocks=sub_blocks))
     meta = {"predicted_makespan": g.makespan, "greedy_s": round(g.runtime_s, 4), "sub_blocks": sub_blocks,
             "memory_limit": pr.meta["memory_limit"]}
@@ -122,23 +150,23 @@ def _greedy(config: PipelineConfig, pattern: str, name: str, sub_blocks: int, me
 
 
 def build_greedy(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
-                 memory_limit: float | None = None, sub_blocks: int = 4, dc_latency: float = 0.0,
+                 memory_limit: Any = None, memory_budget: str = "paper", sub_blocks: int = 4, dc_latency: float = 0.0,
                  dc_transfer: float = 0.0, num_dcs: int | None = None) -> Schedule:
     """CrossUDSub: the greedy on the unidirectional placement (unit u on rank u)."""
-    return _greedy(config, "ud", "crosspipe-greedy", sub_blocks, cost=cost, links=links, topology=topology,
+    return _greedy(config, "ud", "crosspipe-greedy", sub_blocks, memory_budget=memory_budget, cost=cost, links=links, topology=topology,
                    memory_limit=memory_limit, dc_latency=dc_latency, dc_transfer=dc_transfer, num_dcs=num_dcs)
 
 
 def build_wave(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
-               memory_limit: float | None = None, sub_blocks: int = 4, dc_latency: float = 0.0,
+               memory_limit: Any = None, memory_budget: str = "paper", sub_blocks: int = 4, dc_latency: float = 0.0,
                dc_transfer: float = 0.0, num_dcs: int | None = None) -> Schedule:
     """CrossWave (greedy): the same greedy on the V-shape placement (2 chunks per rank)."""
-    return _greedy(config, "wave", "crosspipe-wave", sub_blocks, cost=cost, links=links, topology=topology,
+    return _greedy(config, "wave", "crosspipe-wave", sub_blocks, memory_budget=memory_budget, cost=cost, links=links, topology=topology,
                    memory_limit=memory_limit, dc_latency=dc_latency, dc_transfer=dc_transfer, num_dcs=num_dcs)
 
 
 def build_optimal(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
-                  memory_limit: float | None = None, sub_blocks: int = 4, dc_latency: float = 0.0,
+                  memory_limit: Any = None, memory_budget: str = "paper", sub_blocks: int = 4, dc_latency: float = 0.0,
                   dc_transfer: float = 0.0, num_dcs: int | None = None, pattern: str | None = None,
                   time_limit: float = 60.0, objective: str = "all", relative_gap: float = 0.0,
                   workers: int = 1) -> Schedule:
@@ -153,7 +181,7 @@ def build_optimal(config: PipelineConfig, *, cost: Any = None, links: Any = None
     """
     pattern = pattern or ("ud" if config.chunks == 1 else "wave")
     cost, links = resolve_system(config.stages, cost, links, topology, dc_latency, dc_transfer, num_dcs)
-    pr = make_problem(config, pattern, cost, links, memory_limit)
+    pr = make_problem(config, pattern, cost, links, memory_limit, memory_budget)
     hint = best_hint(pr, cost, links, sub_blocks)
     res = solve(pr, SolverConfig(time_limit_s=10 * time_limit, deterministic_limit=time_limit, workers=workers,
                                  sub_blocks=sub_blocks, objective=objective, relative_gap=relative_gap), hint=hint)

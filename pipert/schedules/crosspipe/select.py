@@ -56,13 +56,13 @@ class Candidate:
 
 
 def rank_schedules(stages: int, microbatches: int, cost: Any, links: Any = None, topology: Any = None, *,
-                   memory_limit: float | None = None, names: Sequence[str] = STATIC + CROSSPIPE[:2],
+                   memory_limit: float | Sequence[float] | None = None, names: Sequence[str] = STATIC + CROSSPIPE[:2],
                    cost_for: Callable[[int], Any] | None = None, options: dict[str, dict] | None = None
                    ) -> list[Candidate]:
     """Build, simulate and rank ``names`` (fits first, then makespan).
 
-    ``memory_limit`` None: CrossPipe families take their default (the static counterpart's
-    peak) and every candidate fits. ``options[name]`` are extra builder options.
+    ``memory_limit`` (one number, or one per rank) None: CrossPipe families take their default
+    (the paper's budget: the static counterpart's per-rank peaks) and every candidate fits. ``options[name]`` are extra builder options.
     """
     from ...sim import simulate
     from .. import build_schedule
@@ -86,15 +86,23 @@ def rank_schedules(stages: int, microbatches: int, cost: Any, links: Any = None,
         note = ""
         if "status" in s.meta:
             note = f"{s.meta['status']}, gap {s.meta['gap']:.1%}"
-        out.append(Candidate(name, r.makespan, peak, memory_limit is None or peak <= memory_limit + 1e-9, dt, s,
-                             note))
+        out.append(Candidate(name, r.makespan, peak, _fits(r.peak_memory, memory_limit), dt, s, note))
     out.sort(key=lambda c: (not c.fits, c.makespan))
     return out
 
 
-def format_ranking(cands: Sequence[Candidate], memory_limit: float | None = None) -> str:
+def _fits(peaks: Sequence[float], limit: float | Sequence[float] | None) -> bool:
+    """Every rank's peak within its limit (one number: the same on every rank; None: no limit)."""
+    if limit is None:
+        return True
+    lims = [limit] * len(peaks) if isinstance(limit, (int, float)) else list(limit)
+    return all(p <= q + 1e-9 for p, q in zip(peaks, lims))
+
+
+def format_ranking(cands: Sequence[Candidate], memory_limit: float | Sequence[float] | None = None) -> str:
     """Text table of a ranking (what ``pipert plan`` prints)."""
-    lim = "none" if memory_limit is None else f"{memory_limit:g}"
+    lim = "none" if memory_limit is None else f"{memory_limit:g}" if isinstance(memory_limit, (int, float)) \
+        else " ".join(f"{x:g}" for x in memory_limit)
     best = next((c.makespan for c in cands if c.fits and math.isfinite(c.makespan)), math.nan)
     lines = [f"memory limit per rank: {lim}",
              f"{'rank':<5}{'schedule':<20}{'makespan':>10}{'vs best':>9}{'peak mem':>10}{'fits':>6}{'build s':>9}  note"]
@@ -143,6 +151,14 @@ class PPvsDP:
     """ZB-V inside one DC plus the unoverlapped cross-DC gradient all-reduce."""
     single_dc_time: float
     """ZB-V with no cross-DC traffic (the ideal)."""
+    dp_sim_time: float = math.nan
+    """The DP side simulated: ZB-V replicated over the two DCs, each stage's gradient all-reduce at
+    the optimizer step (``at-opt``) priced by the simulator on its share of the link."""
+    dp_overlap_time: float = math.nan
+    """The same with the DP-overlap operations (``crosspipe-overlap``: each reduction right after
+    its unit's last W, beside the remaining backward)."""
+    pp_link_floor: float = math.nan
+    """M messages per direction back to back on the cross-DC link: no PP step is shorter."""
 
     @property
     def speedup(self) -> float:
@@ -155,9 +171,11 @@ class PPvsDP:
         return self.pp_time / self.single_dc_time
 
 
-def compare_pp_dp(cfg: CrossDCConfig, *, optimal: bool = False, time_limit: float = 30.0) -> PPvsDP:
+def compare_pp_dp(cfg: CrossDCConfig, *, optimal: bool = False, time_limit: float = 30.0,
+                  memory_budget: str = "paper", simulate_dp: bool = False) -> PPvsDP:
     """App. E: time both ways of spanning two DCs (module doc). ``optimal`` adds the CP-SAT
-    schedules to the PP side (slow beyond P = 8)."""
+    schedules to the PP side (slow beyond P = 8); ``memory_budget`` is the CrossPipe builders';
+    ``simulate_dp`` also simulates the DP side with and without the DP-overlap operations."""
     from ...sim import simulate
     from .. import build_schedule
     P, M = cfg.stages, cfg.microbatches
@@ -165,13 +183,31 @@ def compare_pp_dp(cfg: CrossDCConfig, *, optimal: bool = False, time_limit: floa
     topo = Topology(P, num_dcs=2)
     links = Links(topo, {"inter_dc": LinkSpec(cfg.dc_latency, cfg.dc_bandwidth)})
     names = ["crosspipe-greedy", "crosspipe-wave"] + (["crosspipe-optimal"] if optimal else [])
-    opts = {"crosspipe-optimal": {"time_limit": time_limit}}
+    opts = {n: {"memory_budget": memory_budget, **({"time_limit": time_limit} if n == "crosspipe-optimal" else {})}
+            for n in names}
     ranked = rank_schedules(P, M, cost, links, topo, names=names, options=opts)
     pp = ranked[0]
-    zbv_cost = ChunkScaledCost(cost, 2)
-    single = simulate(build_schedule("zb-v", stages=P, microbatches=M), zbv_cost).makespan
+    zbv = build_schedule("zb-v", stages=P, microbatches=M)
+    single = simulate(zbv, ChunkScaledCost(cost, 2)).makespan
     dp = single + 2 * cfg.dc_latency + cfg.params * cfg.bytes_per_param / cfg.dc_bandwidth
-    return PPvsDP(pp.makespan, pp.name, dp, single)
+    floor = M * links.transfer(P // 2 - 1, P // 2, cfg.pp_message_bytes)[0]
+    sims = [_dp_simulated(cfg, zbv, pol) for pol in ("at-opt", "crosspipe-overlap")] if simulate_dp \
+        else [math.nan, math.nan]
+    return PPvsDP(pp.makespan, pp.name, dp, single, sims[0], sims[1], floor)
+
+
+def _dp_simulated(cfg: CrossDCConfig, zbv: Schedule, policy: str) -> float:
+    """Cross-DC DP simulated: one ZB-V replica per DC (ranks d*P + s), each unit's gradient
+    (N * bytes_per_param / 2P bytes) all-reduced between its two holders by ``policy``; the P
+    stage groups share the link, each on B / P (all P reduce at once in the unoverlapped step,
+    which is the paper's 2 alpha + 2N bytes / B per ZB-V chunk)."""
+    from ...sim import simulate
+    from ..data_parallel import replicate
+    P = cfg.stages
+    grad = cfg.params * cfg.bytes_per_param / (2 * P)
+    cost = _WireCost(ChunkScaledCost(UniformCost(tf=cfg.tf, td=cfg.td, tw=cfg.tw), 2), grad)
+    links = Links(Topology(2 * P, num_dcs=2), {"inter_dc": LinkSpec(cfg.dc_latency, cfg.dc_bandwidth / P)})
+    return simulate(replicate(zbv, 2, policy=policy), cost, links).makespan
 
 
 class _WireCost:
