@@ -46,6 +46,7 @@ def run_gloo_cases(tmp_path):
     return run
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list) -> None:
     """Under pytest-xdist (``--dist loadgroup``) the multi-process tests run one at a time on one
     worker (each starts 2-8 rank processes on a machine of a few cores) while the other workers
