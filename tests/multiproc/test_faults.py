@@ -49,7 +49,9 @@ def test_gloo_fault_stops_the_job_within_timeout(mode):
         assert "exited with code 3" in errors[2]
     else:
         assert "stalled" in "".join(named)
-    assert elapsed < 60, elapsed  # process start-up included; the waits themselves time out after 3 s
+    # start-up of 4 processes on a loaded 2-core machine included; the waits time out after 3 s and
+    # the launcher kills rank 2 20 s after the first failure
+    assert elapsed < 90, elapsed
 
 
 def test_ranks_that_build_different_programs_fail_at_start_naming_them():

@@ -37,7 +37,7 @@ def test_without_warmup_weipipe_hangs_at_start_and_every_rank_names_its_communic
     assert sorted(msgs) == [0, 1, 2, 3], msgs
     assert "communicator up(0,1) not created after" in msgs[0] and "blocked creating down(0,1)" in msgs[0], msgs[0]
     assert all("not created after" in m for m in msgs.values()), msgs
-    assert elapsed < 60, elapsed  # start-up included; the creation waits time out after 5 s
+    assert elapsed < 90, elapsed  # 4 processes' start-up on a loaded machine; creation waits time out after 5 s
 
 
 def test_train_cli_runs_under_ncclsim_with_check():
