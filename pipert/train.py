@@ -529,7 +529,7 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
         loss = pipe.step(x, y)
         dt = time.perf_counter() - t0
         times.append(dt)
-        extra = dict(start) if step == 0 and cfg.json else {}
+        extra = dict(start) if step == first and cfg.json else {}  # the first step this run runs
         if cfg.profile:
             prof = _predicted(pipe, backend, rank, links, dt)
             timed.append(prof)
