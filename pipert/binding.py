@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .comm.mesh import DEFAULT_MESH_ORDER, parse_mesh_order
 from .compiler import compile
 from .device.tensors import device_of, meta_tensors
 from .errors import PipelineError
@@ -48,14 +49,19 @@ class RuntimeOptions:
     """The pinned pool of OFFLOAD/PREFETCH and of staged messages (None: one is made when needed)."""
     tp: int = 1
     """T processes run each program rank (tensor parallelism, torch.distributed only): the job has
-    ``num_ranks * T`` processes, global rank ``r*T + t`` runs program rank r at tp coordinate t
+    ``num_ranks * T`` processes, each runs one program rank at one tp coordinate t
     (``pipert.comm.mesh``); the units are the TP shards (``pipert.models.tpshard.shard_units``)."""
+    mesh_order: str | tuple[str, ...] = DEFAULT_MESH_ORDER
+    """The (dp, pp, tp) mesh's dimensions, outermost first ("dp,pp,tp" or a tuple of the names):
+    which global rank runs which program rank and tp coordinate
+    (``pipert.comm.mesh.ProcessLayout``; the default: global rank ``r*T + t``)."""
 
     def __post_init__(self) -> None:
         if self.queues not in QUEUES:
             raise ValueError(f"queues {self.queues!r} unknown; allowed: {', '.join(QUEUES)}")
         if self.tp < 1:
             raise ValueError(f"tp must be >= 1 (processes per program rank), got {self.tp}")
+        object.__setattr__(self, "mesh_order", parse_mesh_order(self.mesh_order, "mesh_order"))
 
 
 @dataclass(frozen=True)

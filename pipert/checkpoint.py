@@ -7,7 +7,8 @@ rank that wrote it (``unit{u}.{name}`` as ``Pipeline.named_parameters`` names pa
 - ``optim.unit{u}.{name}.{state}``: the optimizer state of that parameter (AdamW: ``step``,
   ``exp_avg``, ``exp_avg_sq``), and ``optim.unit{u}.{name}.hyper`` its parameter group's
   hyper-parameters (JSON); ``master.unit{u}.{name}`` the fp32 master copy of a bf16/fp16 parameter;
-- ``rng.process{k}``: the CPU (and CUDA) random state of process k;
+- ``rng.process{k}``: the CPU (and CUDA) random state of process k = ``r*T + t`` (program rank
+  r, tp coordinate t: the same process whatever the mesh order);
 - ``meta``: a JSON object the caller gives (``pipert train``: step, data seed, batch, model).
 
 Folders (``DIR/step-N``, completeness, the run that owns DIR) are :mod:`pipert.ckptfolder`'s.
@@ -198,8 +199,10 @@ def _rng(process: int) -> dict[str, tuple[Callable, Callable]]:
     return out
 
 
-def _process(no_dist: bool) -> int:
-    return dist.get_rank() if dist.is_initialized() and not no_dist else 0
+def _process(pipe, no_dist: bool) -> int:
+    """This process's number k in ``rng.process{k}``: ``r*T + t`` of its program rank r and tp
+    coordinate t, whatever the mesh order (``pipert.comm.mesh.ProcessLayout.canonical``)."""
+    return pipe.layout.canonical(dist.get_rank()) if dist.is_initialized() and not no_dist else 0
 
 
 def _state(modules: dict[int, nn.Module], optimizers: list[tuple[Any, dict]]) -> dict[str, Any]:
@@ -220,7 +223,7 @@ def save(pipe, path: str | os.PathLike, meta: dict | None = None) -> Path:
     sd = _state(modules, optimizers)
     sd.update(_zero_entries(pipe, sharded))
     no_dist = not (pipe.backend == "dist" and dist.is_initialized())
-    sd.update({k: get() for k, (get, _) in _rng(_process(no_dist)).items()})
+    sd.update({k: get() for k, (get, _) in _rng(_process(pipe, no_dist)).items()})
     sd[_META] = json.dumps(meta or {})
     sd = layout_of(pipe).wrap(sd)
     with _quiet(), _named_failure("writing", Path(path), sd):
@@ -265,11 +268,11 @@ def _placeholders(md: dict, prefix: str, tp: TPLayout) -> dict[str, Any]:
 
 def _load_state(modules: dict[int, nn.Module], optimizers: list[tuple[Any, dict]], path: Path,
                 no_dist: bool, extra: dict[str, Any] | None = None,
-                hyper: dict | None = None, tp: TPLayout = TPLayout()) -> tuple[dict, dict[str, Any]]:
+                hyper: dict | None = None, tp: TPLayout = TPLayout(), me: int = 0) -> tuple[dict, dict[str, Any]]:
     """Load the entries of ``modules`` (in place), ``optimizers`` (their hyper-parameters the
     checkpoint's, then ``hyper``'s), the random state and ``extra`` (placeholders, filled in
-    the returned state dict), each sharded entry as this process's slice (``tp``); returns
-    (meta, state dict)."""
+    the returned state dict), each sharded entry as this process's slice (``tp``), the random
+    state of process ``me`` (:func:`_process`); returns (meta, state dict)."""
     md = _metadata(path)
     sd: dict[str, Any] = {f"model.unit{u}.{k}": v for u, m in modules.items() for k, v in m.state_dict().items()}
     sd.update(extra or {})
@@ -282,7 +285,6 @@ def _load_state(modules: dict[int, nn.Module], optimizers: list[tuple[Any, dict]
             sd.update(_placeholders(md, prefix, tp))
         if stepped is not params:
             sd.update({f"master.{names[id(p)]}": m.detach() for m, p in zip(stepped, params)})
-    me = _process(no_dist)
     rng = {}  # this process's random states, or process 0's when the writing job had fewer processes
     for key, (get, put) in _rng(me).items():
         src = key if key in md else key.replace(f"rng.process{me}", "rng.process0", 1)
@@ -334,7 +336,7 @@ def load(pipe, path: str | os.PathLike, hyper: dict | None = None) -> dict:
     _check_held(p, {**modules, **{u: pipe.modules[r][u] for r, u in sharded}}, [], tp)
     no_dist = not (pipe.backend == "dist" and dist.is_initialized())
     meta, sd = _load_state(modules, optimizers, p, no_dist, _zero_placeholders(pipe, sharded, _metadata(p), tp), hyper,
-                           tp)
+                           tp, _process(pipe, no_dist))
     _apply_zero(pipe, sharded, sd, hyper or {})
     _copy_replicas(pipe, copies)
     return meta

@@ -290,7 +290,9 @@ _TRAIN_HELP = {
     "zero": "ZeRO over the replicas (needs --dp > 1): a stage 0-3 for every unit, or per parameter: rules "
             "'3:mlp,2:attn,1' (first pattern contained in the name wins, last entry the default) or shares "
             "'p=0.4,g=0.7' (ZeRO-3 and ZeRO-2/3 shares of each unit, largest parameters first)",
-    "tp": "tensor-parallel processes T per pipeline rank (stages x dp x tp processes; TP innermost)",
+    "tp": "tensor-parallel processes T per pipeline rank (stages x dp x tp processes)",
+    "mesh_order": "the process mesh's dimensions, outermost first: a permutation of dp,pp,tp; tp last keeps each "
+                  "TP group on consecutive ranks (one node); docs/tensor_parallel.md",
     "sp": "sequence parallelism in each TP group (with --tp > 1): norms and stage boundaries split along the sequence",
     "zero3_buffers": "gathered copies of ZeRO-3 weights: 1, or 2 (forward and backward computes apart)",
     "passes": "comma-separated lowering passes: recompute, offload_stashes, offload_weights, expand_folds, ...",

@@ -181,7 +181,7 @@ def _tp_once(pipe) -> Callable[[torch.nn.Module], Callable[[torch.Tensor], bool]
     if tp == 1:
         return lambda module: lambda p: True
     from .models.tpshard import shard_dim
-    lead = dist.get_rank() % tp == 0  # global rank r*T + t runs program rank r at tp coordinate t
+    lead = pipe.layout.tp_rank(dist.get_rank()) == 0
 
     def of(module: torch.nn.Module) -> Callable[[torch.Tensor], bool]:
         sharded = {id(p) for n, p in module.named_parameters() if shard_dim(n) is not None}

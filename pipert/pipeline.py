@@ -26,6 +26,7 @@ from torch import nn
 from .binding import (BACKENDS, LinkEmulation, RuntimeOptions, check_materialized, check_same_program, emulates_nccl,
                       program_of, root_cause, units_device, warm_up)
 from .comm.delayed import DelayedTransport
+from .comm.mesh import DEFAULT_MESH_ORDER, ProcessLayout
 from .comm.dist import DistTransport
 from .comm.local import LocalHub
 from .device.tensors import device_of, reduction_device
@@ -136,6 +137,8 @@ class Pipeline(TrainingLoop):
         runtime = runtime or RuntimeOptions()
         self.tp = _check_tp(runtime.tp, backend, links)
         """T: processes of this job that run each program rank (tensor parallelism)."""
+        self.layout = _layout(self.program, self.tp, runtime.mesh_order, backend)
+        """Which process of the job runs which program rank at which tp coordinate."""
         self.queues = "host" if self.instrument.serial else runtime.queues
         self.link_emulation = LinkEmulation.of(links)
         self.links = self.link_emulation.emulator(self.program.num_ranks) if self.link_emulation else None
@@ -171,7 +174,7 @@ class Pipeline(TrainingLoop):
             tp = f" x {self.tp} TP processes" if self.tp > 1 else ""
             raise ValueError(f"program {self.program.name!r} needs {n} ranks{tp}, the job has {dist.get_world_size()}")
         check_same_program(self.program)
-        return [dist.get_rank() // self.tp]
+        return [self.layout.program_rank(dist.get_rank())]
 
     def _bind_units(self, units: Sequence[nn.Module], optimizer: OptimizerFactory) -> None:
         """Each local rank's modules (the owner keeps the given one, other local ranks get a copy)
@@ -214,9 +217,10 @@ class Pipeline(TrainingLoop):
         stages = program.meta.get("pp_stages")
         if program.placement.replicas is not None and stages:
             from .comm.mesh import pipeline_mesh, replica_process_groups
-            made = replica_process_groups(pipeline_mesh(stages, program.num_ranks // stages, device.type, self.tp))
+            made = replica_process_groups(pipeline_mesh(stages, program.num_ranks // stages, device.type, self.tp,
+                                                        self.layout.order))
         groups = sorted({tuple(sorted(a.group)) for _, _, a in program if a.group})
-        base = DistTransport(groups, process_groups=made, tp=self.tp)
+        base = DistTransport(groups, process_groups=made, layout=self.layout)
         if self.simulated_nccl:
             from .comm.ncclsim import NcclSim, StoreRendezvous
             # each tp coordinate is a pipeline of its own: its communicators rendezvous apart
@@ -396,7 +400,7 @@ class Pipeline(TrainingLoop):
                 vec[m].add_(t.to(vec.device, torch.float64))  # stays on the device: no host read
                 vec[M + m].add_(1.0)
         if self.backend == "dist":
-            if dist.get_rank() % self.tp:  # a TP group computes each loss once: tp coordinate 0 counts it
+            if self.layout.tp_rank(dist.get_rank()):  # a TP group computes each loss once: tp coordinate 0 counts it
                 vec.zero_()
             # on a device the process group's backend reduces: the CPU for gloo, the GPU for NCCL
             vec = vec.to(reduction_device(dist.get_backend(), vec.device))
@@ -494,6 +498,16 @@ def _check_tp(tp: int, backend: str, links: Any) -> int:
     if tp > 1 and links is not None:
         raise ValueError(f"tp={tp}: emulated links are not supported with tensor parallelism; give links=None")
     return tp
+
+
+def _layout(program: Program, tp: int, order: tuple[str, ...], backend: str) -> ProcessLayout:
+    """The process layout of ``program`` run by ``tp`` processes per rank, mesh dimensions in
+    ``order`` (program rank ``d*P + s``: P is the program's ``pp_stages``, else all its ranks)."""
+    if backend != "dist" and order != DEFAULT_MESH_ORDER:
+        raise ValueError(f"mesh_order {','.join(order)!r} places processes: it needs backend 'dist', got "
+                         f"{backend!r} (allowed there: {','.join(DEFAULT_MESH_ORDER)})")
+    stages = program.meta.get("pp_stages") or program.num_ranks
+    return ProcessLayout(stages, program.num_ranks // stages, tp, order)
 
 
 def _close_each(closers: list) -> None:

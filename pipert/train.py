@@ -10,8 +10,9 @@ Each process of a gloo/NCCL run builds the model on the meta device and material
 the units its rank computes or holds (``pipert.pipeline.units_needed``), with the
 values a full build in one process gives (``pipert.models.build_units``); a model larger than
 one process's memory starts as long as each rank's units fit. With ``--json`` the first
-step's record also gives ``rank_param_bytes`` (parameter bytes each process materialised) and
-``model_param_bytes`` (the whole model).
+step's record also gives ``rank_param_bytes`` (parameter bytes each process materialised, in
+global-rank order), ``model_param_bytes`` (the whole model) and, for gloo/NCCL processes,
+``mesh_order`` and ``process_coords`` (each global rank's [dp, pp, tp] coordinate).
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Mapping
+
+from .comm.mesh import DEFAULT_MESH_ORDER, ProcessLayout, parse_mesh_order
 
 if TYPE_CHECKING:
     import torch
@@ -64,7 +67,10 @@ class TrainConfig:
     """ZeRO over the replicas (with --dp > 1): a stage 0-3 for every unit, or per parameter by rules
     ("3:mlp,2:attn,1") or shares ("p=0.4,g=0.7"); see pipert.schedules.zero_rules."""
     tp: int = 1
-    """Tensor-parallel processes T per pipeline rank (stages x dp x tp processes; TP innermost)."""
+    """Tensor-parallel processes T per pipeline rank (stages x dp x tp processes)."""
+    mesh_order: str = ",".join(DEFAULT_MESH_ORDER)
+    """The (dp, pp, tp) mesh's dimensions, outermost first: which process runs which stage,
+    replica and tp coordinate (``pipert.comm.mesh.ProcessLayout``; default TP innermost)."""
     sp: bool = False
     """Sequence parallelism inside each TP group (with --tp > 1): norms, residuals and stage
     boundaries split along the sequence."""
@@ -143,6 +149,7 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        parse_mesh_order(self.mesh_order)
         self._validate_model()
         if self.plan:
             self._validate_plan()
@@ -290,6 +297,10 @@ class TrainConfig:
     def world(self) -> int:
         """Processes: stages x data-parallel replicas x tensor-parallel processes."""
         return self.stages * self.dp * self.tp
+
+    def layout(self) -> ProcessLayout:
+        """Which process runs which stage, replica and tp coordinate (``--mesh-order``)."""
+        return ProcessLayout(self.stages, self.dp, self.tp, parse_mesh_order(self.mesh_order))
 
 
 def build_program(cfg: TrainConfig, rules: str = "gloo") -> Program:
@@ -478,7 +489,8 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
     from .tools.reference import grouped_reference_step
     from .tools.reference import rel_err
     import torch
-    program, units, corpus = _build(cfg, device, program, None if backend == "local" else rank // cfg.tp, tp)
+    layout = cfg.layout()
+    program, units, corpus = _build(cfg, device, program, None if backend == "local" else layout.program_rank(rank), tp)
     opt = lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=0.0)  # noqa: E731
     # The reference keeps its own whole model, built in one process, and a persistent optimizer
     # (AdamW state evolves across steps); each step it starts from the pipeline's current weights.
@@ -487,12 +499,15 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
     sizes = _per_rank(backend, rank, _param_bytes(units))
     whole = units if tp is None else _rank_units(cfg, program, torch.device("meta"), keep=[])  # unsharded shapes
     start = {"rank_param_bytes": sizes, "model_param_bytes": _param_bytes(whole, materialized_only=False)}
+    if backend != "local":
+        start.update(mesh_order=layout.describe(), process_coords=[layout.coords(g) for g in range(layout.size)])
     link_opts = cfg.link_options()
     links = link_opts.links(cfg.world) if link_opts.active else None
     if links is not None:
         start["links"] = link_opts.as_dict()
     pipe = Pipeline(units, program, optimizer=opt, backend="local" if backend == "local" else "dist",
-                    timeout=cfg.timeout, links=links, runtime=RuntimeOptions(tp=cfg.tp) if cfg.tp > 1 else None,
+                    timeout=cfg.timeout, links=links,
+                    runtime=RuntimeOptions(tp=cfg.tp, mesh_order=layout.order) if backend != "local" else None,
                     instrument=Instrumentation(trace=True) if cfg.profile else None)
     bar = None
     if rank == 0 and not cfg.json:
@@ -514,7 +529,7 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
         loss = pipe.step(x, y)
         dt = time.perf_counter() - t0
         times.append(dt)
-        extra = dict(start) if step == 0 and cfg.json else {}
+        extra = dict(start) if step == first and cfg.json else {}  # the first step this run runs
         if cfg.profile:
             prof = _predicted(pipe, backend, rank, links, dt)
             timed.append(prof)
@@ -644,18 +659,19 @@ def _proc(rank: int, world: int, cfg: TrainConfig, backend: str, program: Progra
 
 
 def _tensor_parallel(cfg: TrainConfig, device: torch.device):
-    """This process's TP layout (None without TP): its "tp" group of the (dp, pp, tp) mesh
-    (``pipert.comm.mesh``), whose communicator is created here, before the program's, in the same
-    order on every process."""
+    """This process's TP layout (None without TP): its "tp" group of the mesh (``pipert.comm.mesh``,
+    dimensions in ``--mesh-order``), whose communicator is created here, before the program's, in
+    the same order on every process."""
     if cfg.tp == 1:
         return None
     import torch
     import torch.distributed as dist
     from .comm.mesh import pipeline_mesh, tp_group
     from .models.tp import TensorParallel
-    group = tp_group(pipeline_mesh(cfg.stages, cfg.dp, device.type, cfg.tp))
+    layout = cfg.layout()
+    group = tp_group(pipeline_mesh(cfg.stages, cfg.dp, device.type, cfg.tp, layout.order))
     dist.all_reduce(torch.zeros(1, device=device), group=group)
-    return TensorParallel(cfg.tp, dist.get_rank() % cfg.tp, group, cfg.sp)
+    return TensorParallel(cfg.tp, layout.tp_rank(dist.get_rank()), group, cfg.sp)
 
 
 def _prepare(cfg: TrainConfig, backend: str) -> Program:
@@ -721,6 +737,8 @@ def run_train(cfg: TrainConfig) -> list[float] | None:
     from .launch import env_rank
     place = env_rank()
     backend = resolve_backend(cfg.backend, launched=place is not None)
+    from .trainchecks import check_mesh_order
+    check_mesh_order(cfg, backend)
     if place is not None:
         _check_launched(cfg, backend, place)
         from torch.distributed.elastic.multiprocessing.errors import record

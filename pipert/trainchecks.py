@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_folder_writable", "check_batch_fits", "check_checkpoint_dtype", "check_tensor_parallel",
+__all__ = ["check_folder_writable", "check_batch_fits", "check_checkpoint_dtype", "check_tensor_parallel", "check_mesh_order",
            "host_memory"]
 
 
@@ -91,3 +91,14 @@ def check_tensor_parallel(cfg: Any) -> None:
         raise ValueError(f"--tp {cfg.tp}: {', '.join(bad)} not supported with tensor parallelism yet; "
                          f"run with --tp 1 or leave {'them' if len(bad) > 1 else 'it'} out")
 
+
+
+def check_mesh_order(cfg: Any, backend: str) -> None:
+    """--mesh-order places processes: a non-default order needs processes (not --backend local,
+    nor auto where it runs every rank in this process)."""
+    from .comm.mesh import DEFAULT_MESH_ORDER, parse_mesh_order
+    if backend == "local" and parse_mesh_order(cfg.mesh_order) != DEFAULT_MESH_ORDER:
+        how = "--backend local" if cfg.backend == "local" else f"--backend {cfg.backend} (here: local)"
+        raise ValueError(f"--mesh-order {cfg.mesh_order!r}: {how} runs every rank as a thread of one process, "
+                         f"so there is no process to place; allowed there: {','.join(DEFAULT_MESH_ORDER)} "
+                         f"(or use --backend gloo/nccl)")

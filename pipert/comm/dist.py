@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from ..errors import CommTimeout, PeerFailure
 from .base import COLLECTIVES, Handle, Then, alone
+from .mesh import ProcessLayout
 
 __all__ = ["DistTransport", "comm_group"]
 
@@ -76,24 +77,28 @@ class DistTransport:
     """Point-to-point and collectives over an initialised default process group."""
 
     def __init__(self, groups: Sequence[Sequence[int]] = (), emulate_reduce_scatter: bool | None = None,
-                 process_groups: dict[tuple[int, ...], Any] | None = None, tp: int = 1) -> None:
+                 process_groups: dict[tuple[int, ...], Any] | None = None, layout: ProcessLayout | None = None) -> None:
         """``groups``: the rank sets collectives run over (every rank must pass the same list);
         ``process_groups``: ones already made for some of them (e.g. a DeviceMesh's "dp" groups),
-        used as they are. ``tp``: T processes per program rank (``pipert.comm.mesh``): this
-        process runs program rank ``global // T`` at tp coordinate ``global % T`` and reaches
-        program rank r at global rank ``r*T + t`` (same tp coordinate); ranks and groups given to
-        this transport are program ranks."""
+        used as they are. ``layout``: which global rank runs which program rank at which tp
+        coordinate (``pipert.comm.mesh.ProcessLayout``; default: one process per rank, rank =
+        global rank); this process reaches program rank r at ``layout.process(r, t)``, its own tp
+        coordinate t; ranks and groups given to this transport are program ranks."""
         if not dist.is_initialized():
             raise RuntimeError("DistTransport needs torch.distributed initialised (torchrun or pipert's launcher)")
-        self.tp, self.tp_rank = tp, dist.get_rank() % tp
-        self.rank = dist.get_rank() // tp
-        self.world_size = dist.get_world_size() // tp
+        self.layout = layout or ProcessLayout(dist.get_world_size())
+        if self.layout.size != dist.get_world_size():
+            raise ValueError(f"DistTransport: the layout has {self.layout.size} processes, the job "
+                             f"{dist.get_world_size()}")
+        self.tp, self.tp_rank = self.layout.tp, self.layout.tp_rank(dist.get_rank())
+        self.rank = self.layout.program_rank(dist.get_rank())
+        self.world_size = self.layout.program_ranks
         # reduce-scatter as all-reduce plus this rank's slice where torch has no native one
         native = hasattr(dist, "reduce_scatter_single") or hasattr(dist, "reduce_scatter_tensor")
         self.emulate_reduce_scatter = (not native) if emulate_reduce_scatter is None else emulate_reduce_scatter
         # Every rank must create the same groups in the same order.
-        self.up = self._group(range(self.world_size))
-        self.down = self._group(range(self.world_size))
+        self.up = self._group(range(self.world_size), point_to_point=True)
+        self.down = self._group(range(self.world_size), point_to_point=True)
         # every rank makes the same groups in the same order; those given are made already
         self.groups: dict[tuple[int, ...], Any] = {k: v for k, v in (process_groups or {}).items() if v is not None}
         made = set(process_groups or {})
@@ -106,14 +111,15 @@ class DistTransport:
 
     def _peer(self, rank: int) -> int:
         """The global rank of program rank ``rank`` at this process's tp coordinate."""
-        return rank * self.tp + self.tp_rank
+        return self.layout.process(rank, self.tp_rank)
 
-    def _group(self, ranks: Sequence[int]) -> Any:
+    def _group(self, ranks: Sequence[int], point_to_point: bool = False) -> Any:
         """The process group of program ranks ``ranks`` at this process's tp coordinate; every
         process makes the group of every tp coordinate, in one order."""
         own = None
         for t in range(self.tp):
-            pg = comm_group([r * self.tp + t for r in ranks])
+            members = self.layout.group(ranks, t, ordered=not point_to_point)
+            pg = comm_group(sorted(members))
             own = pg if t == self.tp_rank else own
         return own
 

@@ -2,7 +2,7 @@
 
 A command is printed only for what ``pipert train`` runs as planned: one process per device,
 process ``(d * P + p) * T + t`` (replica-major, tensor parallelism innermost: a TP group is T
-consecutive devices of one node, the layout the planner priced).
+consecutive devices of one node, the layout the planner priced: ``--mesh-order``'s default).
 """
 from __future__ import annotations
 

@@ -28,9 +28,9 @@ and frees around every run of a chunk, ZeRO-2/3 reduce-scatters after every back
 optimizer steps at the end, and the ZeRO-1/2 weights are gathered at the start of the next step,
 before each chunk's first run.
 
-The process layout (replica-major: rank = d*P + stage) is the one
-``torch.distributed.device_mesh.init_device_mesh(..., (D, P), mesh_dim_names=("dp", "pp"))``
-gives; ``pipert.comm.mesh`` builds that mesh for a torch.distributed job.
+Program ranks are replica-major: rank = d*P + stage. Which process runs each of them is
+``pipert.comm.mesh.ProcessLayout``'s (``--mesh-order``; by default the global rank equals the
+program rank without TP, as ``init_device_mesh(..., (D, P), mesh_dim_names=("dp", "pp"))`` numbers it).
 """
 from __future__ import annotations
 

@@ -96,18 +96,18 @@ def local_measurements(pipe: Any) -> dict:
     messages = [(r, *m) for r, res in pipe.last_results.items() for m in res.messages]
     tp = getattr(pipe, "tp", 1)
     return {"times": times, "act": act, "weight": weight, "ranks": list(pipe.ranks), "tp": tp,
-            "tp_rank": _tp_rank(tp),
+            "tp_rank": _tp_rank(pipe),
             "host": socket.gethostname() if on_cpu else None, "cores": len(os.sched_getaffinity(0)),
             "process_cpu": getattr(pipe, "last_process_cpu", 0.0), "messages": messages,
             "clock_host": socket.gethostname()}
 
 
-def _tp_rank(tp: int) -> int:
-    """This process's tp coordinate (global rank r*T + t runs program rank r)."""
-    if tp == 1:
+def _tp_rank(pipe) -> int:
+    """This process's tp coordinate (``pipert.comm.mesh.ProcessLayout``)."""
+    if getattr(pipe, "tp", 1) == 1:
         return 0
     import torch.distributed as dist
-    return dist.get_rank() % tp
+    return pipe.layout.tp_rank(dist.get_rank())
 
 
 def profile_from_measurements(parts: Iterable[dict], num_units: int) -> StepProfile:

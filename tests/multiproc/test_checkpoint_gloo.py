@@ -68,14 +68,17 @@ def test_zero_sharded_units_resume_under_another_zero_stage(tmp_path):
 
 def test_tensor_parallel_checkpoints_resume_at_another_tp(runs, tmp_path):
     """T=1 -> T=2 -> T=1: the T=1 run's checkpoint resumed at T=2 (P=1 x D=2 with ZeRO-3, 4
-    processes: each ZeRO shard is a shard of a TP shard), whose own checkpoint resumed at T=1
-    (P=2): every resumed step has the uninterrupted T=1 run's loss."""
+    processes: each ZeRO shard is a shard of a TP shard; mesh order tp,dp,pp, so a TP group is
+    global ranks {g, g + 2}), whose own checkpoint resumed at T=1 (P=2): every resumed step has
+    the uninterrupted T=1 run's loss."""
     from torch.distributed.checkpoint import FileSystemReader
     d, uninterrupted = runs["1f1b"]
     at_tp2 = _train("--tp", "2", "--stages", "1", "--schedule", "interleaved-1f1b", "--chunks", "2", "--dp", "2",
-                    "--zero", "3", "--steps", "3", "--resume", str(d / "step-2"), "--save", str(tmp_path), "--check")
+                    "--zero", "3", "--steps", "3", "--resume", str(d / "step-2"), "--save", str(tmp_path), "--check",
+                    "--mesh-order", "tp,dp,pp")
     at_tp1 = _train("--schedule", "1f1b", "--resume", str(tmp_path / "step-3"), "--check")
     assert [s["step"] for s in at_tp2] == [2] and [s["step"] for s in at_tp1] == [3]
+    assert [tuple(c) for c in at_tp2[0]["process_coords"]] == [(0, 0, 0), (1, 0, 0), (0, 0, 1), (1, 0, 1)]
     for s in at_tp2 + at_tp1:
         assert s["loss"] == pytest.approx(uninterrupted[s["step"]], rel=1e-10, abs=0)
         assert s["max_grad_rel_err"] <= 1e-10 and s["max_param_rel_err"] <= 1e-10, s

@@ -56,6 +56,9 @@ CASES = {
     "zb-v-sp-recompute": ["--schedule", "zb-v", "--stages", "2", "--tp", "2", "--sp", "--recompute", "no_attention",
                           "--backend", "gloo"],
     "1f1b-sp-nccl-sim": ["--schedule", "1f1b", "--stages", "2", "--tp", "2", "--sp", "--backend", "nccl-sim"],
+    # TP outermost: a TP group is global ranks {g, g + 2}, a stage's peer the next global rank
+    "1f1b-tp-outermost": ["--schedule", "1f1b", "--stages", "2", "--tp", "2", "--backend", "gloo",
+                          "--mesh-order", "tp,pp,dp"],
 }
 
 
@@ -79,10 +82,15 @@ def test_train_tp_matches_reference(case):
     steps = _train(*CASES[case])
     _check(steps, PARAM_TOL.get(case, TOL))
     sizes, whole = steps[0]["rank_param_bytes"], steps[0]["model_param_bytes"]
-    # 4 processes: (stage 0, tp 0), (stage 0, tp 1), (stage 1, tp 0), (stage 1, tp 1); the two TP
-    # ranks of a stage hold equal shards, about half of it (norms are replicated); weight passing
-    # materialises every unit on every rank: about half of the whole model
-    assert len(sizes) == 4 and sizes[0] == sizes[1] and sizes[2] == sizes[3], sizes
+    order = CASES[case][CASES[case].index("--mesh-order") + 1] if "--mesh-order" in CASES[case] else "dp,pp,tp"
+    coords = [tuple(c) for c in steps[0]["process_coords"]]
+    assert steps[0]["mesh_order"] == order and len(set(coords)) == 4, steps[0]
+    # (d, s, t) of each global rank, the mesh order's row-major numbering
+    assert coords == sorted(coords, key=lambda c: [dict(zip(("dp", "pp", "tp"), c))[n] for n in order.split(",")])
+    # the two TP ranks of a stage hold equal shards, about half of it (norms are replicated);
+    # weight passing materialises every unit on every rank: about half of the whole model
+    by_stage = {s: {sizes[g] for g, (_, st, _) in enumerate(coords) if st == s} for s in (0, 1)}
+    assert len(sizes) == 4 and all(len(v) == 1 for v in by_stage.values()), (sizes, coords)
     held = 2 * whole if case.startswith("weipipe") else whole
     assert held / 2 < sum(sizes) < 1.02 * held, (sizes, whole)
     if "--profile" in CASES[case]:  # 2 program ranks on this host, each keeping 2 processes busy
@@ -93,11 +101,14 @@ def test_train_tp_matches_reference(case):
 
 
 def test_pipemesh_dp_zero3_tp_matches_reference():
-    """8 processes: P=2 x D=2 x T=2, ZeRO-3 shards within each TP shard, SP on."""
+    """8 processes: P=2 x D=2 x T=2, ZeRO-3 shards within each TP shard, SP on; mesh order
+    pp,tp,dp (DP innermost: a replica group is consecutive ranks, a TP group strided by D)."""
     steps = _train("--schedule", "pipemesh", "--stages", "2", "--dp", "2", "--zero", "3", "--tp", "2", "--sp",
-                   "--backend", "gloo", "--microbatches", "4", "--batch-size", "4")
+                   "--backend", "gloo", "--microbatches", "4", "--batch-size", "4", "--mesh-order", "pp,tp,dp")
     _check(steps)
     assert len(steps[0]["rank_param_bytes"]) == 8
+    assert [tuple(c) for c in steps[0]["process_coords"]] == [(d, s, t) for s in (0, 1) for t in (0, 1)
+                                                              for d in (0, 1)]
 
 
 CLIP = 0.05
