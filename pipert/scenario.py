@@ -217,9 +217,13 @@ def _analytic(args: argparse.Namespace, topo: Topology, tp: int = 1, sp: bool = 
     return cost, Links(topo, specs), spec.layers
 
 
-def load_or_build(args: argparse.Namespace, name: str) -> tuple[Scenario, Schedule]:
+def load_or_build(args: argparse.Namespace, name: str, measured: Callable[[int], Any] | None = None
+                  ) -> tuple[Scenario, Schedule]:
     """The scenario and the schedule ``name``: a schedule file (its shape; see
-    :mod:`pipert.ir.files`) or a registered name built on the flags' scenario."""
+    :mod:`pipert.ir.files`) or a registered name built on the flags' scenario. ``measured``
+    (``emulate --real``: units count -> cost of the real units, in seconds) replaces the
+    scenario's costs for a family that plans around given links, so it reads them in the unit
+    of the links (:mod:`pipert.linkplan`)."""
     from .ir.files import is_schedule_file, load_schedule
     if is_schedule_file(name):
         sched = load_schedule(name)
@@ -238,4 +242,9 @@ def load_or_build(args: argparse.Namespace, name: str) -> tuple[Scenario, Schedu
     except ValueError as e:
         raise ValueError(f"{name} --stages {sc.stages} --microbatches {sc.microbatches} --chunks {chunks}: {e}") \
             from None
+    if measured is not None and sc.links is not None:
+        from .linkplan import plans_links
+        if plans_links(name):
+            real = measured(sc.stages * chunks)
+            sc.cost_fn = lambda num_units, **priced_by_analytic_model: real
     return sc, sc.build(name, strict=True)
