@@ -2,8 +2,9 @@
 
 Grid: P in {4, 8}, M = 2P, 2 and 4 datacenters (equal consecutive blocks of ranks),
 cross-DC latency and link occupancy per message in {0, 0.25, 1, 2} * T_F, uniform costs
-T_F = T_D = T_W = 1 (D/W split; 1F1B and interleaved use B = D + W), memory limit = the
-static counterpart's peak ("default") and twice that ("relaxed"). Schedules with two
+T_F = T_D = T_W = 1 (D/W split; 1F1B and interleaved use B = D + W), memory limit per rank =
+CrossPipe's default budget (the paper's: the rank's peak in the static counterpart, 1F1B plus a
+W share for UD; ``default_memory_limit``) ("default") and twice that ("relaxed"). Schedules with two
 chunks per rank (interleaved 1F1B, ZB-V, CrossPipe Wave) run the same model cut in twice
 as many units (``ChunkScaledCost``). Every makespan is ``pipert.sim.simulate``'s.
 
@@ -64,10 +65,10 @@ def cell(P: int, dcs: int, lat: float, bw: float, relax: float, tl: float, solve
         c = BASE if v == 1 else ChunkScaledCost(BASE, v)
         row[name] = simulate(build_schedule(name, stages=P, microbatches=M, chunks=v), c, links).makespan
     for pat, col, c in (("ud", "greedy", BASE), ("wave", "wave", ChunkScaledCost(BASE, 2))):
-        lim = default_memory_limit(pat, P, M, c) * relax
+        lim = tuple(x * relax for x in default_memory_limit(pat, P, M, c))     # per rank
         pr = problem_from_cost(P, M, pat, c, links, memory_limit=lim)
         g = greedy_best(pr, GreedyConfig(sub_blocks=4))
-        row[col], row[f"{col}_s"], row[f"{col}_limit"] = g.makespan, g.runtime_s, lim
+        row[col], row[f"{col}_s"], row[f"{col}_limit"] = g.makespan, g.runtime_s, " ".join(f"{x:g}" for x in lim)
         if pat == "ud":
             row["greedy_n1"] = greedy_best(pr, GreedyConfig(sub_blocks=1)).makespan
             if solver:
@@ -140,14 +141,18 @@ def pp_dp(args: argparse.Namespace) -> list[tuple]:
 
 # --- report ------------------------------------------------------------------------------
 
+def _limit(cell) -> str:
+    """A limit cell of the CSV: one number for every rank, or one per rank (rank 0 first)."""
+    return f"{cell:g}" if isinstance(cell, (int, float)) else f"({cell.replace(' ', ', ')})"
+
+
 def _grid_tables(rows: list[dict]) -> list[str]:
     out = []
     keys = sorted({(r["memory"], r["P"], r["dcs"]) for r in rows}, key=lambda k: (k[0] != "default", k[1], k[2]))
     for mem, P, dcs in keys:
         sel = [r for r in rows if (r["memory"], r["P"], r["dcs"]) == (mem, P, dcs)]
-        lim = sel[0]["greedy_limit"]
-        out += ["", f"### P={P}, M={2 * P}, {dcs} DCs, {mem} memory (UD limit {lim:g}, Wave limit "
-                    f"{sel[0]['wave_limit']:g} per rank)", "",
+        out += ["", f"### P={P}, M={2 * P}, {dcs} DCs, {mem} memory (UD limit {_limit(sel[0]['greedy_limit'])}, "
+                    f"Wave limit {_limit(sel[0]['wave_limit'])} per rank)", "",
                 "| lat/T_F | bw/T_F | 1F1B | IV1F1B | ZB-H1 | ZB-V | greedy | greedy n_sub=1 | wave | optimum | "
                 "status, gap | greedy vs opt | greedy s | solver s |",
                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:--|---:|---:|---:|"]

@@ -31,7 +31,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         sched = apply_passes(sched, [n for n in args.passes.split(",") if n])
     # simulate() runs the validator's engine and raises its first error: one pass does both
     res = simulate(sched, sc.cost_for(sched), links=sc.links, topology=sc.topology, memory_limit=sc.memory_limit,
-                   transport=args.transport)
+                   transport=args.transport, nic_bandwidth=sc.nic_bandwidth)
     if args.trace:
         from .sim.export import write_chrome_trace
         write_chrome_trace(res, args.trace)
@@ -47,12 +47,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "units": sched.num_units, "tp": sc.tp, "sp": sc.sp, "makespan": res.makespan,
             "bubble_ratio": res.bubble_ratio,
             "peak_memory": list(res.peak_memory), "comm_bytes": dict(res.comm_bytes),
-            "busy": list(res.busy), "exposed_comm": list(res.exposed_comm), **nccl}))
+            "busy": list(res.busy), "exposed_comm": list(res.exposed_comm), "nic_bandwidth_Bps": sc.nic_bandwidth,
+            **nccl}))
         return 0
     print(f"schedule      {sched.name}  (P={sched.num_ranks}, M={sched.num_microbatches}, units={sched.num_units})")
     if sc.tp > 1:
         print(f"tensor par.   T={sc.tp}{', SP' if sc.sp else ''}: {sched.num_ranks * sc.tp} devices; every time and "
               f"size below is one device's (TP collectives inside the computes)")
+    if sc.nic_bandwidth is not None:
+        print(f"shared NIC    {sc.describe_nic()}")
     print(f"makespan      {res.makespan:.6g}")
     print(f"bubble ratio  {res.bubble_ratio:.4f}")
     print(f"peak memory   {', '.join(f'{m:.6g}' for m in res.peak_memory)}")

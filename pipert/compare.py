@@ -42,7 +42,7 @@ def compare(sc: Scenario, names: list[str] | None = None, files: list[Schedule] 
         try:
             sched = item if isinstance(item, Schedule) else sc.build(item)
             res = simulate(sched, sc.cost_for(sched), links=sc.links, topology=sc.topology,
-                           memory_limit=sc.memory_limit)
+                           memory_limit=sc.memory_limit, nic_bandwidth=sc.nic_bandwidth)
         except (ValueError, ScheduleError) as e:
             rows.append(Row(name, skipped=str(e).splitlines()[0]))
             continue
@@ -55,7 +55,8 @@ def compare(sc: Scenario, names: list[str] | None = None, files: list[Schedule] 
 def print_ranking(rows: list[Row], sc: Scenario) -> None:
     links = "free links" if sc.links is None else f"{sc.topology.num_dcs} DC(s)"
     tp = f" T={sc.tp}{' SP' if sc.sp else ''}" if sc.tp > 1 else ""
-    print(f"P={sc.stages} M={sc.microbatches}{tp} cost={type(sc.cost).__name__} {links}")
+    nic = "" if sc.nic_bandwidth is None else f"; shared NIC: {sc.describe_nic()}"
+    print(f"P={sc.stages} M={sc.microbatches}{tp} cost={type(sc.cost).__name__} {links}{nic}")
     head = f"{'rank':<5}{'schedule':<22}{'makespan':>12}{'vs best':>9}{'bubble':>9}{'peak mem':>10}{'comm':>12}"
     print(head)
     print("-" * len(head))

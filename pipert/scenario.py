@@ -14,7 +14,7 @@ from .cost.uniform import UniformCost
 from .ir import Schedule
 from .schedules import build_schedule, family
 from .scenario_flags import (DEFAULT_MICROBATCHES, DEFAULT_STAGES, HELIX_OPT_OUTS, check_scenario_flags, check_size,
-                             check_tp_flags, dc_link, helix_options, node_links)
+                             check_tp_flags, dc_link, helix_options, nic_bandwidth, node_links)
 
 __all__ = ["Scenario", "scenario_from_args", "file_shape", "shape_flags", "load_or_build", "LAYER_PER_CHUNK"]
 
@@ -55,6 +55,9 @@ class Scenario:
     """Sequence parallelism over each TP group."""
     recompute: str = "none"
     """Recomputation inside the units of a schedule that does not say its own (``meta["recompute"]``)."""
+    nic_bandwidth: float | None = None
+    """Bytes per second of each node's one NIC each way, shared by its ranks' inter-node
+    messages (``pipert.sim.nic``); None: every rank pair has its own link."""
 
     def cost_for(self, schedule: Schedule) -> Any:
         """The cost model for ``schedule``'s units, with the recomputation and the loss placement its
@@ -68,6 +71,12 @@ class Scenario:
         if self.per_stage and hasattr(cost, "scaled") and num_units != self.stages:
             return cost.scaled(self.stages / num_units)
         return cost
+
+    def describe_nic(self) -> str:
+        """--nic-bandwidth in words ("10 Gbit/s each way per node of 4 ranks, ...")."""
+        from .linkflags import format_bandwidth
+        return (f"{format_bandwidth(self.nic_bandwidth)} each way per node of {self.topology.ranks_per_node} "
+                f"ranks, shared by their inter-node messages")
 
     @property
     def cost(self) -> Any:
@@ -152,6 +161,7 @@ def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = Non
     (:func:`pipert.scenario_flags.check_size`; one unit per stage at least)."""
     check_scenario_flags(args)
     tp = check_tp_flags(args)
+    nic = nic_bandwidth(args)
     if schedule is not None:
         stages, microbatches, chunks = file_shape(schedule, shape_flags(args), path)
         check_size(stages, schedule.num_units, microbatches, what=f"schedule file {path or schedule.name!r}")
@@ -183,7 +193,8 @@ def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = Non
         layers = None
     options.update(helix_options(args))
     return Scenario(stages, microbatches, chunks, cost, topo, links, args.memory_limit, options,
-                    layers=layers, tp=tp, sp=sp, recompute=getattr(args, "recompute", None) or "none")
+                    layers=layers, tp=tp, sp=sp, recompute=getattr(args, "recompute", None) or "none",
+                    nic_bandwidth=nic)
 
 
 def _analytic(args: argparse.Namespace, topo: Topology, tp: int = 1, sp: bool = False
@@ -217,9 +228,13 @@ def _analytic(args: argparse.Namespace, topo: Topology, tp: int = 1, sp: bool = 
     return cost, Links(topo, specs), spec.layers
 
 
-def load_or_build(args: argparse.Namespace, name: str) -> tuple[Scenario, Schedule]:
+def load_or_build(args: argparse.Namespace, name: str, measured: Callable[[int], Any] | None = None
+                  ) -> tuple[Scenario, Schedule]:
     """The scenario and the schedule ``name``: a schedule file (its shape; see
-    :mod:`pipert.ir.files`) or a registered name built on the flags' scenario."""
+    :mod:`pipert.ir.files`) or a registered name built on the flags' scenario. ``measured``
+    (``emulate --real``: units count -> cost of the real units, in seconds) replaces the
+    scenario's costs for a family that plans around given links, so it reads them in the unit
+    of the links (:mod:`pipert.linkplan`)."""
     from .ir.files import is_schedule_file, load_schedule
     if is_schedule_file(name):
         sched = load_schedule(name)
@@ -238,4 +253,9 @@ def load_or_build(args: argparse.Namespace, name: str) -> tuple[Scenario, Schedu
     except ValueError as e:
         raise ValueError(f"{name} --stages {sc.stages} --microbatches {sc.microbatches} --chunks {chunks}: {e}") \
             from None
+    if measured is not None and sc.links is not None:
+        from .linkplan import plans_links
+        if plans_links(name):
+            real = measured(sc.stages * chunks)
+            sc.cost_fn = lambda num_units, **priced_by_analytic_model: real
     return sc, sc.build(name, strict=True)

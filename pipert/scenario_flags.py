@@ -22,7 +22,7 @@ import math
 from typing import Any, Iterable
 
 __all__ = ["add_scenario_args", "add_tp_args", "add_helix_args", "helix_options", "check_tp_flags", "node_links", "check_scenario_flags",
-           "seconds_mode", "dc_link", "check_size", "refuse_given", "HELIX_OPT_OUTS",
+           "seconds_mode", "dc_link", "nic_bandwidth", "check_size", "refuse_given", "HELIX_OPT_OUTS",
            "flag", "DEFAULT_STAGES", "DEFAULT_MICROBATCHES", "MAX_RANKS", "MAX_PAIRS", "PAIR_LIMITS"]
 
 DEFAULT_STAGES = 4
@@ -106,6 +106,10 @@ def add_tp_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--node-bandwidth", default=None, help="bandwidth between two devices of different nodes, with "
                    "a unit (100Gbps: a node's NICs shared by its devices; with --model and --ranks-per-node; "
                    "default 200Gbps)")
+    g.add_argument("--nic-bandwidth", default=None, help="bandwidth of each node's one NIC each way, with a unit "
+                   "(10Gbps; with --model and --ranks-per-node): the inter-node messages of a node's ranks share it "
+                   "(pipert.sim.nic; e.g. TawPipe's weight passing between node groups); default: every rank pair "
+                   "has its own inter-node link")
 
 
 def check_tp_flags(args: argparse.Namespace) -> int:
@@ -114,8 +118,11 @@ def check_tp_flags(args: argparse.Namespace) -> int:
     parser without them (export, emulate, plan) gives T = 1."""
     if args.model is None:
         refuse_given(args, _NODE_LINK, "sets a link of the analytic model (bytes per second): give --model too")
+        refuse_given(args, ("nic_bandwidth",), "shares a NIC among the analytic model's messages (bytes per "
+                                               "second): give --model too")
     elif args.ranks_per_node is None:
         refuse_given(args, _NODE_LINK[1:], "describes the link between nodes: give --ranks-per-node as well")
+        refuse_given(args, ("nic_bandwidth",), "is the NIC the ranks of one node share: give --ranks-per-node as well")
     node_links(args)
     tp, sp = getattr(args, "tp", None), bool(getattr(args, "sp", False))
     if tp is None and not sp:
@@ -162,6 +169,15 @@ def node_links(args: argparse.Namespace, specs: dict | None = None) -> dict:
                                                                                       "--node-bandwidth")
         out["inter_node"] = LinkSpec(lat, bw, inter.per_message)
     return out
+
+
+def nic_bandwidth(args: argparse.Namespace) -> float | None:
+    """Bytes per second of --nic-bandwidth (None: not given, or a parser without it)."""
+    text = getattr(args, "nic_bandwidth", None)
+    if text is None:
+        return None
+    from .linkflags import parse_bandwidth
+    return parse_bandwidth(text, "--nic-bandwidth")
 
 
 def seconds_mode(args: argparse.Namespace) -> bool:

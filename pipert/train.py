@@ -350,10 +350,8 @@ def _paper_opt_outs(cfg: TrainConfig, accepted: tuple[str, ...] | None) -> dict:
 
 
 def _link_plan(cfg: TrainConfig, num_units: int) -> dict:
-    """What a generator that plans around the links (CrossPipe's) is told of this run: the links of
-    the link flags (seconds, bytes per second) and the units' times and sizes measured on this
-    machine for one micro-batch of the run's shape (``pipert.tools.profile``), so it weighs the
-    same latency the run emulates against the same computes. Without emulated links: nothing
+    """The generator options of the link flags (``pipert.linkplan.link_plan``: the links and this
+    run's units measured here for one micro-batch of its shape); without emulated links: nothing
     (every transfer free, the generator's default)."""
     link_opts = cfg.link_options()
     if not link_opts.active:
@@ -363,20 +361,11 @@ def _link_plan(cfg: TrainConfig, num_units: int) -> dict:
                          f"replicas put rank d*P+s of replica d elsewhere in the datacenters; allowed with link "
                          f"flags: --dp 1")
     import torch
-    from .cost.profiled import ProfiledCost
     from .data import ByteCorpus
-    from .tools.profile import profile_units
+    from .linkplan import link_plan
     units = _model_units(cfg, num_units, None, torch.device("cpu"))
     x, y = next(iter(ByteCorpus(cfg.seq, seed=cfg.seed).batches(cfg.batch_size // cfg.microbatches, 1)))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each rank runs (_proc)
-    try:
-        profile_units(units, x, y)  # warm-up: first calls allocate
-        profiles = profile_units(units, x, y, repeats=5)
-    finally:
-        torch.set_num_threads(threads)
-    links = link_opts.links(cfg.stages)
-    return {"cost": ProfiledCost(profiles), "links": links, "topology": links.topology}
+    return link_plan(units, x, y, link_opts.links(cfg.stages))
 
 
 def program_rules(backend: str) -> str:

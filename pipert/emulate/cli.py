@@ -12,7 +12,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     from ..scenario import load_or_build
     from .emulator import emulate
     check_emulate_flags(args)
-    sc, sched = load_or_build(args, args.schedule)
+    sc, sched = load_or_build(args, args.schedule, _measured(args) if args.real else None)
     if args.real:
         return _real(args, sc, sched)
     unit = _time_unit(args) if args.time_unit is not None else (1.0 if args.model else 2e-3)
@@ -66,25 +66,44 @@ def _time_unit(args: argparse.Namespace) -> float:
     return parse_duration(args.time_unit, "--time-unit", bare="s")
 
 
-def _real(args: argparse.Namespace, sc, sched) -> int:
-    """Real units of the built-in model; link flags take units (seconds, bytes per second)."""
+def _real_units(args: argparse.Namespace, num_units: int, meta: dict) -> tuple[list, object, object]:
+    """(units, inputs, targets) of --real: the --real-model preset cut into ``num_units`` units as
+    a schedule with ``meta`` runs them, and M x --micro-batch-size sequences of --seq tokens
+    (M: ``meta``'s micro-batches, else 1)."""
     import torch
     from ..models import model_config, model_from_config, partition
     from ..models.partition import check_unit_count
     from ..models.recompute import units_recompute
-    from .real import emulate_real
-    cut = sched.meta.get("cut")
+    cut = meta.get("cut")
     # a helix schedule fixes the layer count (2L+1 units): the preset is built with L layers
-    extra = {"layers": sched.meta["layers"]} if cut == "helix" else {}
+    extra = {"layers": meta["layers"]} if cut == "helix" else {}
     name = args.real_model or "tiny"
     cfg = model_config(name, max_seq=max(args.seq or 128, 16), **extra)
-    check_unit_count(sched.name, sched.num_units, name, cfg.layers, cut)
-    units = partition(model_from_config(cfg, seed=0), sched.num_units, cut=cut,
-                      recompute=units_recompute(args.recompute, sched.meta))
+    check_unit_count(meta.get("name", args.schedule), num_units, name, cfg.layers, cut)
+    units = partition(model_from_config(cfg, seed=0), num_units, cut=cut,
+                      recompute=units_recompute(args.recompute, meta))
     seq, mbs = args.seq or 128, args.micro_batch_size or 2
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab, (sched.num_microbatches * mbs, seq + 1), generator=g)
-    r = emulate_real(sched, units, tokens[:, :-1], tokens[:, 1:], sc.links, steps=args.steps or 5)
+    tokens = torch.randint(0, cfg.vocab, (meta.get("microbatches", 1) * mbs, seq + 1), generator=g)
+    return units, tokens[:, :-1], tokens[:, 1:]
+
+
+def _measured(args: argparse.Namespace):
+    """Units count -> the real units' measured cost (seconds, bytes; ``pipert.linkplan``): what a
+    generator that plans around the links reads under --real."""
+    def cost(num_units: int):
+        from ..linkplan import link_plan
+        units, x, y = _real_units(args, num_units, {})
+        return link_plan(units, x, y, None)["cost"]
+    return cost
+
+
+def _real(args: argparse.Namespace, sc, sched) -> int:
+    """Real units of the built-in model; link flags take units (seconds, bytes per second)."""
+    from .real import emulate_real
+    units, x, y = _real_units(args, sched.num_units, {**sched.meta, "name": sched.name,
+                                                      "microbatches": sched.num_microbatches})
+    r = emulate_real(sched, units, x, y, sc.links, steps=args.steps or 5)
     out = {"schedule": sched.name, "measured_step_s": r.step_seconds, "predicted_step_s": r.predicted,
            "relative_error": r.error, "predicted_shared_step_s": r.predicted_shared,
            "relative_error_shared": r.error_shared, "device_capacity": r.capacity,

@@ -48,9 +48,16 @@ never breaks it:
   gradient from another rank has a slot, taken from such a gradient's arrival until the
   local D chain it feeds (D X, D X-1, ... on this rank) has run; a free slot keeps room
   for one gradient, so a D can always receive its input;
+- an F also keeps room for the rank's D that sends more than it frees (the last unit's D
+  reads no buffer but sends a gradient), less what its pending Ws free; the free gradient
+  slots share that room;
 - flow control: a buffer counts on its receiver from s_k on, so an F or D whose message
   crosses ranks is admitted only if the receiver can take the buffer now and then run its
-  consumer (a gradient beyond its slot also needs room besides the free slots).
+  consumer (a gradient beyond its slot also needs room besides the free slots); an
+  activation also leaves room for the gradients other micro-batches owe to free slots
+  (their F of the stream ran; its own micro-batch's comes only after it is consumed).
+These make a larger limit no harder for the unidirectional placement (property-tested);
+Wave and Loop can still get stuck at some limits above one that runs.
 The greedy raises ValueError when no rank can run anything (limit too small).
 
 Invariants of the result: every F, D and W of one unit runs in micro-batch order (the
@@ -153,12 +160,20 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
                 v -= 1
             chain_end[v] = x
     slots: list[dict[int, int]] = [{x: 0 for x in streams[r]} for r in range(P)]   # X -> gradients taking it
+    owed: list[dict[int, set]] = [{x: set() for x in streams[r]} for r in range(P)]  # X -> mbs: F X ran, gradient not issued
     # a micro-batch entering a rank (F of the rank's first unit) commits the stash of all
     # the rank's units, so its later chunks never wait for memory (no Wave/Loop deadlock)
     first_unit = [min(pr.units_of(r)) for r in range(P)]
     entry = [sum(pr.stash[u] for u in pr.units_of(r)) for r in range(P)]
     committed = [0.0] * P
     io = {(op, u): pr.buffers(op, u) for op in (Op.F, Op.D) for u in range(U)}   # (consumed, kept, sent)
+    # a D whose sent output outweighs the stash and input it frees (the last unit's: it reads no
+    # buffer) raises the level while it runs; every F keeps that room, less what the rank's
+    # pending Ws will free (always admissible, they run when nothing else can), so a D can run.
+    # The free gradient slots share it: a D that reads a received gradient frees more than it
+    # sends, so it runs whenever its gradient is there and gives the room back
+    d_room = [max([0.0] + [pr.delta(Op.D, u) - io[(Op.D, u)][0] + io[(Op.D, u)][1] + io[(Op.D, u)][2]
+                           for u in pr.units_of(r)]) for r in range(P)]
     ready_f: list[list[tuple[float, int, int]]] = [[] for _ in range(P)]       # (avail, unit, mb)
     ready_d: list[list[tuple[float, int, int]]] = [[] for _ in range(P)]
     pend_w: list[deque] = [deque() for _ in range(P)]          # [unit, mb, next sub-block]
@@ -183,6 +198,11 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
     def free_slots(r: int) -> float:
         return sum(pr.grad_buf[x] for x, n in slots[r].items() if n == 0)
 
+    def owed_slots(r: int, m: int) -> float:
+        """Free slots whose gradient a micro-batch other than m will send (its F of the stream
+        ran); m's own comes only after the activation of m that asks is consumed."""
+        return sum(pr.grad_buf[x] for x, n in slots[r].items() if n == 0 and owed[r][x] - {m})
+
     # admission counts every issued buffer (held), so placing them later never breaks the limit;
     # an F keeps held + committed + free_slots <= limit (room for the committed stashes and
     # one gradient per free slot)
@@ -192,7 +212,8 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
         if h + sent > lim[r]:
             return False
         c = committed[r] + (entry[r] - pr.stash[u] if u == first_unit[r] else -pr.stash[u])
-        return h + c + free_slots(r) <= lim[r]
+        w_free = sum(pr.stash_w[w[0]] for w in pend_w[r])
+        return h + c + max(free_slots(r), d_room[r] - w_free) <= lim[r]
 
     def d_mem(r: int, u: int, extra: float = 0.0) -> bool:
         cons, kept, sent = io[(Op.D, u)]
@@ -200,13 +221,15 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
 
     # flow control: a block whose message crosses ranks runs only if the receiver can take the
     # buffer now and then run its consumer
-    def f_ok(r: int, u: int) -> bool:
+    def f_ok(r: int, u: int, m: int) -> bool:
         if not f_mem(r, u):
             return False
         if u == U - 1 or ranks[u + 1] == r:
             return True
         dst, b = ranks[u + 1], pr.act_buf[u]
-        return held[dst] + b <= lim[dst] and f_mem(dst, u + 1, b)
+        # while it waits for its F, the buffer leaves room for the gradients already on their
+        # way to free slots (else the D that sends one could not run, nor free the F it feeds)
+        return held[dst] + b + owed_slots(dst, m) <= lim[dst] and f_mem(dst, u + 1, b)
 
     def d_ok(r: int, u: int) -> bool:
         if not d_mem(r, u):
@@ -232,9 +255,9 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
 
     def sched_time(r: int) -> float:
         best = end[r] if pend_w[r] else math.inf   # a W only frees memory: always admissible
-        for a, u, _ in ready_f[r]:
+        for a, u, m in ready_f[r]:
             t = avail_f(r, a, u)
-            if t < best and f_ok(r, u):
+            if t < best and f_ok(r, u, m):
                 best = t
         for a, u, _ in ready_d[r]:
             t = avail_d(r, a, u)
@@ -287,6 +310,7 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
         kind, u, m = key
         if kind == "grad":
             slots[dst][u] += 1
+            owed[dst][u].discard(m)
         (ready_f if kind == "act" else ready_d)[dst].append((s + occ + lat, u + 1 if kind == "act" else u, m))
         dirty.update(peers[dst])                    # their flow control reads dst's memory
         dirty.add(dst)
@@ -302,7 +326,7 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
             stuck = [q for q in range(P) if ready_f[q] or ready_d[q]]
             raise ValueError(f"greedy: memory limit {pr.memory_limit} too small: ranks {stuck} cannot run any "
                              f"available op")
-        fs = [x for x in ready_f[r] if avail_f(r, x[0], x[1]) <= now and f_ok(r, x[1])]
+        fs = [x for x in ready_f[r] if avail_f(r, x[0], x[1]) <= now and f_ok(r, x[1], x[2])]
         ds = [x for x in ready_d[r] if avail_d(r, x[0], x[1]) <= now and d_ok(r, x[1])]
         dirty.clear()
         dirty.add(r)
@@ -324,6 +348,8 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
             last_fd[r] = op
             done += 1
             if op is Op.F:
+                if u in owed[r]:
+                    owed[r][u].add(m)
                 committed[r] += entry[r] - pr.stash[u] if u == first_unit[r] else -pr.stash[u]
                 if u == U - 1:
                     ready_d[r].append((fin, u, m))
