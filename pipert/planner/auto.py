@@ -187,11 +187,12 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
             opt / lay.stages / lay.dp
         bounded.append((bound, lay))
     bounded.sort(key=lambda x: (x[0], FAMILIES.index(x[1].family) if x[1].family in FAMILIES else 0))
+    builds: dict[tuple, Any] = {}   # schedules of cost-free builds, shared by layouts (_build)
 
     def evaluate(lay: Layout, bound: float) -> Outcome:
         mine = Search([], out.budget)
         try:
-            return _evaluate(model, cluster, lay, bound, cost_for, mine), mine.simulated, mine.failed
+            return _evaluate(model, cluster, lay, bound, cost_for, mine, builds), mine.simulated, mine.failed
         except Exception as e:  # noqa: BLE001 - a family's builder or the engine refusing a shape
             from ..sim import ScheduleError
             if not isinstance(e, (ValueError, ScheduleError)):
@@ -254,17 +255,18 @@ def _order(c: Candidate) -> tuple:
 
 
 def _evaluate(model: ModelSpec, cluster: Cluster, lay: Layout, bound: float, cost_for: CostFor,
-              out: Search) -> Candidate | None:
-    """The layout's best (ZeRO stage, recomputation) that fits; None when none does."""
+              out: Search, builds: dict | None = None) -> Candidate | None:
+    """The layout's best (ZeRO stage, recomputation) that fits; None when none does. ``builds``:
+    schedules already built (:func:`_build`)."""
     for recompute in ("none", "no_attention"):
-        cand = _simulate(model, cluster, lay, recompute, bound, cost_for, out)
+        cand = _simulate(model, cluster, lay, recompute, bound, cost_for, out, builds)
         if cand is not None:
             return cand
     return None
 
 
 def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, bound: float, cost_for: CostFor,
-              out: Search) -> Candidate | None:
+              out: Search, builds: dict | None = None) -> Candidate | None:
     from ..sim import simulate
     from .pipe import simulate_pipe
     cost = cost_for(model, lay, recompute, lay.units, family_default(lay.family, "loss_in_backward", False))
@@ -272,7 +274,7 @@ def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, b
     owners: list = []
 
     def run(shape: Layout) -> tuple:
-        sched = _build(shape, cost, links, out.budget, recompute)
+        sched = _build(shape, cost, links, out.budget, recompute, builds)
         owners[:] = sched.placement.weight_owner
         out.simulated += 1
         return sched, simulate(sched, cost, links=links, topology=topo)
@@ -311,11 +313,13 @@ def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, b
     return best
 
 
-def _build(lay: Layout, cost: Any, links: Any, budget: float, recompute: str) -> Any:
+def _build(lay: Layout, cost: Any, links: Any, budget: float, recompute: str, cache: dict | None = None) -> Any:
     """The schedule of one replica; delay-aware builders get its costs, links and what memory the
     model states leave (ZeRO-1 over D, or none with D = 1); a family that records its units'
     recomputation (helixpipe-2fold) records ``recompute``, and its loss placement is its default,
-    as ``cost`` prices it."""
+    as ``cost`` prices it. ``cache``: schedules by everything their build reads (family, P, M, V
+    and the options it takes), for builds that take only plain options (not the costs or links:
+    those differ per layout); a schedule is immutable, so layouts share it."""
     from ..schedules import build_schedule, family
     held = sum(cost.params(u) for u in range(cost.num_units)) / lay.stages
     opts = {"cost": cost, "links": links, "topology": links.topology, "ranks_per_node": lay.ranks_per_node,
@@ -324,7 +328,15 @@ def _build(lay: Layout, cost: Any, links: Any, budget: float, recompute: str) ->
     accepted = family(lay.family).options()
     opts = opts if accepted is None else {k: v for k, v in opts.items() if k in accepted}
     opts.update(BUILD_OPTIONS.get(lay.family, {}))
-    return build_schedule(lay.family, stages=lay.stages, microbatches=lay.microbatches, chunks=lay.chunks, **opts)
+    key = None
+    if cache is not None and all(isinstance(v, (int, float, str, bool, type(None))) for v in opts.values()):
+        key = (lay.family, lay.stages, lay.microbatches, lay.chunks, tuple(sorted(opts.items())))
+        if key in cache:
+            return cache[key]
+    sched = build_schedule(lay.family, stages=lay.stages, microbatches=lay.microbatches, chunks=lay.chunks, **opts)
+    if key is not None:
+        cache[key] = sched
+    return sched
 
 
 def schedule_of(model: ModelSpec, cluster: Cluster, cand: Candidate, cost_for: CostFor | None = None) -> Any:
