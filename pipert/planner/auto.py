@@ -24,8 +24,9 @@ not fit without it (it only adds time).
 """
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..cost.transformer import ModelSpec, TransformerCost, partition_helix, partition_layers
@@ -187,11 +188,17 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
             opt / lay.stages / lay.dp
         bounded.append((bound, lay))
     bounded.sort(key=lambda x: (x[0], FAMILIES.index(x[1].family) if x[1].family in FAMILIES else 0))
+    builds: dict[tuple, Any] = {}   # schedules of cost-free builds, shared by layouts (_build)
 
-    def evaluate(lay: Layout, bound: float) -> Outcome:
+    def evaluate(lay: Layout, bound: float, cutoff: float) -> Outcome:
         mine = Search([], out.budget)
+        sims: dict[tuple, Any] = {}   # (shape, recompute) -> (schedule, SimResult) of this layout
         try:
-            return _evaluate(model, cluster, lay, bound, cost_for, mine), mine.simulated, mine.failed
+            if cutoff < math.inf and lay.family in WEIGHT_PASSING and \
+                    all(_slower(model, cluster, lay, rc, cost_for, mine, builds, sims, cutoff) for rc in RECOMPUTE):
+                return None, mine.simulated, mine.failed, True
+            return _evaluate(model, cluster, lay, bound, cost_for, mine, builds, sims), mine.simulated, mine.failed, \
+                False
         except Exception as e:  # noqa: BLE001 - a family's builder or the engine refusing a shape
             from ..sim import ScheduleError
             if not isinstance(e, (ValueError, ScheduleError)):
@@ -199,7 +206,7 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
             failed = dict(mine.failed)
             why = f"{lay.family}: {str(e).splitlines()[0][:160]}"
             failed[why] = failed.get(why, 0) + 1
-            return None, mine.simulated, failed
+            return None, mine.simulated, failed, False
     found, stats = run_in_order(bounded, evaluate, top, time_budget, t0, 1 if measured else jobs, wanted)
     out.next_bound = stats.pop("next_bound")
     for k, v in stats.items():
@@ -253,30 +260,32 @@ def _order(c: Candidate) -> tuple:
     return (c.step, c.memory, c.layout.family, c.layout.stages)
 
 
+RECOMPUTE = ("none", "no_attention")
+"""Recomputations tried, in order: the first that fits is the layout's."""
+
+
 def _evaluate(model: ModelSpec, cluster: Cluster, lay: Layout, bound: float, cost_for: CostFor,
-              out: Search) -> Candidate | None:
-    """The layout's best (ZeRO stage, recomputation) that fits; None when none does."""
-    for recompute in ("none", "no_attention"):
-        cand = _simulate(model, cluster, lay, recompute, bound, cost_for, out)
+              out: Search, builds: dict | None = None, sims: dict | None = None) -> Candidate | None:
+    """The layout's best (ZeRO stage, recomputation) that fits; None when none does. ``builds``:
+    schedules already built (:func:`_build`); ``sims``: simulations already run (:func:`_slower`)."""
+    for recompute in RECOMPUTE:
+        cand = _simulate(model, cluster, lay, recompute, bound, cost_for, out, builds, sims)
         if cand is not None:
             return cand
     return None
 
 
 def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, bound: float, cost_for: CostFor,
-              out: Search) -> Candidate | None:
-    from ..sim import simulate
+              out: Search, builds: dict | None = None, sims: dict | None = None) -> Candidate | None:
     from .pipe import simulate_pipe
-    cost = cost_for(model, lay, recompute, lay.units, family_default(lay.family, "loss_in_backward", False))
-    links, topo = lay.links(cluster), lay.topology()
+    cost, links, run = _runner(model, cluster, lay, recompute, cost_for, out, builds, sims)
     owners: list = []
 
-    def run(shape: Layout) -> tuple:
-        sched = _build(shape, cost, links, out.budget, recompute)
+    def owned(shape: Layout) -> tuple:
+        sched, res = run(shape)
         owners[:] = sched.placement.weight_owner
-        out.simulated += 1
-        return sched, simulate(sched, cost, links=links, topology=topo)
-    pipe = simulate_pipe(lay, run)
+        return sched, res
+    pipe = simulate_pipe(lay, owned)
     if pipe is None:
         why = f"{lay.family}: too many (unit, micro-batch) pairs to simulate (a larger --micro-batch-size has fewer)"
         out.failed[why] = out.failed.get(why, 0) + 1
@@ -311,11 +320,56 @@ def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, b
     return best
 
 
-def _build(lay: Layout, cost: Any, links: Any, budget: float, recompute: str) -> Any:
+def _runner(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cost_for: CostFor, out: Search,
+            builds: dict | None, sims: dict | None) -> tuple[Any, Any, Callable[[Layout], tuple]]:
+    """(cost, links, run): ``run(shape)`` builds and simulates ``shape`` of ``lay`` (once: ``sims``)."""
+    from ..sim import simulate
+    cost = cost_for(model, lay, recompute, lay.units, family_default(lay.family, "loss_in_backward", False))
+    links, topo = lay.links(cluster), lay.topology()
+    sims = {} if sims is None else sims
+
+    def run(shape: Layout) -> tuple:
+        if (shape, recompute) not in sims:
+            sched = _build(shape, cost, links, out.budget, recompute, builds)
+            out.simulated += 1
+            sims[(shape, recompute)] = sched, simulate(sched, cost, links=links, topology=topo)
+        return sims[(shape, recompute)]
+    return cost, links, run
+
+
+def _slower(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cost_for: CostFor, out: Search,
+            builds: dict | None, sims: dict, cutoff: float) -> bool:
+    """Whether ``lay`` with ``recompute`` provably steps slower than ``cutoff`` (the step of the
+    top-th best found), without simulating its step. The step is at least the latest rank's end of
+    its last non-OPT compute, ``finish``, which :func:`pipert.planner.prune.finish_bounds` bounds
+    from the built schedule (messages a link carries in turn). A step too large to simulate is the
+    line through the simulated m and m/2 (:mod:`pipert.planner.pipe`); on a rank whose bound at m
+    is no less than its simulated finish at m/2 the line rises, so it stays above the bound at m:
+    only m/2, the cheaper one, is simulated."""
+    from .pipe import _pipe, sim_microbatches
+    from .prune import finish_bounds
+    counts = sim_microbatches(lay)
+    if not counts:
+        return False
+    cost, links, run = _runner(model, cluster, lay, recompute, cost_for, out, builds, sims)
+    above = cutoff * (1 + 1e-9)
+    at_m = finish_bounds(_build(replace(lay, microbatches=counts[0]), cost, links, out.budget, recompute, builds),
+                         cost, links)
+    if max(at_m) <= above:
+        return False
+    if len(counts) == 1:
+        return True
+    half = _pipe(*run(replace(lay, microbatches=counts[1]))).finish
+    return any(x > above and x >= y for x, y in zip(at_m, half))
+
+
+def _build(lay: Layout, cost: Any, links: Any, budget: float, recompute: str, cache: dict | None = None) -> Any:
     """The schedule of one replica; delay-aware builders get its costs, links and what memory the
     model states leave (ZeRO-1 over D, or none with D = 1); a family that records its units'
     recomputation (helixpipe-2fold) records ``recompute``, and its loss placement is its default,
-    as ``cost`` prices it."""
+    as ``cost`` prices it. ``cache``: schedules by everything their build reads (family, P, M, V
+    and the options it takes), for builds that take only plain options (not the costs or links:
+    those differ per layout); a schedule is immutable, so layouts share it."""
     from ..schedules import build_schedule, family
     held = sum(cost.params(u) for u in range(cost.num_units)) / lay.stages
     opts = {"cost": cost, "links": links, "topology": links.topology, "ranks_per_node": lay.ranks_per_node,
@@ -324,7 +378,15 @@ def _build(lay: Layout, cost: Any, links: Any, budget: float, recompute: str) ->
     accepted = family(lay.family).options()
     opts = opts if accepted is None else {k: v for k, v in opts.items() if k in accepted}
     opts.update(BUILD_OPTIONS.get(lay.family, {}))
-    return build_schedule(lay.family, stages=lay.stages, microbatches=lay.microbatches, chunks=lay.chunks, **opts)
+    key = None
+    if cache is not None and all(isinstance(v, (int, float, str, bool, type(None))) for v in opts.values()):
+        key = (lay.family, lay.stages, lay.microbatches, lay.chunks, tuple(sorted(opts.items())))
+        if key in cache:
+            return cache[key]
+    sched = build_schedule(lay.family, stages=lay.stages, microbatches=lay.microbatches, chunks=lay.chunks, **opts)
+    if key is not None:
+        cache[key] = sched
+    return sched
 
 
 def schedule_of(model: ModelSpec, cluster: Cluster, cand: Candidate, cost_for: CostFor | None = None) -> Any:

@@ -11,24 +11,26 @@ layouts simulated may differ.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable
 
 __all__ = ["run_in_order", "Outcome"]
 
-Outcome = tuple[Any, int, dict]
-"""(candidate or None when nothing fits, simulations run, failures by reason)."""
-_JOB: tuple[Callable[[Any, float], Outcome], list] | None = None
+Outcome = tuple[Any, int, dict, bool]
+"""(candidate or None when nothing fits, simulations run, failures by reason, whether it was
+proven slower than the cutoff without its step simulated)."""
+_JOB: tuple[Callable[[Any, float, float], Outcome], list] | None = None
 
 
-def _call(i: int) -> Outcome:
+def _call(i: int, cutoff: float) -> Outcome:
     assert _JOB is not None
     evaluate, items = _JOB
     bound, lay = items[i]
-    return evaluate(lay, bound)
+    return evaluate(lay, bound, cutoff)
 
 
-def run_in_order(items: list, evaluate: Callable[[Any, float], Outcome], top: int, time_budget: float,
+def run_in_order(items: list, evaluate: Callable[[Any, float, float], Outcome], top: int, time_budget: float,
                  t0: float, jobs: int = 1, wanted: Callable[[Any], bool] = lambda c: True
                  ) -> tuple[list, dict[str, Any]]:
     """(candidates found, fastest first; counts: simulated, pruned_memory, pruned_bound, not_run,
@@ -39,20 +41,26 @@ def run_in_order(items: list, evaluate: Callable[[Any, float], Outcome], top: in
                              "next_bound": None}
 
     def merge(out: Outcome) -> None:
-        cand, sims, failed = out
+        cand, sims, failed, slower = out
         stats["simulated"] += sims
         for why, n in failed.items():
             stats["failed"][why] = stats["failed"].get(why, 0) + n
-        if cand is None and not failed:
+        if slower:
+            stats["pruned_bound"] += 1
+        elif cand is None and not failed:
             stats["pruned_memory"] += 1
         elif cand is not None:
             found.append(cand)
             found.sort(key=_order)
 
+    def cutoff() -> float:
+        """The step a layout must beat to enter the top (inf until ``top`` were found)."""
+        return found[top - 1].step if len(found) >= top else math.inf
+
     def stop(k: int) -> bool:
         bound = items[k][0]
         if len(found) >= top and bound >= found[top - 1].step - 1e-12:
-            stats["pruned_bound"] = len(items) - k
+            stats["pruned_bound"] += len(items) - k
             return True
         # past the budget once something ``wanted`` (a layout pipert train runs) was found; past
         # twice the budget once anything was
@@ -65,14 +73,14 @@ def run_in_order(items: list, evaluate: Callable[[Any, float], Outcome], top: in
         for k in range(len(items)):
             if stop(k):
                 break
-            merge(evaluate(items[k][1], items[k][0]))
+            merge(evaluate(items[k][1], items[k][0], cutoff()))
         return found, stats
-    _forked(items, evaluate, jobs, stop, merge)
+    _forked(items, evaluate, jobs, stop, merge, cutoff)
     return found, stats
 
 
 def _forked(items: list, evaluate: Callable, jobs: int, stop: Callable[[int], bool],
-            merge: Callable[[Outcome], None]) -> None:
+            merge: Callable[[Outcome], None], cutoff: Callable[[], float]) -> None:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     global _JOB
@@ -86,7 +94,7 @@ def _forked(items: list, evaluate: Callable, jobs: int, stop: Callable[[int], bo
                     if stop(k):
                         stopped = True
                         break
-                    pending.add(pool.submit(_call, k))
+                    pending.add(pool.submit(_call, k, cutoff()))
                     k += 1
                 if not pending:
                     break
