@@ -18,7 +18,7 @@ from torch import nn
 
 from ..device.tensors import tensor_key
 from ..exec.stash import StashLedger
-from ..exec.unit import UnitRunner
+from ..exec.unit import UnitRunner, unit_runner
 
 __all__ = ["UnitProfile", "profile_units", "value_bytes"]
 
@@ -61,16 +61,17 @@ def _timed(fn, repeats: int) -> tuple[float, Any]:
 
 
 def profile_units(units: Sequence[nn.Module], inputs: torch.Tensor, targets: torch.Tensor,
-                  repeats: int = 1) -> list[UnitProfile]:
-    """Profile every unit on micro-batch ``inputs``/``targets`` (see the module doc). Parameter
-    gradients the backward passes accumulate are cleared again."""
+                  repeats: int = 1, meta: dict | None = None) -> list[UnitProfile]:
+    """Profile every unit on micro-batch ``inputs``/``targets`` (see the module doc), each run as
+    a program with ``meta`` runs it (``unit_runner``: its loss in backward, the last unit keeps
+    what that runner keeps). Parameter gradients the backward passes accumulate are cleared again."""
     out: list[UnitProfile] = []
     x: Any = inputs
     last = len(units) - 1
     for u, module in enumerate(units):
         prof = UnitProfile()
         ledger = StashLedger(lambda m=module: list(m.parameters()) + list(m.buffers()))
-        runner = UnitRunner(module, is_first=(u == 0), is_last=(u == last))
+        runner = unit_runner(module, u, len(units), meta or {})
         y = targets if u == last else None
 
         def forward(graph: bool = True):

@@ -64,7 +64,7 @@ def check_conforms(schedule: Schedule) -> None:
     units = tiny_units(U, "float64", cut=schedule.meta.get("cut"))
     x, y = make_batch(M)
     xs, ys = split_microbatches(x, M), split_microbatches(y, M)
-    cost = ProfiledCost(profile_units(units, xs[0], ys[0]))
+    cost = ProfiledCost(profile_units(units, xs[0], ys[0], meta=schedule.meta))
     ref_units = copy.deepcopy(units)
     pipe = Pipeline(units, schedule, optimizer=sgd, instrument=Instrumentation(measure_memory=True, record=True))
     loss = pipe.step(x, y)
