@@ -196,7 +196,9 @@ def test_transfer_without_rendezvous_departs_when_sent(rig):
     t_open = clock()
     gate.set()
     tr.arrived.synchronize()
-    assert tr.depart < t_open and tr.sent.ideal_time == pytest.approx(tr.free_at, abs=1e-9)
+    assert tr.depart < t_open
+    # sent when the link is free; later only if this thread enqueued the record later (a loaded host)
+    assert tr.free_at - 1e-9 <= tr.sent.ideal_time <= tr.sent.time
     assert tr.arrived.time >= t_open  # the recv stream was behind
 
 
