@@ -132,8 +132,7 @@ class Pipeline(TrainingLoop):
         self.simulated_nccl = emulates_nccl(self.program, backend)
         """Whether NCCL's rules are emulated on gloo or the local hub (``pipert.comm.ncclsim``)."""
         self.warmup = self.instrument.warmup
-        """Whether every communicator is created before the first step, in one global order
-        (``pipert.comm.nccl.warmup_order``); off only through instrumentation, for tests."""
+        """Every communicator created before the first step (``nccl.warmup_order``); off only in tests."""
         runtime = runtime or RuntimeOptions()
         self.tp = _check_tp(runtime.tp, backend, links)
         """T: processes of this job that run each program rank (tensor parallelism)."""
@@ -155,8 +154,7 @@ class Pipeline(TrainingLoop):
         self._finalizer = weakref.finalize(self, _close_each, self._closers)
         self._comms: Any = None
         transport = self._dist_transport() if backend == "dist" else None
-        # Built once: runners and the executor's per-program tables do not depend on the step.
-        # The local backend gives each step a fresh hub (set as the executor's transport).
+        # built once (runners, per-program tables); the local backend gives each step a fresh hub
         self._executors = {r: self._executor(r, transport) for r in self.ranks}
 
     @property
