@@ -20,12 +20,9 @@ demo: $(STAMP)
 
 # pipert's bytecode is compiled once up front: the tests start a few hundred Python processes,
 # each of which would otherwise compile pipert from source where PYTHONDONTWRITEBYTECODE is set.
-# Two pytest workers: the multi-process tests run one at a time on one of them (tests/conftest.py),
-# the single-process tests on both.
-TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m compileall -q pipert kernels
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -45,12 +45,3 @@ def run_gloo_cases(tmp_path):
         return results
     return run
 
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items: list) -> None:
-    """Under pytest-xdist (``--dist loadgroup``) the multi-process tests run one at a time on one
-    worker (each starts 2-8 rank processes on a machine of a few cores) while the other workers
-    take the single-process tests."""
-    for item in items:
-        if item.path.parent.name == "multiproc":
-            item.add_marker(pytest.mark.xdist_group("multiproc"))
