@@ -18,7 +18,7 @@ from .comm import CommState
 from .keys import HOST, INITIAL, K_COMPUTE, K_TRANSFER, MISSING, QUEUES, SHARD, SHIFT, describe_key
 from .oprules import OpRules
 
-__all__ = ["Builder"]
+__all__ = ["Builder", "kept_size"]
 
 _ACT, _STASH, _STASHW, _GRAD, _WEIGHT, _KEPT, _WGRAD = (int(v) for v in Value)
 # members as module constants: on Python 3.11 each ``Op.X`` goes through EnumType.__getattr__
@@ -41,7 +41,7 @@ class Builder(OpRules, CommState):
         mem = cost.memory
         kinds = [k for k in MEMORY_KIND.values() if k != "kept"]
         self.sz = {k: [mem(k, u) for u in range(self.U)] for k in kinds}
-        self.sz["kept"] = [_kept_size(cost, u) for u in range(self.U)]
+        self.sz["kept"] = [kept_size(cost, u) for u in range(self.U)]
         self.size_of = [self.sz[MEMORY_KIND[Value(k)]] for k in range(7)]
         self.q_of = {op: QUEUES.index(sem.queue(op).value) for op in Op}
         self._plan_cache: dict[tuple, tuple] = {}
@@ -514,7 +514,7 @@ _UNIT_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD})
 _P_ACT, _P_GRAD = Payload.ACT, Payload.GRAD
 
 
-def _kept_size(cost: Any, u: int) -> float:
+def kept_size(cost: Any, u: int) -> float:
     """Bytes an F keeps for a later RECOMPUTE: the cost model's "kept", else the unit's input
     (the previous unit's activation; unit 0 keeps its token ids, counted as nothing)."""
     try:

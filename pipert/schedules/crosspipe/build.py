@@ -17,7 +17,14 @@ the handcrafted ZB-V order for Wave, interleaved 1F1B for Loop. ``memory_budget=
 is the looser convention pipert used before: the largest per-rank peak of ZB-H1 (UD), ZB-V
 (Wave) or interleaved 1F1B (Loop) applied to every rank, under which the greedy reaches
 ZB-H1's makespan at zero delay (ZB-H1 itself exceeds 1F1B's peak on every rank but the
-first: it keeps deferred W stashes).
+first: it keeps deferred W stashes). The recompute case (``recompute="full"``, the paper's
+Case 2) keeps the same budget: F then holds only its boundary input, so more micro-batches fit.
+
+Options every builder takes beside the system: ``recompute`` ("full": a RECOMPUTE before each D,
+priced by the cost model's RECOMPUTE time and "kept" memory; "none" or "no_attention": no
+RECOMPUTE actions, recomputation inside the units is the cost model's and the units' business) and ``dp_time``
+(each unit's gradient reduction time when the program is replicated with the DP overlap,
+:func:`reduction_times`; the greedy and the solver then prefer orders that hide it).
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ from .lowering import lower_crosspipe, place_receives
 from .model import CrossPipeProblem, pattern_chunks, problem_from_cost
 from .solver import SolverConfig, solve
 
-__all__ = ["COUNTERPART", "PAPER_COUNTERPART", "BUDGETS", "default_memory_limit", "resolve_system", "make_problem", "schedule_as_hint", "best_hint", "build_greedy",
+__all__ = ["RECOMPUTE", "reduction_times", "COUNTERPART", "PAPER_COUNTERPART", "BUDGETS", "default_memory_limit", "resolve_system", "make_problem", "schedule_as_hint", "best_hint", "build_greedy",
            "build_wave", "build_optimal"]
 
 COUNTERPART = {"ud": ("zb-h1", 1), "wave": ("zb-v", 2), "loop": ("interleaved-1f1b", None)}
@@ -44,6 +51,21 @@ PAPER_COUNTERPART = {"ud": ("1f1b", 1), "wave": ("zb-v", 2), "loop": ("interleav
 
 BUDGETS = ("paper", "static-max")
 """``memory_budget`` values (module doc)."""
+
+RECOMPUTE = ("none", "no_attention", "full")
+"""``recompute`` values: "full" recomputes every unit's stash right before its D (module doc)."""
+
+
+def reduction_times(unit_ranks: Sequence[int], stages: int, dp: int, cost: Any, links: Any,
+                    op: str = "allreduce") -> tuple[float, ...]:
+    """Per unit u (on rank ``unit_ranks[u]``) of a program replicated ``dp`` times, the time of its
+    gradient reduction over its rank's replicas (ranks r, r + P, ...) as the simulator prices it
+    (``links.collective`` of the cost model's WGRAD bytes); ``links`` spans ``stages * dp`` ranks."""
+    from ...ir import Payload
+    if dp < 1 or links is None:
+        raise ValueError(f"reduction_times needs dp >= 1 and links over {stages} x {dp} ranks")
+    return tuple(float(links.collective(op, tuple(r + d * stages for d in range(dp)),
+                                        cost.message_bytes(Payload.WGRAD, u))) for u, r in enumerate(unit_ranks))
 
 
 def default_memory_limit(pattern: str, stages: int, microbatches: int, cost: Any, chunks: int | None = None,
@@ -83,9 +105,13 @@ def resolve_system(stages: int, cost: Any = None, links: Any = None, topology: A
 
 
 def make_problem(config: PipelineConfig, pattern: str, cost: Any, links: Any,
-                 memory_limit: float | Sequence[float] | None = None, memory_budget: str = "paper") -> CrossPipeProblem:
+                 memory_limit: float | Sequence[float] | None = None, memory_budget: str = "paper",
+                 recompute: str = "none", dp_time: float | Sequence[float] | None = None) -> CrossPipeProblem:
     """The problem of ``pattern`` on ``config`` (memory limit default: ``memory_budget``'s, module doc)."""
     p, m = config.stages, config.microbatches
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r} unknown; allowed: {', '.join(RECOMPUTE)} (full: a RECOMPUTE "
+                         f"before each D)")
     chunks = pattern_chunks(pattern, config.chunks if pattern == "loop" else None)
     if config.chunks != chunks:
         raise ValueError(f"pattern {pattern!r} runs {chunks} chunk(s) per rank (got chunks={config.chunks})")
@@ -96,7 +122,10 @@ def make_problem(config: PipelineConfig, pattern: str, cost: Any, links: Any,
     if not isinstance(memory_limit, (int, float)):
         memory_limit = tuple(float(x) for x in memory_limit)
     meta = {"memory_limit": memory_limit, "pattern": pattern}
-    return problem_from_cost(p, m, pattern, cost, links, chunks=chunks, memory_limit=memory_limit, meta=meta)
+    if recompute == "full":
+        meta["recompute_ops"] = recompute
+    return problem_from_cost(p, m, pattern, cost, links, chunks=chunks, memory_limit=memory_limit, meta=meta,
+                             recompute=recompute == "full", dp_time=0.0 if dp_time is None else dp_time)
 
 
 def schedule_as_hint(problem: CrossPipeProblem, schedule: Schedule, cost: Any, links: Any) -> GreedyResult | None:
@@ -108,7 +137,8 @@ def schedule_as_hint(problem: CrossPipeProblem, schedule: Schedule, cost: Any, l
     and still by its transfer's start, so the re-lowered schedule is no slower and holds
     no buffer longer than ``schedule``."""
     from ...sim import simulate
-    if any(a.op is Op.B for _, _, a in schedule) or tuple(schedule.placement.ranks) != problem.unit_ranks:
+    if any(a.op is Op.B for _, _, a in schedule) or tuple(schedule.placement.ranks) != problem.unit_ranks or \
+            problem.recompute or any(problem.dp_time):     # no RECOMPUTE; the simulator would not price the reductions
         return None
     r = simulate(schedule, cost, links)
     if any(peak > problem.limit(q) + 1e-9 for q, peak in enumerate(r.peak_memory)):
@@ -140,36 +170,38 @@ def best_hint(problem: CrossPipeProblem, cost: Any, links: Any, sub_blocks: int 
 
 
 def _greedy(config: PipelineConfig, pattern: str, name: str, sub_blocks: int, memory_limit: Any,
-            memory_budget: str, **system: Any) -> Schedule:
+            memory_budget: str, recompute: str, dp_time: Any, **system: Any) -> Schedule:
     cost, links = resolve_system(config.stages, **system)
-    pr = make_problem(config, pattern, cost, links, memory_limit, memory_budget)
+    pr = make_problem(config, pattern, cost, links, memory_limit, memory_budget, recompute, dp_time)
     g = greedy_best(pr, GreedyConfig(sub_blocks=sub_blocks))
     meta = {"predicted_makespan": g.makespan, "greedy_s": round(g.runtime_s, 4), "sub_blocks": sub_blocks,
-            "memory_limit": pr.meta["memory_limit"]}
+            **{k: pr.meta[k] for k in ("memory_limit", "recompute_ops") if k in pr.meta}}
     return lower_crosspipe(pr, g.orders, g.recv_at, name=name, meta=meta)
 
 
 def build_greedy(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
                  memory_limit: Any = None, memory_budget: str = "paper", sub_blocks: int = 4, dc_latency: float = 0.0,
-                 dc_transfer: float = 0.0, num_dcs: int | None = None) -> Schedule:
+                 dc_transfer: float = 0.0, num_dcs: int | None = None, recompute: str = "none",
+                 dp_time: Any = None) -> Schedule:
     """CrossUDSub: the greedy on the unidirectional placement (unit u on rank u)."""
     return _greedy(config, "ud", "crosspipe-greedy", sub_blocks, memory_budget=memory_budget, cost=cost, links=links, topology=topology,
-                   memory_limit=memory_limit, dc_latency=dc_latency, dc_transfer=dc_transfer, num_dcs=num_dcs)
+                   recompute=recompute, dp_time=dp_time, memory_limit=memory_limit, dc_latency=dc_latency, dc_transfer=dc_transfer, num_dcs=num_dcs)
 
 
 def build_wave(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
                memory_limit: Any = None, memory_budget: str = "paper", sub_blocks: int = 4, dc_latency: float = 0.0,
-               dc_transfer: float = 0.0, num_dcs: int | None = None) -> Schedule:
+               dc_transfer: float = 0.0, num_dcs: int | None = None, recompute: str = "none",
+                 dp_time: Any = None) -> Schedule:
     """CrossWave (greedy): the same greedy on the V-shape placement (2 chunks per rank)."""
     return _greedy(config, "wave", "crosspipe-wave", sub_blocks, memory_budget=memory_budget, cost=cost, links=links, topology=topology,
-                   memory_limit=memory_limit, dc_latency=dc_latency, dc_transfer=dc_transfer, num_dcs=num_dcs)
+                   recompute=recompute, dp_time=dp_time, memory_limit=memory_limit, dc_latency=dc_latency, dc_transfer=dc_transfer, num_dcs=num_dcs)
 
 
 def build_optimal(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
                   memory_limit: Any = None, memory_budget: str = "paper", sub_blocks: int = 4, dc_latency: float = 0.0,
                   dc_transfer: float = 0.0, num_dcs: int | None = None, pattern: str | None = None,
                   time_limit: float = 60.0, objective: str = "all", relative_gap: float = 0.0,
-                  workers: int = 1) -> Schedule:
+                  workers: int = 1, recompute: str = "none", dp_time: Any = None) -> Schedule:
     """CP-SAT optimum (paper §4.1), hinted and bounded by the greedy.
 
     ``pattern`` defaults to "ud" for chunks=1 and "wave" for chunks=2 ("loop" must be named).
@@ -181,9 +213,10 @@ def build_optimal(config: PipelineConfig, *, cost: Any = None, links: Any = None
     """
     pattern = pattern or ("ud" if config.chunks == 1 else "wave")
     cost, links = resolve_system(config.stages, cost, links, topology, dc_latency, dc_transfer, num_dcs)
-    pr = make_problem(config, pattern, cost, links, memory_limit, memory_budget)
+    pr = make_problem(config, pattern, cost, links, memory_limit, memory_budget, recompute, dp_time)
     hint = best_hint(pr, cost, links, sub_blocks)
     res = solve(pr, SolverConfig(time_limit_s=10 * time_limit, deterministic_limit=time_limit, workers=workers,
                                  sub_blocks=sub_blocks, objective=objective, relative_gap=relative_gap), hint=hint)
-    meta = {"sub_blocks": sub_blocks, "memory_limit": pr.meta["memory_limit"], "hint_makespan": hint.makespan}
+    meta = {"sub_blocks": sub_blocks, "hint_makespan": hint.makespan,
+            **{k: pr.meta[k] for k in ("memory_limit", "recompute_ops") if k in pr.meta}}
     return res.schedule(pr, name="crosspipe-optimal", meta=meta)

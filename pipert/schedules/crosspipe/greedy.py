@@ -95,6 +95,11 @@ class GreedyConfig:
     chunk_order: str = "unit"
     """Among several available F (or D) of one rank: "unit" = higher unit first, then lower
     micro-batch; "mb" = lower micro-batch first, then higher unit."""
+    flush_w: bool = False
+    """DP overlap: once a unit with a gradient reduction (``dp_time > 0``) has run its last D, its
+    pending W sub-blocks go before any other op of the rank, so its reduction starts early and
+    overlaps the rank's remaining backward (:func:`greedy_best` tries both when the problem has
+    reductions)."""
     throttle: str = "fd"
     """Blocks whose message has link occupancy may be chosen only once the message could
     leave as they finish (no backlog on its directed link, which would hold back the link's
@@ -119,7 +124,8 @@ class GreedyResult:
     timeline: list[list[Timed]]
     """``timeline[r]``: rank r's compute actions in order, with times."""
     makespan: float
-    """Predicted makespan: max over ranks of the last compute end plus its optimizer steps."""
+    """Predicted makespan: max over ranks of :meth:`.model.CrossPipeProblem.finish` (the last compute
+    end or the last gradient reduction's, plus the optimizer steps)."""
     runtime_s: float
     """Wall time the greedy took."""
     messages: dict[Key, tuple[float, float]] = field(default_factory=dict)
@@ -164,7 +170,8 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
     # a micro-batch entering a rank (F of the rank's first unit) commits the stash of all
     # the rank's units, so its later chunks never wait for memory (no Wave/Loop deadlock)
     first_unit = [min(pr.units_of(r)) for r in range(P)]
-    entry = [sum(pr.stash[u] for u in pr.units_of(r)) for r in range(P)]
+    hold = [pr.delta(Op.F, u) for u in range(U)]           # what F keeps (the kept input if recomputed)
+    entry = [sum(hold[u] for u in pr.units_of(r)) for r in range(P)]
     committed = [0.0] * P
     io = {(op, u): pr.buffers(op, u) for op in (Op.F, Op.D) for u in range(U)}   # (consumed, kept, sent)
     # a D whose sent output outweighs the stash and input it frees (the last unit's: it reads no
@@ -172,8 +179,13 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
     # pending Ws will free (always admissible, they run when nothing else can), so a D can run.
     # The free gradient slots share it: a D that reads a received gradient frees more than it
     # sends, so it runs whenever its gradient is there and gives the room back
-    d_room = [max([0.0] + [pr.delta(Op.D, u) - io[(Op.D, u)][0] + io[(Op.D, u)][1] + io[(Op.D, u)][2]
-                           for u in pr.units_of(r)]) for r in range(P)]
+    # With recompute the D block is RECOMPUTE then D: it first rises by the rebuilt stash, which
+    # every F also keeps room for beside the free gradient slots.
+    d_rise = [pr.rebuild(u) + max(0.0, pr.delta(Op.D, u) - io[(Op.D, u)][0] + io[(Op.D, u)][1] + io[(Op.D, u)][2])
+              for u in range(U)]
+    d_room = [max([0.0] + [d_rise[u] for u in pr.units_of(r)]) for r in range(P)]
+    rb_room = [max([0.0] + [pr.rebuild(u) for u in pr.units_of(r)]) for r in range(P)]
+    d_time = [pr.td[u] + (pr.tr[u] if pr.recompute else 0.0) for u in range(U)]   # the D block's length
     ready_f: list[list[tuple[float, int, int]]] = [[] for _ in range(P)]       # (avail, unit, mb)
     ready_d: list[list[tuple[float, int, int]]] = [[] for _ in range(P)]
     pend_w: list[deque] = [deque() for _ in range(P)]          # [unit, mb, next sub-block]
@@ -208,16 +220,15 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
     # one gradient per free slot)
     def f_mem(r: int, u: int, extra: float = 0.0) -> bool:
         cons, kept, sent = io[(Op.F, u)]
-        h = held[r] + extra - cons + kept + pr.stash[u]    # level once the F and its SEND ran
+        h = held[r] + extra - cons + kept + hold[u]    # level once the F and its SEND ran
         if h + sent > lim[r]:
             return False
-        c = committed[r] + (entry[r] - pr.stash[u] if u == first_unit[r] else -pr.stash[u])
+        c = committed[r] + (entry[r] - hold[u] if u == first_unit[r] else -hold[u])
         w_free = sum(pr.stash_w[w[0]] for w in pend_w[r])
-        return h + c + max(free_slots(r), d_room[r] - w_free) <= lim[r]
+        return h + c + max(free_slots(r) + rb_room[r], d_room[r] - w_free) <= lim[r]
 
     def d_mem(r: int, u: int, extra: float = 0.0) -> bool:
-        cons, kept, sent = io[(Op.D, u)]
-        return held[r] + extra + pr.delta(Op.D, u) - cons + kept + sent <= lim[r]
+        return held[r] + extra + d_rise[u] <= lim[r]
 
     # flow control: a block whose message crosses ranks runs only if the receiver can take the
     # buffer now and then run its consumer
@@ -240,7 +251,7 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
         if held[dst] + b > lim[dst] or not d_mem(dst, u - 1, b):
             return False
         # a free slot was kept for it; a gradient beyond its slot needs room besides the others
-        return slots[dst][u - 1] == 0 or held[dst] + b + committed[dst] + free_slots(dst) <= lim[dst]
+        return slots[dst][u - 1] == 0 or held[dst] + b + committed[dst] + free_slots(dst) + rb_room[dst] <= lim[dst]
 
     thr_f = [("f" in config.throttle and u < U - 1 and ranks[u + 1] != ranks[u] and pr.act_link[u][0] > 0)
              for u in range(U)]
@@ -251,7 +262,7 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
         return max(a, link_free.get((r, ranks[u + 1]), 0.0) - pr.tf[u]) if thr_f[u] else a
 
     def avail_d(r: int, a: float, u: int) -> float:
-        return max(a, link_free.get((r, ranks[u - 1]), 0.0) - pr.td[u]) if thr_d[u] else a
+        return max(a, link_free.get((r, ranks[u - 1]), 0.0) - d_time[u]) if thr_d[u] else a
 
     def sched_time(r: int) -> float:
         best = end[r] if pend_w[r] else math.inf   # a W only frees memory: always admissible
@@ -316,6 +327,7 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
         dirty.add(dst)
 
     dirty: set[int] = set()                         # ranks whose schedulable time may have changed
+    flushing: set[int] = set()                      # units whose last D ran and whose reduction waits on W
     key_of = (lambda x: (-x[1], x[2])) if config.chunk_order == "unit" else (lambda x: (x[2], -x[1]))
     cache = [sched_time(r) for r in range(P)]
     done, total = 0, M * U * (2 + n_sub)
@@ -331,7 +343,8 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
         dirty.clear()
         dirty.add(r)
         dirty.update(peers[r])
-        if fs or ds:
+        flush = [w for w in pend_w[r] if w[0] in flushing] if config.flush_w else []
+        if (fs or ds) and not flush:
             if fs and ds:
                 op = Op.F if config.prefer == "f" else Op.D if config.prefer == "d" or last_fd[r] is Op.F else Op.F
             else:
@@ -341,6 +354,10 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
             a, u, m = item
             # the throttle only steers the choice (other ops may go first); the block itself
             # starts as the simulator runs it: when the rank is free and its input is ready
+            if op is Op.D and pr.recompute:
+                # the paper's B under recompute: RECOMPUTE (it reads only the kept input, so it
+                # runs as soon as the rank is free), then D once its gradient is there
+                run(r, Action(Op.RECOMPUTE, u, m), end[r], end[r] + pr.tr[u], pr.rebuild(u), 0.0)
             start = max(end[r], a)
             fin = start + pr.duration(op, u)
             cons, kept, sent = io[(op, u)]
@@ -350,7 +367,7 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
             if op is Op.F:
                 if u in owed[r]:
                     owed[r][u].add(m)
-                committed[r] += entry[r] - pr.stash[u] if u == first_unit[r] else -pr.stash[u]
+                committed[r] += entry[r] - hold[u] if u == first_unit[r] else -hold[u]
                 if u == U - 1:
                     ready_d[r].append((fin, u, m))
                 elif ranks[u + 1] == r:
@@ -359,6 +376,8 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
                     issue(r, ranks[u + 1], ("act", u, m), fin, pr.act_link[u], pr.act_buf[u])
             else:
                 pend_w[r].append([u, m, 0])
+                if m == M - 1 and pr.dp_time[u] > 0:
+                    flushing.add(u)
                 if u in chain_end:
                     slots[r][chain_end[u]] -= 1
                 if u > 0:
@@ -367,7 +386,7 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
                     else:
                         issue(r, ranks[u - 1], ("grad", u - 1, m), fin, pr.grad_link[u - 1], pr.grad_buf[u - 1])
         else:
-            w = pend_w[r][0]
+            w = flush[0] if flush else pend_w[r][0]
             u, m, i = w
             sub = (i, n_sub) if n_sub > 1 else None
             start = end[r]
@@ -375,12 +394,12 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
             w[2] += 1
             done += 1
             if w[2] == n_sub:
-                pend_w[r].popleft()
+                pend_w[r].remove(w)
         for q in dirty:
             cache[q] = sched_time(q)
     timeline = [_merge_w(tl, n_sub) for tl in timeline]
-    makespan = max((tl[-1].end + sum(pr.opt_time[u] for u in pr.units_of(r))
-                    for r, tl in enumerate(timeline) if tl), default=0.0)
+    last_w = {t.action.unit: t.end for tl in timeline for t in tl if t.action.op is Op.W}
+    makespan = max((pr.finish(r, tl[-1].end, last_w) for r, tl in enumerate(timeline) if tl), default=0.0)
     # a RECV between two merged W pieces moves before the whole W: posted earlier (still by
     # s_k), and the pieces before the last change no memory, so the peak stays the same
     recv_at = place_receives(pr, [[t.action for t in tl] for tl in timeline], [[t.end for t in tl] for tl in timeline],
@@ -389,7 +408,8 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
 
 
 PORTFOLIO = ("alternate", "d", "f")
-"""Steady-state rules :func:`greedy_best` tries (``GreedyConfig.prefer``)."""
+"""Steady-state rules :func:`greedy_best` tries (``GreedyConfig.prefer``), each also with
+``flush_w`` when the problem has gradient reductions (DP overlap)."""
 
 
 def greedy_best(problem: CrossPipeProblem, config: GreedyConfig = GreedyConfig(),
@@ -400,9 +420,10 @@ def greedy_best(problem: CrossPipeProblem, config: GreedyConfig = GreedyConfig()
     best: GreedyResult | None = None
     total = 0.0
     err: ValueError | None = None
-    for rule in portfolio:
+    flushes = (False, True) if any(problem.dp_time) else (config.flush_w,)
+    for rule, flush in ((r, f) for r in portfolio for f in flushes):
         try:
-            g = greedy_schedule(problem, dataclasses.replace(config, prefer=rule))
+            g = greedy_schedule(problem, dataclasses.replace(config, prefer=rule, flush_w=flush))
         except ValueError as e:
             err = err or e
             continue

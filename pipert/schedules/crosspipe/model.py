@@ -11,6 +11,12 @@ A :class:`CrossPipeProblem` is everything the greedy and the solver read (paper 
   frees ``stash_w[u]`` (its last sub-block frees it); an activation or gradient buffer
   (``act_buf[u]``/``grad_buf[u]``) counts from its RECV, or from the F/D that wrote it, until
   its consumer ran or its SEND handed it over (:meth:`CrossPipeProblem.buffers`);
+- the recompute case (``recompute=True``, paper §7.2 Case 2): F keeps only ``kept[u]`` (its
+  boundary input), ``RECOMPUTE u`` (``tr[u]``) rebuilds the stash right before D, raising the
+  level by ``stash - kept``; D and W free as without recompute;
+- DP overlap (``dp_time[u] > 0``, paper §4.1 "DP Overlap Modeling"): unit u's gradient reduction
+  takes ``dp_time[u]`` on its rank's group queue (FIFO), after the unit's last W, and the rank's
+  optimizer steps wait for it (:meth:`CrossPipeProblem.finish`);
 - per-message ``(occupancy, latency)`` for the activation of unit u (rank(u) -> rank(u+1))
   and the gradient of unit u (rank(u+1) -> rank(u)); both are (0, 0) on one rank;
 - a per-rank memory limit (None = unlimited).
@@ -103,6 +109,14 @@ class CrossPipeProblem:
     """Per-rank limit on the running memory sum (list order); None = unlimited."""
     opt_time: tuple[float, ...] = ()
     """Time of the optimizer step of unit u (appended after the rank's last compute); () = 0."""
+    recompute: bool = False
+    """The recompute case: F keeps ``kept[u]``, ``RECOMPUTE u m`` rebuilds the stash before D."""
+    tr: tuple[float, ...] = ()
+    """Time of RECOMPUTE of unit u (() = ``tf``)."""
+    kept: tuple[float, ...] = ()
+    """Memory F of unit u keeps for its RECOMPUTE (its boundary input); () = 0."""
+    dp_time: tuple[float, ...] = ()
+    """Time of unit u's gradient reduction on its rank's group queue (DP overlap); () = 0 (no DP)."""
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
     """Free-form facts for reports (delays, number of DCs, memory convention)."""
 
@@ -118,9 +132,14 @@ class CrossPipeProblem:
         for name in ("act_link", "grad_link"):
             if len(getattr(self, name)) != u - 1:
                 raise ValueError(f"{name} needs {u - 1} entries")
-        for name in ("act_buf", "grad_buf", "opt_time"):
+        for name in ("act_buf", "grad_buf", "opt_time", "kept", "dp_time"):
             if not getattr(self, name):
                 object.__setattr__(self, name, (0.0,) * u)
+        if not self.tr:
+            object.__setattr__(self, "tr", self.tf)
+        for name in ("tr", "kept", "dp_time", "opt_time", "act_buf", "grad_buf"):
+            if len(getattr(self, name)) != u:
+                raise ValueError(f"{name} needs {u} entries")
         if self.memory_limit is not None and len(self.memory_limit) != self.stages:
             raise ValueError(f"memory_limit needs one entry per rank ({self.stages})")
         if any(t <= 0 for t in self.tf + self.td + self.tw):
@@ -146,10 +165,26 @@ class CrossPipeProblem:
         lim = None if limit is None else _per_unit("memory_limit", limit, self.stages)
         return CrossPipeProblem(**{**self.__dict__, "memory_limit": lim})
 
+    def rebuild(self, unit: int) -> float:
+        """What RECOMPUTE of ``unit`` adds (0 without recompute)."""
+        return self.stash[unit] - self.kept[unit] if self.recompute else 0.0
+
+    def finish(self, rank: int, compute_end: float, last_w_end: dict[int, float]) -> float:
+        """End of ``rank``'s step: its gradient reductions run FIFO on the group queue in the order
+        of their units' last W (``last_w_end[u]``), each after that W; its optimizer steps follow
+        the last compute and every reduction."""
+        t = 0.0
+        for u in sorted(self.units_of(rank), key=lambda v: last_w_end.get(v, 0.0)):
+            if self.dp_time[u] > 0:
+                t = max(t, last_w_end[u]) + self.dp_time[u]
+        return max(compute_end, t) + sum(self.opt_time[u] for u in self.units_of(rank))
+
     def delta(self, op: Op, unit: int, sub: tuple[int, int] | None = None) -> float:
         """Change of the running memory sum after one compute action."""
         if op is Op.F:
-            return self.stash[unit]
+            return self.kept[unit] if self.recompute else self.stash[unit]
+        if op is Op.RECOMPUTE:
+            return self.rebuild(unit)
         if op is Op.D:
             return -(self.stash[unit] - self.stash_w[unit])
         if op is Op.W:
@@ -184,7 +219,7 @@ class CrossPipeProblem:
         return (cons, out, 0.0) if self.unit_ranks[to] == r else (cons, 0.0, out)
 
     def duration(self, op: Op, unit: int, sub: tuple[int, int] | None = None) -> float:
-        t = {Op.F: self.tf, Op.D: self.td, Op.W: self.tw}[op][unit] if op is not Op.B \
+        t = {Op.F: self.tf, Op.D: self.td, Op.W: self.tw, Op.RECOMPUTE: self.tr}[op][unit] if op is not Op.B \
             else self.td[unit] + self.tw[unit]
         return t / sub[1] if sub is not None else t
 
@@ -217,12 +252,16 @@ class ChunkScaledCost:
 
 def problem_from_cost(stages: int, microbatches: int, pattern: str, cost: Any, links: Any = None, *,
                       chunks: int | None = None, memory_limit: float | Sequence[float] | None = None,
-                      count_buffers: bool = True, meta: dict | None = None) -> CrossPipeProblem:
+                      count_buffers: bool = True, meta: dict | None = None, recompute: bool = False,
+                      dp_time: float | Sequence[float] = 0.0) -> CrossPipeProblem:
     """Resolve a pipert CostModel and LinkModel into a :class:`CrossPipeProblem`.
 
     ``links=None`` makes every transfer free. ``count_buffers`` counts received
-    activation/gradient buffers against the memory limit (the simulator does).
+    activation/gradient buffers against the memory limit (the simulator does). ``recompute``:
+    the recompute case, RECOMPUTE and the kept input priced as the simulator prices them;
+    ``dp_time``: each unit's gradient reduction time (scalar: the same for every unit).
     """
+    from ...sim.values import kept_size
     unit_ranks = pattern_units(pattern, stages, chunks)
     n = len(unit_ranks)
 
@@ -247,4 +286,6 @@ def problem_from_cost(stages: int, microbatches: int, pattern: str, cost: Any, l
         tuple(t(Op.W, u) for u in range(n)),
         tuple(float(cost.memory("stash", u)) for u in range(n)),
         tuple(float(cost.memory("stash_w", u)) for u in range(n)),
-        act_link, grad_link, buf("act"), buf("grad"), lim, opt, dict(meta or {}))
+        act_link, grad_link, buf("act"), buf("grad"), lim, opt, recompute=recompute,
+        tr=tuple(t(Op.RECOMPUTE, u) for u in range(n)), kept=tuple(float(kept_size(cost, u)) for u in range(n)),
+        dp_time=_per_unit("dp_time", dp_time, n), meta=dict(meta or {}))

@@ -27,6 +27,12 @@ Mapping of the paper's model onto pipert's execution model (docs/semantics.md):
   ending after s_k, so at every time the reservoir level is at most a list-order level and
   every list-order level is reached (one tick before the compute after it ends): the
   maxima agree, and the limit holds in the lowered program exactly when in the model.
+- **Recompute case** (``problem.recompute``): one more interval ``RECOMPUTE u m`` per F, after
+  that F and before its D, raising the level by the rebuilt stash at its start (F then keeps
+  only its input); it need not touch its D, so it may fill a wait for the gradient.
+- **DP overlap** (``problem.dp_time``): one interval per unit on its rank's group queue, after
+  the unit's last W piece, the rank's reductions in the order of their last W (the list order
+  of the ``crosspipe-overlap`` policy); the rank's optimizer steps follow them.
 - **Same-type order** (constraint 4): F, D, W (and messages) of one unit run in
   micro-batch order; the greedy satisfies it, so its solution is a valid hint.
 - **Objective**: ``"all"`` (default) minimises the makespan over all ranks -- what the
@@ -120,7 +126,8 @@ class _Model:
         self.m = cp_model.CpModel()
         n = cfg.sub_blocks
         self.n_sub = n
-        serial = sum(pr.duration(op, u) for op in (Op.F, Op.D, Op.W) for u in range(pr.units)) * pr.microbatches
+        ops = (Op.F, Op.D, Op.W) + ((Op.RECOMPUTE,) if pr.recompute else ())
+        serial = sum(pr.duration(op, u) for op in ops for u in range(pr.units)) * pr.microbatches + sum(pr.dp_time)
         serial += sum(o + l for o, l in pr.act_link + pr.grad_link) * pr.microbatches
         # rounding each duration to ticks may move the hint by up to a tick per op
         self.slack = 3 * pr.units * pr.microbatches * (2 + n)
@@ -132,6 +139,7 @@ class _Model:
         # key -> (src, dst, occ, lat, consumer op, producer op)
         self.msg: dict[tuple, tuple[int, int, int, int, tuple, tuple]] = {}
         self.order_lits: dict[tuple, cp_model.IntVar] = {}   # (ka, kb) -> ka's transfer and producer first
+        self.reduce_end: dict[int, cp_model.LinearExpr] = {}   # unit -> end of its gradient reduction
 
     def tk(self, t: float) -> int:
         return int(round(t * self.scale))
@@ -153,6 +161,8 @@ class _Model:
             for mb in range(M):
                 self.op(("F", u, mb), ranks[u], pr.tf[u])
                 self.op(("D", u, mb), ranks[u], pr.td[u])
+                if pr.recompute:
+                    self.op(("RECOMPUTE", u, mb), ranks[u], pr.tr[u])
                 for i in range(n):
                     self.op(("W", u, mb, i), ranks[u], pr.duration(Op.W, u, sub(i)))
         for u in range(U):
@@ -163,6 +173,9 @@ class _Model:
                 else:
                     m.add(self.start[("D", u, mb)] >= self.end(("F", u, mb)))
                 m.add(self.start[("W", u, mb, 0)] >= self.end(("D", u, mb)))
+                if pr.recompute:
+                    m.add(self.start[("RECOMPUTE", u, mb)] >= self.end(("F", u, mb)))
+                    m.add(self.start[("D", u, mb)] >= self.end(("RECOMPUTE", u, mb)))
                 for i in range(1, n):
                     m.add(self.start[("W", u, mb, i)] >= self.end(("W", u, mb, i - 1)))
                 if mb:       # same-type order (paper constraint 4)
@@ -179,6 +192,28 @@ class _Model:
         if pr.memory_limit is not None:
             for r in range(pr.stages):
                 self.memory(r)
+        for r in range(pr.stages):
+            self.reductions(r)
+
+    def reductions(self, r: int) -> None:
+        """Rank r's gradient reductions: each after its unit's last W piece, one at a time on the
+        group queue, in the order of those last W pieces."""
+        m, pr, n = self.m, self.pr, self.n_sub
+        us = [u for u in pr.units_of(r) if pr.dp_time[u] > 0]
+        last = {u: ("W", u, pr.microbatches - 1, n - 1) for u in us}
+        start = {}
+        for u in us:
+            d = max(1, self.tk(pr.dp_time[u]))
+            start[u] = m.new_int_var(0, self.H + self.tk(sum(pr.dp_time)), f"dp{u}")
+            m.add(start[u] >= self.end(last[u]))
+            self.reduce_end[u] = start[u] + d
+        for i, a in enumerate(us):
+            for b in us[i + 1:]:
+                lit = m.new_bool_var(f"dpo{a},{b}")       # a's last W (hence its reduction) first
+                m.add(self.start[last[b]] >= self.end(last[a])).only_enforce_if(lit)
+                m.add(start[b] >= self.reduce_end[a]).only_enforce_if(lit)
+                m.add(self.start[last[a]] >= self.end(last[b])).only_enforce_if(~lit)
+                m.add(start[a] >= self.reduce_end[b]).only_enforce_if(~lit)
 
     def link_order(self, ks: list[tuple]) -> None:
         """Per-link FIFO: no overlap, and transfers in the order of their producers."""
@@ -233,6 +268,9 @@ class _Model:
                 if key[3] == self.n_sub - 1:
                     times.append(e); deltas.append(mem(-pr.stash_w[u]))
                 continue
+            if t == "RECOMPUTE":
+                times.append(s); deltas.append(mem(pr.rebuild(u)))
+                continue
             op = Op.F if t == "F" else Op.D
             cons, kept, sent = pr.buffers(op, u)
             d = mem(pr.delta(op, u) - cons + kept + sent)     # level right after it, before its SEND
@@ -265,13 +303,15 @@ class _Model:
 
     def objective(self, upper: float | None) -> None:
         pr, m = self.pr, self.m
-        mk = m.new_int_var(0, self.H + self.tk(sum(pr.opt_time)), "makespan")
+        mk = m.new_int_var(0, self.H + self.tk(sum(pr.opt_time) + sum(pr.dp_time)), "makespan")
         n = self.n_sub
         lasts = [k for k in self.start if k[0] == "W" and k[3] == n - 1]
         if self.cfg.objective == "all":
             for k in lasts:
                 r = pr.unit_ranks[k[1]]
                 m.add(mk >= self.end(k) + self.tk(sum(pr.opt_time[u] for u in pr.units_of(r))))
+            for u, e in self.reduce_end.items():
+                m.add(mk >= e + self.tk(sum(pr.opt_time[v] for v in pr.units_of(pr.unit_ranks[u]))))
             for r in range(pr.stages):   # redundant: rank r's work all follows F of its first unit, mb 0
                 busy = sum(self.dur[k] for k in self.on[r]) + self.tk(sum(pr.opt_time[u] for u in pr.units_of(r)))
                 m.add(mk >= self.start[("F", min(pr.units_of(r)), 0)] + busy)
@@ -295,7 +335,8 @@ def _memory_scale(pr: CrossPipeProblem) -> float:
     stash (uniform mode, bytes of one model), else a millionth of it."""
     from fractions import Fraction   # imported on use, not with pipert.schedules (with decimal, ~5 ms)
     ref = max(pr.stash)
-    sizes = {x / ref for x in pr.stash + pr.stash_w + pr.act_buf + pr.grad_buf if x > 0}
+    sizes = {x / ref for x in pr.stash + pr.stash_w + pr.act_buf + pr.grad_buf + pr.kept if x > 0}
+    sizes |= {pr.rebuild(u) / ref for u in range(pr.units) if pr.rebuild(u) > 0}
     sizes |= {(a - b) / ref for a, b in zip(pr.stash, pr.stash_w) if a > b}
     lcd = 1
     for x in sizes:
@@ -364,7 +405,8 @@ def lower_bound(pr: CrossPipeProblem) -> float:
     best = 0.0
     for r in range(pr.stages):
         us = pr.units_of(r)
-        busy = sum(pr.tf[u] + pr.td[u] + pr.tw[u] for u in us) * pr.microbatches + sum(pr.opt_time[u] for u in us)
+        busy = sum(pr.tf[u] + pr.td[u] + pr.tw[u] + (pr.tr[u] if pr.recompute else 0.0) for u in us) * pr.microbatches \
+            + sum(pr.opt_time[u] for u in us)
         best = max(best, est[min(us)] + busy)
     return best
 
