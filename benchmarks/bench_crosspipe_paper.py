@@ -4,7 +4,8 @@ Runs ``compare_pp_dp(llama3_405b(lat, bw))`` for latency {4, 128} ms and bandwid
 256, 1024} GB/s under two PP message conventions (s*d*2*n_DP and s*d*n_DP bytes), with the DP side
 also simulated with and without the DP-overlap operations. Writes
 benchmarks/results/crosspipe_paper.{csv,context.json,md}; the report is built from the CSV and
-context alone (``--from-csv`` rebuilds it).
+context alone (``--from-csv`` rebuilds it). The recompute case (Table 5, Case 2 against Case 1:
+greedy UD and Wave at P = 8 in T_F units) goes to crosspipe_paper_recompute.{csv,context.json,md}.
 
     python benchmarks/bench_crosspipe_paper.py [--from-csv]
 """
@@ -16,6 +17,7 @@ import time
 
 from _common import RESULTS, context, rebuild, write_results
 from _crosspipe_claims import HALF, PIPERT, report
+from _crosspipe_recompute_claims import PAPER as RECOMPUTE_PAPER, report as recompute_report
 
 from pipert.schedules.crosspipe.select import compare_pp_dp, llama3_405b
 
@@ -42,19 +44,52 @@ def run() -> list[dict]:
     return rows
 
 
+KEPT_FRACTION = 1 / 64
+"""Boundary input per stash of an M70 stage (8 layers of 16 s*d bytes each, input 2 s*d bytes)."""
+
+
+def run_recompute(stages: int = 8) -> list[dict]:
+    """Table 5's Case 1 (M = 2P) and Case 2 (M = 4P, recompute=full) for greedy UD and Wave."""
+    from pipert.cost import Links, Topology, UniformCost
+    from pipert.schedules import build_schedule
+    from pipert.schedules.crosspipe import ChunkScaledCost
+    from pipert.sim import simulate
+    base = UniformCost(tf=1.0, td=1.0, tw=1.0, act_bytes=KEPT_FRACTION)
+    rows = []
+    for lat, bw in RECOMPUTE_PAPER:
+        links = Links.uniform_dc(Topology(stages, num_dcs=2), lat, bw)
+        for pattern, name in (("ud", "crosspipe-greedy"), ("wave", "crosspipe-wave")):
+            cost = base if pattern == "ud" else ChunkScaledCost(base, 2)
+            for case, m, rec in ((1, 2 * stages, "none"), (2, 4 * stages, "full")):
+                s = build_schedule(name, stages=stages, microbatches=m, cost=cost, links=links, recompute=rec)
+                r = simulate(s, cost, links)
+                rows.append(dict(lat=lat, bw=bw, pattern=pattern, case=case, stages=stages, microbatches=m,
+                                 recompute=rec, kept_fraction=KEPT_FRACTION, makespan=r.makespan,
+                                 per_mb=r.makespan / m, peak=max(r.peak_memory)))
+                print(f"recompute case {case} ({lat:g}, {bw:g}) {pattern}: {r.makespan / m:.3f} T_F per micro-batch",
+                      flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--from-csv", action="store_true", help="rebuild the report from the stored CSV and context")
     args = ap.parse_args()
     if args.from_csv:
         print(f"wrote {rebuild('crosspipe_paper', report)}")
+        print(f"wrote {rebuild('crosspipe_paper_recompute', recompute_report)}")
         return
     ctx = context()
     t0 = time.perf_counter()
     rows = run()
     ctx["run"] = f"total wall {time.perf_counter() - t0:.0f} s"
     write_results("crosspipe_paper", rows, ctx, report)
-    print(f"wrote {RESULTS / 'crosspipe_paper.md'} in {time.perf_counter() - t0:.0f} s")
+    t1 = time.perf_counter()
+    rec = run_recompute()
+    write_results("crosspipe_paper_recompute", rec, {**ctx, "run": f"total wall {time.perf_counter() - t1:.0f} s"},
+                  recompute_report)
+    print(f"wrote {RESULTS / 'crosspipe_paper.md'} and {RESULTS / 'crosspipe_paper_recompute.md'} in "
+          f"{time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":
