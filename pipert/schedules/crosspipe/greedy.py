@@ -181,8 +181,8 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
     # sends, so it runs whenever its gradient is there and gives the room back
     # With recompute the D block is RECOMPUTE then D: it first rises by the rebuilt stash, which
     # every F also keeps room for beside the free gradient slots.
-    d_rise = [pr.rebuild(u) + max(0.0, pr.delta(Op.D, u) - io[(Op.D, u)][0] + io[(Op.D, u)][1] + io[(Op.D, u)][2])
-              for u in range(U)]
+    d_net = [pr.delta(Op.D, u) - io[(Op.D, u)][0] + io[(Op.D, u)][1] + io[(Op.D, u)][2] for u in range(U)]
+    d_rise = [pr.rebuild(u) + max(0.0, d_net[u]) for u in range(U)]
     d_room = [max([0.0] + [d_rise[u] for u in pr.units_of(r)]) for r in range(P)]
     rb_room = [max([0.0] + [pr.rebuild(u) for u in pr.units_of(r)]) for r in range(P)]
     d_time = [pr.td[u] + (pr.tr[u] if pr.recompute else 0.0) for u in range(U)]   # the D block's length
@@ -228,7 +228,9 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
         return h + c + max(free_slots(r) + rb_room[r], d_room[r] - w_free) <= lim[r]
 
     def d_mem(r: int, u: int, extra: float = 0.0) -> bool:
-        return held[r] + extra + d_rise[u] <= lim[r]
+        # the level after RECOMPUTE (if any), then after D with its sent output
+        h, rb = held[r] + extra, pr.rebuild(u)
+        return (rb == 0 or h + rb <= lim[r]) and h + rb + d_net[u] <= lim[r]
 
     # flow control: a block whose message crosses ranks runs only if the receiver can take the
     # buffer now and then run its consumer
