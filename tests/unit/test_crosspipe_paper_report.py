@@ -39,3 +39,18 @@ def test_changed_rows_change_the_verdict():
             r["pp_time"] = r["dp_time"] / 3.05
             r["speedup"] = 3.05
     assert cc.claims(rows)[0]["within_goal"] and cc.claims(rows)[0]["reason"] == ""
+
+
+def test_recompute_table_follows_its_rows():
+    import _crosspipe_recompute_claims as rc
+    rows = read_csv(BENCH / "results" / "crosspipe_paper_recompute.csv")
+    assert {(r["lat"], r["bw"]) for r in rows} == set(rc.PAPER)
+    for r in rows:
+        assert r["per_mb"] == pytest.approx(r["makespan"] / r["microbatches"])
+        assert r["microbatches"] == (2 if r["case"] == 1 else 4) * r["stages"]
+    c1, c2 = rc._pair(rows, 0.0, 0.0, "ud")
+    ratio = c2["per_mb"] / c1["per_mb"]
+    assert f"| {ratio:.3f} |" in rc.report(rows, {})
+    changed = [dict(r, per_mb=r["per_mb"] * 2) if r is c2 else r for r in rows]   # Case 2 twice as slow
+    line = next(x for x in rc.report(changed, {}).splitlines() if x.startswith("| 0 | 0 | ud |"))
+    assert "| no |" in line and "delay adds" in line

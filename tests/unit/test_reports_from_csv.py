@@ -16,7 +16,8 @@ REPORTS = {"sim_speed": "bench_sim_speed", "weight_passing": "bench_weight_passi
            "overlap_cpu": "bench_overlap", "overlap_cuda": "bench_overlap", "train_fidelity": "bench_train_fidelity",
            "gpu_checks": "gpu_checks", "chunked_mlp": "bench_chunked_mlp", "chunked_mlp_quick": "bench_chunked_mlp",
            "pipemesh": "bench_pipemesh", "pipemesh_table4": "bench_pipemesh:table4_report",
-           "crosspipe_paper": "bench_crosspipe_paper"}
+           "crosspipe_paper": "bench_crosspipe_paper",
+           "crosspipe_paper_recompute": "bench_crosspipe_paper:recompute_report"}
 """Report name -> its generator: a module of benchmarks/ with ``report(rows, ctx, rebuilt)``, or
 ``module:function`` for a module's other report."""
 
