@@ -93,7 +93,9 @@ class TrainConfig:
     recompute: str = ""
     """Activation recomputation inside every unit: none, no_attention (keep attention output and
     softmax statistics), full (keep the unit's inputs only); empty: the schedule's (its
-    ``meta["recompute"]``: no_attention for helixpipe-2fold, as its paper runs it), else none."""
+    ``meta["recompute"]``: no_attention for helixpipe-2fold, as its paper runs it), else none. The
+    CrossPipe families take it as their option: ``full`` builds a RECOMPUTE before each D instead,
+    and the units then keep their graphs."""
     sync_folds: bool = False
     """helixpipe-2fold: one compute and one message per fold pair (opts out of the asynchronous two-fold)."""
     loss_in_forward: bool = False

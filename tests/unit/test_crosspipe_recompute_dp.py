@@ -53,9 +53,14 @@ def test_recompute_case_rebuilds_each_stash_before_its_d_within_the_budget(name,
     assert rep.peak_memory[0] < validate(plain, COST, links=links).peak_memory[0]
 
 
-def test_recompute_option_is_checked():
+def test_recompute_and_dp_time_options_are_checked():
     with pytest.raises(ValueError, match="recompute='half' unknown; allowed: none, no_attention, full"):
         build_schedule("crosspipe-greedy", stages=2, microbatches=4, recompute="half")
+    with pytest.raises(ValueError, match="dp_time='fast': give each unit's gradient reduction time"):
+        build_schedule("crosspipe-greedy", stages=2, microbatches=4, dp_time="fast")
+    # --options text: one time for every unit, or one per unit
+    one, per = (build_schedule("crosspipe-greedy", stages=2, microbatches=4, dp_time=t) for t in ("1.5", "1.5,1.5"))
+    assert one.actions == per.actions and one.meta["predicted_makespan"] == per.meta["predicted_makespan"]
 
 
 def test_train_check_runs_the_recompute_case_exactly(capsys):

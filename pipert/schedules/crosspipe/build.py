@@ -125,7 +125,22 @@ def make_problem(config: PipelineConfig, pattern: str, cost: Any, links: Any,
     if recompute == "full":
         meta["recompute_ops"] = recompute
     return problem_from_cost(p, m, pattern, cost, links, chunks=chunks, memory_limit=memory_limit, meta=meta,
-                             recompute=recompute == "full", dp_time=0.0 if dp_time is None else dp_time)
+                             recompute=recompute == "full", dp_time=_dp_time(dp_time))
+
+
+def _dp_time(value: Any) -> float | tuple[float, ...]:
+    """``dp_time`` as a number or one per unit (text from ``--options``: "0.5" or "0.5,0.5,..."), each >= 0."""
+    if value is None:
+        return 0.0
+    try:
+        out = tuple(float(x) for x in (value.split(",") if isinstance(value, str) else
+                                       value if isinstance(value, (list, tuple)) else [value]))
+    except (TypeError, ValueError):
+        out = ()
+    if not out or any(not 0 <= x < float("inf") for x in out):
+        raise ValueError(f"dp_time={value!r}: give each unit's gradient reduction time (a number >= 0, or one "
+                         f"per unit separated by commas)")
+    return out[0] if len(out) == 1 else out
 
 
 def schedule_as_hint(problem: CrossPipeProblem, schedule: Schedule, cost: Any, links: Any) -> GreedyResult | None:
