@@ -8,7 +8,8 @@ import pytest
 from pipert.cost import Links, LinkSpec, Topology, UniformCost
 from pipert.ir import Op
 from pipert.schedules import build_schedule
-from pipert.schedules.crosspipe import ChunkScaledCost, default_memory_limit, pattern_units
+from pipert.schedules.crosspipe import (ChunkScaledCost, GreedyConfig, default_memory_limit, greedy_best,
+                                        lower_crosspipe, pattern_units, problem_from_cost)
 from pipert.schedules.crosspipe.build import reduction_times
 from pipert.schedules.data_parallel import replicate
 from pipert.sim import simulate, validate
@@ -51,6 +52,22 @@ def test_recompute_case_rebuilds_each_stash_before_its_d_within_the_budget(name,
     assert busy == pytest.approx([m * (1.0 + 1.0 + 2.0)] * p)
     # rank 0's first unit keeps nothing (token ids): its level rises only when a RECOMPUTE rebuilds
     assert rep.peak_memory[0] < validate(plain, COST, links=links).peak_memory[0]
+
+
+@pytest.mark.parametrize("pattern", ["wave", "loop"])
+@pytest.mark.parametrize("lat, bw", [(0.0, 0.0), (0.5, 2.0)])
+def test_recompute_greedy_times_every_compute_as_the_simulator_on_every_pattern(pattern, lat, bw):
+    cost = ChunkScaledCost(COST, 2)
+    links = _links(4, lat, bw)
+    limit = default_memory_limit(pattern, 4, 8, cost)
+    pr = problem_from_cost(4, 8, pattern, cost, links, memory_limit=limit, recompute=True)
+    g = greedy_best(pr, GreedyConfig())
+    s = lower_crosspipe(pr, g.orders, g.recv_at)
+    validate(s, cost, memory_limit=limit, links=links)
+    r = simulate(s, cost, links)
+    starts = [e[3] for e in r.events if e[1] == "compute" and e[2].op is not Op.OPT]
+    assert starts == pytest.approx([t.start for tl in g.timeline for t in tl], abs=1e-9)
+    assert r.makespan == pytest.approx(g.makespan, abs=1e-9) and r.peak_memory == pytest.approx(g.peak_memory)
 
 
 def test_recompute_and_dp_time_options_are_checked():
@@ -98,6 +115,9 @@ def test_dp_aware_order_hides_the_reductions_the_blind_order_exposes(name, extra
     assert blind.meta["predicted_makespan"] < sim_blind.makespan - 1.0        # the blind model misses them
     assert sim_aware.makespan < sim_blind.makespan - 1.0
     # rank 0's later chunk (unit 2P-1) finishes its W first, so its reduction overlaps unit 0's backward
+    both = build_schedule(name, stages=P, microbatches=M, cost=WAVE, links=DP_LINKS, dp_time=dp_time,
+                          recompute="full", **extra)      # the two together: still the replicated step
+    assert simulate(replicate(both, 2), WAVE, DP_LINKS).makespan == pytest.approx(both.meta["predicted_makespan"])
     r0 = aware.actions[0]
     last_w_top = max(i for i, a in enumerate(r0) if a.op is Op.W and a.unit == 2 * P - 1)
     assert any(a.op in (Op.D, Op.W) and a.unit == 0 for a in r0[last_w_top:])
