@@ -365,7 +365,10 @@ def _link_plan(cfg: TrainConfig, num_units: int) -> dict:
     import torch
     from .data import ByteCorpus
     from .linkplan import link_plan
-    units = _model_units(cfg, num_units, None, torch.device("cpu"))
+    # a generator told recompute=full (every family that plans the links takes it) emits RECOMPUTE
+    # actions: the units it times keep their graph, as the program's units will
+    full = cfg.option_dict().get("recompute", cfg.recompute) == "full"
+    units = _model_units(cfg, num_units, None, torch.device("cpu"), meta={"recompute_ops": "full"} if full else None)
     x, y = next(iter(ByteCorpus(cfg.seq, seed=cfg.seed).batches(cfg.batch_size // cfg.microbatches, 1)))
     return link_plan(units, x, y, link_opts.links(cfg.stages))
 
