@@ -43,7 +43,28 @@ def _extension_args() -> dict:
                                extra_compile_args={"cxx": cxx, "nvcc": ["-O2"]}, **kwargs)
     else:
         ext = ce.CppExtension("pipert._C", sources, extra_compile_args={"cxx": cxx}, **kwargs)
-    return {"ext_modules": [ext, SIMC], "cmdclass": {"build_ext": ce.BuildExtension}}
+    return {"ext_modules": [ext, SIMC], "cmdclass": {"build_ext": _with_plain_c(ce.BuildExtension)}}
+
+
+def _with_plain_c(torch_build_ext: type) -> type:
+    """torch's build_ext for pipert._C, then setuptools' own for pipert._simc: torch's compiles
+    every source as C++ (and patches the compiler for the whole run), so the plain-C module is
+    built after it with the compiler's own methods put back."""
+    from setuptools.command.build_ext import build_ext
+
+    class BuildExt(torch_build_ext):
+        def build_extensions(self) -> None:
+            plain = [e for e in self.extensions if e is SIMC]
+            self.extensions = [e for e in self.extensions if e is not SIMC]
+            saved = {k: getattr(self.compiler, k) for k in ("compile", "_compile")}
+            super().build_extensions()
+            for k, f in saved.items():
+                setattr(self.compiler, k, f)
+            self.extensions += plain
+            for e in plain:
+                build_ext.build_extension(self, e)
+
+    return BuildExt
 
 
 setup(
