@@ -2,7 +2,9 @@
  *
  *   longest_path  mirrors pipert/sim/timing.py:run_timing's sweep (Kahn's algorithm, stack order);
  *   walk          mirrors the common case of pipert/sim/values.py:Builder.run: plain computes
- *                 (Builder.plain_compute) and messages whose recorded one-value plan applies.
+ *                 (Builder.plain_compute) and messages whose recorded one-value plan applies;
+ *   message_action builds an Action as pipert/ir/action.py:message_action does (lowering's
+ *                 hundreds of thousands of messages).
  *
  * Both read and write the same Python objects the Python code does, in the same order, with the
  * same IEEE double arithmetic, so their results are identical to the pure path's. ``walk`` stops
@@ -14,11 +16,13 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <structmember.h>
 
 #define SHIFT 5        /* pipert/sim/keys.py */
 #define MISSING (-2)
 #define STOP 1         /* walk: the action is the Python walk's; nothing was changed */
 #define DONE 0
+#define CACHE 8        /* walk's lookups kept per call (a rank's few message and compute kinds) */
 
 /* ------------------------------------------------------------------------------------------ */
 /* longest_path(dur, lat, succ, indeg) -> (start, end0, end1, order, indeg left)               */
@@ -120,6 +124,11 @@ typedef struct {
     PyObject *have, *live, *wg, *ends, *messages, *cplans;          /* the rank's walk state */
     PyObject *q_of, *plain_ops, *send_op, *ctime;                    /* constants (walk's ctx) */
     PyObject *nodes_r, *cq;
+    /* lookups of this call, by value: a dict entry is added only by the Python walk, never
+     * replaced, so an entry seen once holds for the rest of the call (borrowed references) */
+    struct { PyObject *payload; long long unit, peer_side; long q; PyObject *end, *one; } mcache[CACHE];
+    struct { PyObject *op; long long unit; PyObject *plan; } ccache[CACHE];
+    int mnext, cnext;
     long long host;   /* Builder.host, written back before any callback and at the end */
     double mem;       /* Builder.mem, likewise (a callback may change it: re-read after) */
     double busy;
@@ -303,10 +312,23 @@ static int compute(Walk *w, PyObject *a, PyObject *op, Py_ssize_t i) {
     if (!(sub = PyObject_GetAttr(a, s_sub)) || !(mb = PyObject_GetAttr(a, s_mb)) || !(u = PyObject_GetAttr(a, s_unit)))
         goto fail;
     if (sub != Py_None || !PyTuple_Check(mb) || PyTuple_GET_SIZE(mb) != 1) goto out;
-    if (!(key = PyTuple_Pack(3, op, u, Py_False))) goto fail;
-    PyObject *plan = PyDict_GetItemWithError(w->cplans, key);
-    if (!plan) { if (PyErr_Occurred()) goto fail; goto out; }
-    if (!PyTuple_Check(plan)) goto out;   /* None: the plan does not compile */
+    if (!PyLong_CheckExact(u)) goto out;
+    long long uv = as_ll(u);
+    if (ERR_LL(uv)) goto fail;
+    PyObject *plan = NULL;
+    for (int c = 0; c < CACHE; c++)
+        if (w->ccache[c].op == op && w->ccache[c].unit == uv) {
+            plan = w->ccache[c].plan;
+            break;
+        }
+    if (!plan) {   /* _compute_plans.get((op, unit, False)) */
+        if (!(key = PyTuple_Pack(3, op, u, Py_False))) goto fail;
+        plan = PyDict_GetItemWithError(w->cplans, key);
+        if (!plan) { if (PyErr_Occurred()) goto fail; goto out; }
+        if (!PyTuple_Check(plan)) goto out;   /* None: the plan does not compile */
+        int c = w->cnext++ % CACHE;
+        w->ccache[c].op = op, w->ccache[c].unit = uv, w->ccache[c].plan = plan;
+    }
     if (!(d = PyObject_CallFunctionObjArgs(w->ctime, a, w->r_obj, NULL))) goto fail;
     if (!PyFloat_CheckExact(d)) goto out;
     /* the compute node, chained after the rank's last compute-queue node */
@@ -415,12 +437,26 @@ static int message(Walk *w, PyObject *a, PyObject *op, long q, Py_ssize_t i) {
     if (!(peer = PyObject_GetAttr(a, s_peer)) || !(payload = PyObject_GetAttr(a, s_payload)) ||
         !(u = PyObject_GetAttr(a, s_unit)) || !(mb = PyObject_GetAttr(a, s_mb)))
         goto out;
-    long long pe = as_ll(peer);
-    if (ERR_LL(pe)) goto out;
-    if (!(ekey = PyLong_FromLongLong(pe << 1 | is_send)) || !(mkey = Py_BuildValue("(OOl)", payload, u, q))) goto out;
-    PyObject *end = PyDict_GetItemWithError(w->ends, ekey);
-    PyObject *one = end ? PyDict_GetItemWithError(w->messages, mkey) : NULL;
-    if (!one || !PyTuple_Check(mb)) { rc = PyErr_Occurred() ? -1 : STOP; goto out; }
+    if (!PyLong_CheckExact(peer) || !PyLong_CheckExact(u)) { rc = STOP; goto out; }
+    long long pe = as_ll(peer), uv = as_ll(u);
+    if (ERR_LL(pe) || ERR_LL(uv)) goto out;
+    long long ps = pe << 1 | is_send;
+    PyObject *end = NULL, *one = NULL;
+    for (int c = 0; c < CACHE; c++)
+        if (w->mcache[c].payload == payload && w->mcache[c].unit == uv && w->mcache[c].peer_side == ps &&
+            w->mcache[c].q == q) {
+            end = w->mcache[c].end, one = w->mcache[c].one;
+            break;
+        }
+    if (!one) {   /* ends.get(peer << 1 | is SEND), message_plans.get((payload, unit, q)) */
+        if (!(ekey = PyLong_FromLongLong(ps)) || !(mkey = Py_BuildValue("(OOl)", payload, u, q))) goto out;
+        end = PyDict_GetItemWithError(w->ends, ekey);
+        one = end ? PyDict_GetItemWithError(w->messages, mkey) : NULL;
+        if (!one || !PyTuple_Check(mb)) { rc = PyErr_Occurred() ? -1 : STOP; goto out; }
+        int c = w->mnext++ % CACHE;
+        w->mcache[c].payload = payload, w->mcache[c].unit = uv, w->mcache[c].peer_side = ps, w->mcache[c].q = q;
+        w->mcache[c].end = end, w->mcache[c].one = one;
+    }
     long long n = p2p(w, a, i, end, payload, u, mb, is_send);
     if (n == -2) { rc = STOP; goto out; }
     if (n < 0 || !(n_obj = PyLong_FromLongLong(n))) goto out;
@@ -531,7 +567,68 @@ out:
     return res;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* message_action(op, unit, mb, payload, peer): pipert/ir/action.py:message_action in C        */
+
+/* Action's slots in its field order (set by bind_action) and the values message_action gives
+ * them after op, unit, mb, payload and peer: group (), root None, tag 0, sub, waits, zclass,
+ * side None, _h 0. */
+#define N_SLOTS 13
+static PyTypeObject *action_type;
+static PyMemberDef *slots[N_SLOTS];
+static PyObject *slot_defaults[N_SLOTS];
+
+static PyObject *bind_action(PyObject *mod, PyObject *args) {
+    PyObject *cls, *names;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &cls, &PyTuple_Type, &names)) return NULL;
+    if (PyTuple_GET_SIZE(names) != N_SLOTS) {
+        PyErr_Format(PyExc_ValueError, "bind_action: Action has %zd fields, this module knows %d",
+                     PyTuple_GET_SIZE(names), N_SLOTS);
+        return NULL;
+    }
+    static const char *expected[N_SLOTS] = {"op", "unit", "mb", "payload", "peer", "group", "root", "tag", "sub",
+                                            "waits", "zclass", "side", "_h"};
+    for (int j = 0; j < N_SLOTS; j++) {
+        PyObject *name = PyTuple_GET_ITEM(names, j);
+        if (!PyUnicode_Check(name) || PyUnicode_CompareWithASCIIString(name, expected[j])) {
+            PyErr_Format(PyExc_ValueError, "bind_action: field %zd is %R, this module expects %s", (Py_ssize_t)j,
+                         name, expected[j]);
+            return NULL;
+        }
+        PyObject *d = PyObject_GetAttr(cls, name);
+        if (!d) return NULL;
+        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type);
+        if (ok) slots[j] = ((PyMemberDescrObject *)d)->d_member;   /* the type keeps its descriptors */
+        Py_DECREF(d);
+        if (!ok) { PyErr_SetString(PyExc_TypeError, "bind_action: a field that is not a slot"); return NULL; }
+    }
+    PyObject *tag0 = PyLong_FromLong(0), *h0 = PyLong_FromLong(0), *group = PyTuple_New(0);
+    if (!tag0 || !h0 || !group) return NULL;
+    PyObject *rest[N_SLOTS - 5] = {group, Py_None, tag0, Py_None, Py_None, Py_None, Py_None, h0};
+    for (int j = 5; j < N_SLOTS; j++) {
+        if (rest[j - 5] == Py_None) Py_INCREF(Py_None);
+        Py_XSETREF(slot_defaults[j], rest[j - 5]);
+    }
+    Py_INCREF(cls);
+    Py_XSETREF(action_type, (PyTypeObject *)cls);
+    Py_RETURN_NONE;
+}
+
+static PyObject *message_action(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (!action_type) { PyErr_SetString(PyExc_RuntimeError, "message_action before bind_action"); return NULL; }
+    if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "message_action(op, unit, mb, payload, peer)"); return NULL; }
+    PyObject *a = action_type->tp_alloc(action_type, 0);
+    if (!a) return NULL;
+    for (int j = 0; j < N_SLOTS; j++)
+        if (PyMember_SetOne((char *)a, slots[j], j < 5 ? args[j] : slot_defaults[j])) { Py_DECREF(a); return NULL; }
+    return a;
+}
+
 static PyMethodDef methods[] = {
+    {"bind_action", bind_action, METH_VARARGS,
+     "bind_action(Action, field names): the class message_action builds (its slots, in field order)"},
+    {"message_action", (PyCFunction)(void (*)(void))message_action, METH_FASTCALL,
+     "message_action(op, unit, mb, payload, peer) -> Action: pipert.ir.action.message_action without Python"},
     {"longest_path", longest_path, METH_VARARGS,
      "longest_path(dur, lat, succ, indeg) -> (start, end0, end1, order, indeg left): run_timing's sweep"},
     {"walk", walk, METH_VARARGS,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..ir.action import Action
 from .errors import ScheduleError
-from . import native
+from .. import native
 from .graph import Graph
 from .keys import K_TRANSFER
 

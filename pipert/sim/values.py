@@ -14,7 +14,7 @@ from typing import Any
 from ..ir.action import Action, Op, Payload
 from ..ir.semantics import (COLLECTIVE_OPS, LOCAL_WGRAD_OPS, MEMORY_KIND, TIMED_OPS, UNIT_COMPUTE_OPS, Semantics, Value,
                             action_time, recomputed)
-from . import native
+from .. import native
 from .comm import CommState
 from .keys import HOST, INITIAL, K_COMPUTE, K_TRANSFER, MISSING, QUEUES, SHARD, SHIFT, describe_key
 from .oprules import OpRules

@@ -1,10 +1,11 @@
 """The compiled loops of pipert._simc (``walk``: Builder.run's common case, ``longest_path``:
-run_timing's sweep) give results identical to the pure-Python loops, on registered schedules with
+run_timing's sweep, ``message_action``: lowering's Actions) give results identical to the pure-Python ones, on registered schedules with
 random stages, micro-batches, chunks, costs, links and memory limits, after passes and mutations
 that break the programs: the whole graph, memory traces, times, makespan, per-rank peaks, busy
 and exposed communication, bytes per link and every error in order."""
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 from contextlib import contextmanager
@@ -19,10 +20,12 @@ from test_sim_fast_path import FAMILIES, _mutate
 import pipert
 from pipert.cost import UniformCost
 from pipert.cost.topology import Links, Topology
-from pipert.ir import Schedule
+from pipert.ir import Schedule, action
+from pipert.ir.action import Action, Op, Payload
 from pipert.ir.passes import PASSES, fold_microbatches
 from pipert.schedules import build_schedule
-from pipert.sim import native, simulate
+from pipert import native
+from pipert.sim import simulate
 from pipert.sim.engine import analyze
 from pipert.sim.errors import ScheduleError
 from pipert.sim.metrics import exposed_comm
@@ -121,3 +124,23 @@ def test_compiled_simulate_equals_the_pure_one_at_size(limit: float | None) -> N
     got, want = run(True), run(False)
     assert got == want
     assert (len(got) == 1) == (limit is not None)   # the limit is exceeded: the same first error
+
+
+_MESSAGES = st.tuples(st.sampled_from([Op.SEND, Op.RECV]), st.sampled_from(list(Payload)), st.integers(0, 7))
+_COMPUTES = st.tuples(st.sampled_from([Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE]), st.none(), st.none())
+
+
+@needs_simc
+@settings(max_examples=50, deadline=None)
+@given(st.one_of(_MESSAGES, _COMPUTES), st.integers(0, 9), st.lists(st.integers(0, 9), min_size=1, max_size=3))
+def test_compiled_message_action_builds_the_pure_ones_action(kind: tuple, unit: int, mb: list[int]) -> None:
+    """Lowering's Actions built in C (a message, or a compute without payload and peer): the same
+    class and every field (hash and text follow)."""
+    op, payload, peer = kind
+    assert action.message_action is native.SIMC.message_action
+    got = native.SIMC.message_action(op, unit, tuple(mb), payload, peer)
+    want = action._message_action_py(op, unit, tuple(mb), payload, peer)
+    assert type(got) is Action
+    assert [getattr(got, f.name) for f in dataclasses.fields(Action)] == \
+        [getattr(want, f.name) for f in dataclasses.fields(Action)]
+    assert (got, hash(got), str(got)) == (want, hash(want), str(want))
