@@ -624,7 +624,147 @@ static PyObject *message_action(PyObject *mod, PyObject *const *args, Py_ssize_t
     return a;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* lower_rank: one rank of pipert/ir/lowering.py:_programs without weight transfers, placement  */
+/* by unit                                                                                     */
+
+/* made.setdefault((src, dst), ([], []))[side].append((payload, v, mbs)) */
+static int record(PyObject *made, PyObject *src, PyObject *dst, int side, PyObject *payload, PyObject *v,
+                  PyObject *mbs) {
+    PyObject *key = PyTuple_Pack(2, src, dst);
+    if (!key) return -1;
+    PyObject *got = PyDict_GetItemWithError(made, key);
+    int rc = -1;
+    if (!got) {
+        if (PyErr_Occurred()) goto out;
+        PyObject *sends = PyList_New(0), *recvs = PyList_New(0);
+        got = (sends && recvs) ? PyTuple_Pack(2, sends, recvs) : NULL;
+        Py_XDECREF(sends); Py_XDECREF(recvs);
+        if (!got) goto out;
+        int bad = PyDict_SetItem(made, key, got);
+        Py_DECREF(got);   /* made holds it */
+        if (bad) goto out;
+    }
+    PyObject *msg = PyTuple_Pack(3, payload, v, mbs);
+    rc = msg ? PyList_Append(PyTuple_GET_ITEM(got, side), msg) : -1;
+    Py_XDECREF(msg);
+out:
+    Py_DECREF(key);
+    return rc;
+}
+
+/* The message of crossing ``item`` (payload, unit, unit on the other side) as ``op`` of micro-batches
+ * ``mbs``: its peer unit_rank[unit on the other side] (new reference in *peer, value in *pv) and,
+ * where that peer is not rank r, the Action in *msg (else NULL). -1 on error (nothing held). */
+static int crossing_message(PyObject *item, PyObject *unit_rank, PyObject *op, PyObject *mbs, long long r,
+                            PyObject **peer, long long *pv, PyObject **msg) {
+    *peer = *msg = NULL;
+    long long cu = as_ll(PyTuple_GET_ITEM(item, 2));
+    if (ERR_LL(cu) || !(*peer = PySequence_GetItem(unit_rank, cu))) return -1;   /* Python's indexing */
+    *pv = as_ll(*peer);
+    if (ERR_LL(*pv)) { Py_CLEAR(*peer); return -1; }
+    if (*pv == r) return 0;
+    PyObject *argv[5] = {op, PyTuple_GET_ITEM(item, 1), mbs, PyTuple_GET_ITEM(item, 0), *peer};
+    if (!(*msg = message_action(NULL, argv, 5))) { Py_CLEAR(*peer); return -1; }
+    return 0;
+}
+
+/* lower_rank(prog, acts, r, cross, unit_rank, ahead, made, crossing, RECV, SEND) -> True, or None
+ * (with ahead) where a compute receives twice from one rank. ``crossing(a)`` is _crossing_of for
+ * this rank: it fills ``cross`` and returns (incoming, outgoing). */
+static PyObject *lower_rank(PyObject *mod, PyObject *args) {
+    PyObject *prog, *acts, *r_obj, *cross, *unit_rank, *made, *crossing, *recv_op, *send_op;
+    int ahead;
+    if (!PyArg_ParseTuple(args, "O!O!OO!OpO!OOO", &PyList_Type, &prog, &PyList_Type, &acts, &r_obj, &PyDict_Type,
+                          &cross, &unit_rank, &ahead, &PyDict_Type, &made, &crossing, &recv_op, &send_op))
+        return NULL;
+    long long r = as_ll(r_obj);
+    if (ERR_LL(r)) return NULL;
+    Py_ssize_t at = 0;   /* with ahead: where the next receive goes (just before the previous compute) */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(acts); i++) {
+        PyObject *a = PyList_GET_ITEM(acts, i);
+        PyObject *u = NULL, *mbs = NULL, *sub = NULL, *op = NULL, *payload = NULL, *key = NULL, *got = NULL;
+        long long *sources = NULL;   /* the ranks this compute receives from (with ahead) */
+        int nsrc = 0, rc = -1;
+        if (!(u = PyObject_GetAttr(a, s_unit)) || !(mbs = PyObject_GetAttr(a, s_mb))) goto next;
+        if (u == Py_None) {
+            at = PyList_GET_SIZE(prog);
+            rc = PyList_Append(prog, a);
+            goto next;
+        }
+        if (!(sub = PyObject_GetAttr(a, s_sub)) || !(op = PyObject_GetAttr(a, s_op)) ||
+            !(payload = PyObject_GetAttr(a, s_payload)))
+            goto next;
+        int first_piece = 1, last_piece = 1;
+        if (sub != Py_None) {
+            long long j = as_ll(PyTuple_GetItem(sub, 0)), n = as_ll(PyTuple_GetItem(sub, 1));
+            if (ERR_LL(j) || ERR_LL(n)) goto next;
+            first_piece = j == 0, last_piece = j == n - 1;
+        }
+        int no_mb = PyObject_Not(mbs);
+        if (no_mb < 0 || !(key = PyTuple_Pack(4, op, payload, u, no_mb ? Py_True : Py_False))) goto next;
+        got = PyDict_GetItemWithError(cross, key);   /* _crossing_of's cache, read without its call */
+        if (got) Py_INCREF(got);
+        else if (PyErr_Occurred() || !(got = PyObject_CallOneArg(crossing, a))) goto next;
+        if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 2) {
+            PyErr_SetString(PyExc_TypeError, "lower_rank: crossing() returns (incoming, outgoing)");
+            goto next;
+        }
+        PyObject *incoming = PyTuple_GET_ITEM(got, 0), *outgoing = PyTuple_GET_ITEM(got, 1);
+        if (!(sources = PyMem_Malloc((size_t)(PyTuple_GET_SIZE(incoming) + 1) * sizeof(long long)))) {
+            PyErr_NoMemory();
+            goto next;
+        }
+        for (Py_ssize_t k = 0; first_piece && k < PyTuple_GET_SIZE(incoming); k++) {
+            PyObject *in = PyTuple_GET_ITEM(incoming, k), *src, *msg;   /* (payload, unit, unit of the writer) */
+            long long sv;
+            if (crossing_message(in, unit_rank, recv_op, mbs, r, &src, &sv, &msg)) goto next;
+            if (!msg) { Py_DECREF(src); continue; }   /* from this rank */
+            int bad;
+            if (!ahead) {
+                bad = PyList_Append(prog, msg);
+            } else {
+                for (int q = 0; q < nsrc; q++)
+                    if (sources[q] == sv) {   /* a second receive from one rank: the two passes decide */
+                        Py_DECREF(msg); Py_DECREF(src);
+                        Py_XDECREF(u); Py_XDECREF(mbs); Py_XDECREF(sub); Py_XDECREF(op); Py_XDECREF(payload);
+                        Py_XDECREF(key); Py_XDECREF(got); PyMem_Free(sources);
+                        Py_RETURN_NONE;
+                    }
+                sources[nsrc++] = sv;
+                bad = PyList_Insert(prog, at++, msg) ||
+                      record(made, src, r_obj, 1, PyTuple_GET_ITEM(in, 0), PyTuple_GET_ITEM(in, 1), mbs);
+            }
+            Py_XDECREF(msg);
+            Py_DECREF(src);
+            if (bad) goto next;
+        }
+        at = PyList_GET_SIZE(prog);
+        if (PyList_Append(prog, a)) goto next;
+        for (Py_ssize_t k = 0; last_piece && k < PyTuple_GET_SIZE(outgoing); k++) {
+            PyObject *o = PyTuple_GET_ITEM(outgoing, k), *dst, *msg;   /* (payload, unit, unit of the reader) */
+            long long dv;
+            if (crossing_message(o, unit_rank, send_op, mbs, r, &dst, &dv, &msg)) goto next;
+            int bad = msg && (PyList_Append(prog, msg) ||
+                              record(made, r_obj, dst, 0, PyTuple_GET_ITEM(o, 0), PyTuple_GET_ITEM(o, 1), mbs));
+            Py_XDECREF(msg);
+            Py_DECREF(dst);
+            if (bad) goto next;
+        }
+        rc = 0;
+    next:
+        Py_XDECREF(u); Py_XDECREF(mbs); Py_XDECREF(sub); Py_XDECREF(op); Py_XDECREF(payload); Py_XDECREF(key);
+        Py_XDECREF(got);
+        PyMem_Free(sources);
+        if (rc) return NULL;
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
+    {"lower_rank", lower_rank, METH_VARARGS,
+     "lower_rank(prog, acts, r, cross, unit_rank, ahead, made, crossing, RECV, SEND) -> True or None: one rank of "
+     "lowering._programs without weight transfers, placement by unit"},
     {"bind_action", bind_action, METH_VARARGS,
      "bind_action(Action, field names): the class message_action builds (its slots, in field order)"},
     {"message_action", (PyCFunction)(void (*)(void))message_action, METH_FASTCALL,

@@ -7,7 +7,7 @@ sets per (unit, shard, class slot)) and ``host`` (the rank's last compute-queue 
 """
 from __future__ import annotations
 
-from itertools import chain
+from itertools import chain, islice
 from operator import attrgetter
 from typing import Any
 
@@ -103,17 +103,17 @@ class Builder(OpRules, CommState):
             check = _out_of_range(acts, U, M)   # indices are checked per action only where one is bad
             classes = placed or _names_classes(acts)  # likewise ZeRO classes
             # the compiled walk (pipert._simc) runs the actions it covers, from i up to the next one
-            # it leaves to this loop (returned as ``skip``); only where no per-action check applies
+            # it leaves to this loop (``nxt``); only where no per-action check applies
             walk = simc.walk if simc is not None and fast and type(acts) is list and \
                 not (check or classes or self.recomputed) else None
-            skip = 0
-            for i, a in enumerate(acts):
-                if i < skip:
-                    continue
+            steps = enumerate(acts)
+            for i, a in steps:
                 if walk is not None:
-                    skip, busy, peak, over = walk(self, r, acts, i, busy, peak, over, limit, nodes_r, cq, trace, ctx)
-                    if skip > i:
-                        continue
+                    nxt, busy, peak, over = walk(self, r, acts, i, busy, peak, over, limit, nodes_r, cq, trace, ctx)
+                    if nxt == len(acts):
+                        break
+                    if nxt > i:   # on to action nxt (islice skips the walked ones in C)
+                        i, a = next(islice(steps, nxt - i - 1, None))
                 op = a.op
                 q = q_of[op]
                 if check and self._bad_index(r, i, a):

@@ -1,5 +1,6 @@
 """The compiled loops of pipert._simc (``walk``: Builder.run's common case, ``longest_path``:
-run_timing's sweep, ``message_action``: lowering's Actions) give results identical to the pure-Python ones, on registered schedules with
+run_timing's sweep, ``message_action`` and ``lower_rank``: lowering's Actions and rank loop) give results
+identical to the pure-Python ones, on registered schedules with
 random stages, micro-batches, chunks, costs, links and memory limits, after passes and mutations
 that break the programs: the whole graph, memory traces, times, makespan, per-rank peaks, busy
 and exposed communication, bytes per link and every error in order."""
@@ -15,15 +16,16 @@ from typing import Iterator
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_lowering_one_pass import programs
 from test_sim_fast_path import FAMILIES, _mutate
 
 import pipert
 from pipert.cost import UniformCost
 from pipert.cost.topology import Links, Topology
-from pipert.ir import Schedule, action
+from pipert.ir import Schedule, action, lower
 from pipert.ir.action import Action, Op, Payload
 from pipert.ir.passes import PASSES, fold_microbatches
-from pipert.schedules import build_schedule
+from pipert.schedules import available, build_schedule
 from pipert import native
 from pipert.sim import simulate
 from pipert.sim.engine import analyze
@@ -144,3 +146,50 @@ def test_compiled_message_action_builds_the_pure_ones_action(kind: tuple, unit: 
     assert [getattr(got, f.name) for f in dataclasses.fields(Action)] == \
         [getattr(want, f.name) for f in dataclasses.fields(Action)]
     assert (got, hash(got), str(got)) == (want, hash(want), str(want))
+
+
+@needs_simc
+@pytest.mark.parametrize("name", available())
+def test_compiled_lowering_builds_the_pure_ones_programs(name: str) -> None:
+    """Every registered family at a few sizes: the same programs, placement and meta (or the same
+    refusal) with lowering's rank loop in C (``lower_rank``) as in Python."""
+    for P, M in ((2, 4), (3, 6), (4, 16)):
+        got, want = (_built(name, P, M, compiled) for compiled in (True, False))
+        assert got == want, (name, P, M)
+
+
+def _built(name: str, P: int, M: int, compiled: bool) -> tuple:
+    with _loops(compiled):
+        try:
+            s = build_schedule(name, stages=P, microbatches=M)
+        except ValueError as e:
+            return (str(e),)
+        timeless = {k: v for k, v in s.meta.items() if not k.endswith("_s")}   # a solver's seconds differ
+        return (s.actions, s.placement, timeless, s.num_units)
+
+
+@st.composite
+def _in_pieces(draw: st.DrawFn) -> tuple:
+    """programs() with each compute cut into 1 to 3 sub-blocks (receives before the first, sends
+    after the last)."""
+    P, U, M, placement, compute = draw(programs())
+    n = draw(st.integers(1, 3))
+    if n > 1:
+        compute = [[dataclasses.replace(a, sub=(j, n)) if a.op is not Op.OPT else a
+                    for a in acts for j in (range(n) if a.op is not Op.OPT else (0,))] for acts in compute]
+    return P, U, M, placement, compute
+
+
+@needs_simc
+@settings(max_examples=100, deadline=None)
+@given(_in_pieces())
+def test_compiled_lowering_equals_the_pure_one_on_random_placements(program: tuple) -> None:
+    """Units on random ranks in random orders, in pieces: the one pass (or its refusal, then the two
+    passes), and the two passes alone (``post_ahead`` 2)."""
+    assert _lowered(program, True) == _lowered(program, False)
+
+
+def _lowered(program: tuple, compiled: bool) -> list:
+    P, U, M, placement, compute = program
+    with _loops(compiled):
+        return [lower("x", P, U, M, placement, compute, post_ahead=ahead).actions for ahead in (1, 2)]
