@@ -153,7 +153,7 @@ def test_compiled_message_action_builds_the_pure_ones_action(kind: tuple, unit: 
 def test_compiled_lowering_builds_the_pure_ones_programs(name: str) -> None:
     """Every registered family at a few sizes: the same programs, placement and meta (or the same
     refusal) with lowering's rank loop in C (``lower_rank``) as in Python."""
-    for P, M in ((2, 4), (3, 6), (4, 16)):
+    for P, M in ((2, 4), (3, 6), (4, 8)):
         got, want = (_built(name, P, M, compiled) for compiled in (True, False))
         assert got == want, (name, P, M)
 
