@@ -7,7 +7,7 @@ STAMP := $(VENV)/.pipert-installed
 
 .PHONY: demo test clean
 
-CSRC := $(wildcard csrc/*.cpp csrc/core/*.cpp csrc/core/*.h csrc/core/*.cu)
+CSRC := $(wildcard csrc/*.cpp csrc/core/*.cpp csrc/core/*.h csrc/core/*.cu csrc/simc/*.c)
 
 $(STAMP): setup.py $(CSRC)
 	test -x $(PY) || python3 -m venv --system-site-packages $(VENV)

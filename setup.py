@@ -1,6 +1,7 @@
-"""Build and install pipert, with the optional pipert._C extension from csrc/.
+"""Build and install pipert, with the optional extensions from csrc/: pipert._C (against torch) and
+pipert._simc (the simulator's hot loops, plain Python C API: no torch, so the simulator starts fast).
 
-Environment switches for the extension:
+Environment switches for the extensions:
   PIPERT_NO_EXT=1   build no extension (pipert uses its pure-Python paths)
   PIPERT_CUDA=1     require the CUDA part (fails when CUDA toolkit or CUDA torch is missing)
   PIPERT_CUDA=0     CPU part only
@@ -9,19 +10,22 @@ Environment switches for the extension:
 import glob
 import os
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
+
+# C11 named explicitly: torch's build_ext otherwise adds its C++ standard to every source
+SIMC = Extension("pipert._simc", ["csrc/simc/simc.c"], extra_compile_args=["-O2", "-std=c11"])
 
 
 def _extension_args() -> dict:
-    """ext_modules + cmdclass for pipert._C; torch is imported only here."""
+    """ext_modules + cmdclass for pipert._C and pipert._simc; torch is imported only here."""
     if os.environ.get("PIPERT_NO_EXT") == "1":
         return {}
     try:
         from torch.utils import cpp_extension as ce
         import torch
-    except ImportError:  # e.g. an isolated build without torch: pipert falls back to pure Python
+    except ImportError:  # e.g. an isolated build without torch: pipert._C falls back to pure Python
         print("pipert: torch not importable at build time; building without pipert._C")
-        return {}
+        return {"ext_modules": [SIMC]}
 
     want = os.environ.get("PIPERT_CUDA")
     cuda_ok = ce.CUDA_HOME is not None and torch.version.cuda is not None
@@ -39,7 +43,28 @@ def _extension_args() -> dict:
                                extra_compile_args={"cxx": cxx, "nvcc": ["-O2"]}, **kwargs)
     else:
         ext = ce.CppExtension("pipert._C", sources, extra_compile_args={"cxx": cxx}, **kwargs)
-    return {"ext_modules": [ext], "cmdclass": {"build_ext": ce.BuildExtension}}
+    return {"ext_modules": [ext, SIMC], "cmdclass": {"build_ext": _with_plain_c(ce.BuildExtension)}}
+
+
+def _with_plain_c(torch_build_ext: type) -> type:
+    """torch's build_ext for pipert._C, then setuptools' own for pipert._simc: torch's compiles
+    every source as C++ (and patches the compiler for the whole run), so the plain-C module is
+    built after it with the compiler's own methods put back."""
+    from setuptools.command.build_ext import build_ext
+
+    class BuildExt(torch_build_ext):
+        def build_extensions(self) -> None:
+            plain = [e for e in self.extensions if e is SIMC]
+            self.extensions = [e for e in self.extensions if e is not SIMC]
+            saved = {k: getattr(self.compiler, k) for k in ("compile", "_compile")}
+            super().build_extensions()
+            for k, f in saved.items():
+                setattr(self.compiler, k, f)
+            self.extensions += plain
+            for e in plain:
+                build_ext.build_extension(self, e)
+
+    return BuildExt
 
 
 setup(

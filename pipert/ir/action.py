@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from .. import native
 from .ops import Op, Payload
 from .semantics.fields import fields_error
 from .semantics.opsets import BACKWARD_OPS, COLLECTIVE_OPS, COMPUTE_OPS, MEMORY_OPS, P2P_OPS, UNIT_COMPUTE_OPS
@@ -210,6 +211,12 @@ def message_action(op: Op, unit: int, mb: tuple[int, ...], payload: Payload | No
     a._h = 0
     a.__class__ = Action
     return a
+
+
+_message_action_py = message_action
+if native.SIMC is not None:   # the same Action, built in C
+    native.SIMC.bind_action(Action, tuple(f.name for f in fields(Action)))
+    message_action = native.SIMC.message_action  # noqa: F811
 
 
 def compute_action(op: Op, unit: int, mb: tuple[int, ...]) -> Action:

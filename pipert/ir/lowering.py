@@ -20,6 +20,7 @@ import functools
 import itertools
 from operator import attrgetter
 
+from .. import native
 from .action import Action, Op, Payload, message_action
 from .schedule import Placement, Schedule
 from .semantics import BOUNDARY_OPS, LOCAL_WGRAD_OPS, TABLE, Queue, Semantics, Value
@@ -116,8 +117,14 @@ def _programs(num_ranks: int, num_units: int, placement: Placement, compute: lis
         first_use, last_bwd = _weight_uses(compute, placement)
         for (r, u) in sorted(first_use):
             out[placement.weight_owner[u]].append(Action(Op.SEND, unit=u, payload=Payload.WEIGHT, peer=r))
+    simc = native.SIMC if not weights and unit_rank is not None else None
     for r, acts in enumerate(compute):
         prog = out[r]
+        if simc is not None and type(acts) is list:   # this loop in C (pipert._simc), the same programs
+            crossing = functools.partial(_crossing_of, sem=sem, rank=r, cache=cross)
+            if simc.lower_rank(prog, acts, r, cross, unit_rank, ahead, made, crossing, RECV, SEND) is None:
+                return None
+            continue
         at = 0   # with ahead: where the next receive goes (just before the previous compute)
         for i, a in enumerate(acts):
             u, mbs = a.unit, a.mb

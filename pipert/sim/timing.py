@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..ir.action import Action
 from .errors import ScheduleError
+from .. import native
 from .graph import Graph
 from .keys import K_TRANSFER
 
@@ -34,8 +35,12 @@ class Times:
 
 
 def run_timing(g: Graph) -> tuple[Times, list[int], list[ScheduleError]]:
-    """Times of all nodes, topological order, and deadlock/weight-grad errors."""
+    """Times of all nodes, topological order, and deadlock/weight-grad errors (the sweep in C
+    where pipert._simc is built: the same times and order)."""
     n_nodes = len(g.kind)
+    if native.SIMC is not None and type(g.dur) is list and type(g.succ) is list:
+        ready, end0, end1, order, indeg = native.SIMC.longest_path(g.dur, g.lat, g.succ, g.indeg)
+        return _checked(g, Times(ready, end0, end1), order, indeg)
     indeg = list(g.indeg)
     ready = [0.0] * n_nodes
     end0 = [0.0] * n_nodes
@@ -60,8 +65,14 @@ def run_timing(g: Graph) -> tuple[Times, list[int], list[ScheduleError]]:
             indeg[m] = c
             if not c:
                 push(m)
-    times = Times(ready, end0, end1)
-    if len(order) < n_nodes:
+    return _checked(g, Times(ready, end0, end1), order, indeg)
+
+
+def _checked(g: Graph, times: Times, order: list[int], indeg: list[int]) -> tuple[Times, list[int],
+                                                                                  list[ScheduleError]]:
+    """The sweep's result with its errors: a deadlock where some node was never reached (``indeg``:
+    the in-edges left), else the weight-grad set rules."""
+    if len(order) < len(g.kind):
         return times, order, [_deadlock(g, indeg)]
     return times, order, _wgrad_sets(g, order)
 

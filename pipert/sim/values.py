@@ -7,13 +7,14 @@ sets per (unit, shard, class slot)) and ``host`` (the rank's last compute-queue 
 """
 from __future__ import annotations
 
-from itertools import chain
+from itertools import chain, islice
 from operator import attrgetter
 from typing import Any
 
 from ..ir.action import Action, Op, Payload
 from ..ir.semantics import (COLLECTIVE_OPS, LOCAL_WGRAD_OPS, MEMORY_KIND, TIMED_OPS, UNIT_COMPUTE_OPS, Semantics, Value,
                             action_time, recomputed)
+from .. import native
 from .comm import CommState
 from .keys import HOST, INITIAL, K_COMPUTE, K_TRANSFER, MISSING, QUEUES, SHARD, SHIFT, describe_key
 from .oprules import OpRules
@@ -74,6 +75,8 @@ class Builder(OpRules, CommState):
         fast, tx_prod = self.fast, self.tx_prod
         timed, unit_computes = TIMED_OPS, UNIT_COMPUTE_OPS
         placed = self.split or any(self.mixed)  # the placement gives some unit ZeRO classes or copies
+        simc = native.SIMC
+        ctx = (q_of, timed & unit_computes, Op.SEND, ctime)
         for r in range(self.P):
             acts = s.actions[r]
             self.r = r
@@ -99,7 +102,18 @@ class Builder(OpRules, CommState):
             limit, over = self.limits[r], False
             check = _out_of_range(acts, U, M)   # indices are checked per action only where one is bad
             classes = placed or _names_classes(acts)  # likewise ZeRO classes
-            for i, a in enumerate(acts):
+            # the compiled walk (pipert._simc) runs the actions it covers, from i up to the next one
+            # it leaves to this loop (``nxt``); only where no per-action check applies
+            walk = simc.walk if simc is not None and fast and type(acts) is list and \
+                not (check or classes or self.recomputed) else None
+            steps = enumerate(acts)
+            for i, a in steps:
+                if walk is not None:
+                    nxt, busy, peak, over = walk(self, r, acts, i, busy, peak, over, limit, nodes_r, cq, trace, ctx)
+                    if nxt == len(acts):
+                        break
+                    if nxt > i:   # on to action nxt (islice skips the walked ones in C)
+                        i, a = next(islice(steps, nxt - i - 1, None))
                 op = a.op
                 q = q_of[op]
                 if check and self._bad_index(r, i, a):
@@ -177,7 +191,7 @@ class Builder(OpRules, CommState):
                     peak = mem
                     if limit is not None and peak > limit and not over:
                         over = True
-                        self.error(r, i, a, "memory", f"memory {peak:g} exceeds the limit {limit:g}")
+                        self.memory_error(r, i, a, peak, limit)
             for (op, u, mb), (nxt, j, a) in self.open_sub.items():
                 self.error(r, j, a, "sub_block", f"sub-block {nxt - 1}/{a.sub[1]} is never followed by "
                            f"sub-block {nxt}/{a.sub[1]}")
@@ -188,6 +202,10 @@ class Builder(OpRules, CommState):
             self.queues.append(list(map(qname.__getitem__, ops)))
             self.memory_trace.append(trace)
         self.finish()
+
+    def memory_error(self, r: int, i: int, a: Action, peak: float, limit: float) -> None:
+        """The rank's running memory first exceeds its limit at action i."""
+        self.error(r, i, a, "memory", f"memory {peak:g} exceeds the limit {limit:g}")
 
     def _initial(self, r: int) -> dict[int, int]:
         """What the rank holds at the start of a step (the semantics' initial holdings)."""

@@ -1,0 +1,25 @@
+"""The simulator's optional compiled loops: ``pipert._simc`` (csrc/simc/simc.c, built by setup.py
+next to ``pipert._C``; plain Python C API, no torch).
+
+``SIMC`` is the module, or None when it is not built or ``PIPERT_SIM_PURE=1`` is set; then the
+engine runs its pure-Python loops and lowering builds its messages in Python, whose results the
+compiled ones equal exactly (tests/unit/test_sim_native.py). The engine reads ``SIMC`` at every
+run, so a test may switch it off; ``message_action`` is chosen once, at import.
+"""
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+__all__ = ["SIMC", "load_error"]
+
+SIMC: ModuleType | None = None
+load_error: str | None = None
+
+if os.environ.get("PIPERT_SIM_PURE") == "1":
+    load_error = "disabled by PIPERT_SIM_PURE=1"
+else:
+    try:
+        from . import _simc as SIMC
+    except ImportError as exc:  # not built: the pure-Python loops
+        load_error = str(exc)
