@@ -14,7 +14,7 @@ from .cost.uniform import UniformCost
 from .ir import Schedule
 from .schedules import build_schedule, family
 from .scenario_flags import (DEFAULT_MICROBATCHES, DEFAULT_STAGES, HELIX_OPT_OUTS, check_scenario_flags, check_size,
-                             check_tp_flags, dc_link, helix_options, nic_bandwidth, node_links)
+                             check_tp_flags, dc_link, helix_options, nic_bandwidth, node_links, parse_options)
 
 __all__ = ["Scenario", "scenario_from_args", "file_shape", "shape_flags", "load_or_build", "LAYER_PER_CHUNK"]
 
@@ -192,6 +192,11 @@ def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = Non
         links = Links(topo, {"inter_dc": dc}) if dc is not None else None
         layers = None
     options.update(helix_options(args))
+    given = parse_options(getattr(args, "options", None))
+    if "recompute" in given and options.get("recompute", given["recompute"]) != given["recompute"]:
+        raise ValueError(f"--options recompute={given['recompute']} contradicts --recompute {options['recompute']}; "
+                         f"give one of them")
+    options.update(given)
     return Scenario(stages, microbatches, chunks, cost, topo, links, args.memory_limit, options,
                     layers=layers, tp=tp, sp=sp, recompute=getattr(args, "recompute", None) or "none",
                     nic_bandwidth=nic)
@@ -247,6 +252,10 @@ def load_or_build(args: argparse.Namespace, name: str, measured: Callable[[int],
         if getattr(args, flag_name, False) and accepted is not None and opt not in accepted:
             raise ValueError(f"--{flag_name.replace('_', '-')} opts helixpipe-2fold out of a paper default; "
                              f"{name} has no option {opt}")
+    untaken = [k for k in parse_options(getattr(args, "options", None)) if accepted is not None and k not in accepted]
+    if untaken:
+        raise ValueError(f"--options {untaken[0]}=...: {name} has no option {untaken[0]}; it takes: "
+                         f"{', '.join(accepted) or 'none'}")
     chunks = sc.chunks if sc.chunks is not None else fam.default_chunks
     try:                                  # the family's constraints first: building can take long
         fam.validate(PipelineConfig(sc.stages, sc.microbatches, chunks))
