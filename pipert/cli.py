@@ -44,13 +44,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "schedule": sched.name, "stages": sched.num_ranks, "microbatches": sched.num_microbatches,
-            "units": sched.num_units, "tp": sc.tp, "sp": sc.sp, "makespan": res.makespan,
+            "units": sched.num_units, "dp": sc.dp, "tp": sc.tp, "sp": sc.sp, "makespan": res.makespan,
             "bubble_ratio": res.bubble_ratio,
             "peak_memory": list(res.peak_memory), "comm_bytes": dict(res.comm_bytes),
             "busy": list(res.busy), "exposed_comm": list(res.exposed_comm), "nic_bandwidth_Bps": sc.nic_bandwidth,
             **nccl}))
         return 0
-    print(f"schedule      {sched.name}  (P={sched.num_ranks}, M={sched.num_microbatches}, units={sched.num_units})")
+    ranks = f"P={sc.stages} x D={sc.dp} ranks" if sc.dp > 1 else f"P={sched.num_ranks}"
+    print(f"schedule      {sched.name}  ({ranks}, M={sched.num_microbatches}, units={sched.num_units})")
     if sc.tp > 1:
         print(f"tensor par.   T={sc.tp}{', SP' if sc.sp else ''}: {sched.num_ranks * sc.tp} devices; every time and "
               f"size below is one device's (TP collectives inside the computes)")
@@ -201,6 +202,10 @@ def _add_simulate(sub: Any) -> None:
     add_tp_args(s)
     add_helix_args(s)
     add_options_arg(s)
+    s.add_argument("--dp", type=int, default=None, help="data-parallel replicas D of a schedule this command builds "
+                   "(pipert.compile(..., dp=D): replica d's stage s on rank d*P+s, each unit's gradients reduced "
+                   "over its replicas); -M counts every replica's micro-batches and --dcs splits the P*D ranks, as "
+                   "in train; CrossPipe's generators plan around the reductions on those links")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--trace", help="write a Chrome-trace JSON (open in Perfetto)")
     s.add_argument("--plot", help="write a PNG Gantt chart")

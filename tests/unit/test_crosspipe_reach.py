@@ -1,6 +1,6 @@
 """CrossPipe's DP-aware objective and recompute case reached from the normal paths: ``compile(...,
-dp=D)`` prices the replicas' reductions for the generator itself, and ``simulate``, ``compare`` and
-``export`` take ``--options`` as ``train`` does."""
+dp=D)`` (and ``simulate --dp D``) prices the replicas' reductions for the generator itself, and
+``simulate``, ``compare`` and ``export`` take ``--options`` as ``train`` does."""
 from __future__ import annotations
 
 import json
@@ -57,6 +57,24 @@ def test_replicas_need_links_over_every_rank_placed_alike():
                 schedule_options={"cost": UniformCost(), "links": links})
 
 
+def test_simulate_dp_builds_the_replicated_program_through_compile(capsys, tmp_path):
+    link = ["--dcs", "2", "--dc-latency", "0.5", "--dc-transfer", "1", "--tf", "0.5", "--tb", "1"]
+    argv = ["simulate", "crosspipe-wave", "-P", "2", "-M", "8", "--dp", "2", *link, "--json"]
+    aware, blind = (_json(capsys, argv + extra) for extra in ([], ["--options", "dp_time=0"]))
+    assert aware["dp"] == 2 and aware["stages"] == 4 and aware["microbatches"] == 8
+    assert aware["makespan"] < blind["makespan"] - 1.0
+    # the same program as compile's with the scenario's costs and links over the 4 ranks
+    cost = UniformCost(tf=0.5, tb=1.0)
+    links = Links(Topology(4, num_dcs=2), {"inter_dc": LinkSpec(0.5, float("inf"), 1.0)})
+    prog = compile("crosspipe-wave", stages=2, microbatches=8, dp=2, chunks=2,
+                   schedule_options={"cost": cost, "links": links})
+    assert aware["makespan"] == simulate(prog, cost, links).makespan == prog.meta["predicted_makespan"]
+    path = str(tmp_path / "one.json")
+    assert main(["export", "1f1b", "-P", "2", "-M", "4", "-o", path]) == 0
+    assert main(["simulate", path, "--dp", "2"]) == 2
+    assert "--dp 2 replicates a schedule this command builds; a schedule file keeps" in capsys.readouterr().err
+
+
 # --- --options in simulate, compare, export ------------------------------------------------------------
 SHAPE = ["-P", "4", "-M", "8"]
 ACT = UniformCost(tf=1.0, tb=2.0)
@@ -111,6 +129,9 @@ def test_export_and_compare_reach_recompute_full(capsys, tmp_path):
     (["simulate", "crosspipe-greedy", "--options", "recompute=half"], "recompute='half' unknown; allowed: none"),
     (["simulate", "crosspipe-greedy", "--options", "dp=2", "--dcs", "2", "--dc-latency", "1"],
      "the links span 4 ranks, but 2 replicas of 4 stages run on 8"),
+    (["simulate", "1f1b", "-M", "6", "--dp", "4"], "--microbatches 6 do not split over --dp 4 replicas"),
+    (["simulate", "crosspipe-greedy", "-P", "4", "--dp", "3", "--dcs", "2", "--dc-latency", "1", "-M", "9"],
+     "replica 1's stages 0 -> 2 (ranks 4 -> 6) cross other links than replica 0's"),
 ])
 def test_bad_options_are_refused_naming_them(argv, needle, capsys):
     assert main(argv) == 2
