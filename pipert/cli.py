@@ -44,13 +44,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "schedule": sched.name, "stages": sched.num_ranks, "microbatches": sched.num_microbatches,
-            "units": sched.num_units, "tp": sc.tp, "sp": sc.sp, "makespan": res.makespan,
+            "units": sched.num_units, "dp": sc.dp, "tp": sc.tp, "sp": sc.sp, "makespan": res.makespan,
             "bubble_ratio": res.bubble_ratio,
             "peak_memory": list(res.peak_memory), "comm_bytes": dict(res.comm_bytes),
             "busy": list(res.busy), "exposed_comm": list(res.exposed_comm), "nic_bandwidth_Bps": sc.nic_bandwidth,
             **nccl}))
         return 0
-    print(f"schedule      {sched.name}  (P={sched.num_ranks}, M={sched.num_microbatches}, units={sched.num_units})")
+    ranks = f"P={sc.stages} x D={sc.dp} ranks" if sc.dp > 1 else f"P={sched.num_ranks}"
+    print(f"schedule      {sched.name}  ({ranks}, M={sched.num_microbatches}, units={sched.num_units})")
     if sc.tp > 1:
         print(f"tensor par.   T={sc.tp}{', SP' if sc.sp else ''}: {sched.num_ranks * sc.tp} devices; every time and "
               f"size below is one device's (TP collectives inside the computes)")
@@ -193,13 +194,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def _add_simulate(sub: Any) -> None:
-    from .scenario_flags import add_helix_args, add_scenario_args, add_tp_args
+    from .scenario_flags import add_helix_args, add_options_arg, add_scenario_args, add_tp_args
     s = sub.add_parser("simulate", help="simulate one schedule on one scenario")
     s.add_argument("schedule", help="registered schedule name, or a schedule file: pipert's .json, torch.pipelining's "
                    ".csv (_dump_csv) or its orders as .json; the file's shape (ranks, units, micro-batches) is kept")
     add_scenario_args(s)
     add_tp_args(s)
     add_helix_args(s)
+    add_options_arg(s)
+    s.add_argument("--dp", type=int, default=None, help="data-parallel replicas D of a schedule this command builds "
+                   "(pipert.compile(..., dp=D): replica d's stage s on rank d*P+s, each unit's gradients reduced "
+                   "over its replicas); -M counts every replica's micro-batches and --dcs splits the P*D ranks, as "
+                   "in train; CrossPipe's generators plan around the reductions on those links")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--trace", help="write a Chrome-trace JSON (open in Perfetto)")
     s.add_argument("--plot", help="write a PNG Gantt chart")
@@ -216,13 +222,14 @@ def _add_simulate(sub: Any) -> None:
 
 
 def _add_compare(sub: Any) -> None:
-    from .scenario_flags import add_helix_args, add_scenario_args, add_tp_args
+    from .scenario_flags import add_helix_args, add_options_arg, add_scenario_args, add_tp_args
     c = sub.add_parser("compare", help="simulate every applicable schedule on one scenario, ranked")
     c.add_argument("file", nargs="?", default=None, help="a schedule file (as for simulate), ranked against the "
                    "registered schedules on its shape")
     add_scenario_args(c)
     add_tp_args(c)
     add_helix_args(c)
+    add_options_arg(c)
     c.add_argument("--schedules", help="comma-separated names (default: all registered)")
     c.add_argument("--json", action="store_true", help="print a JSON list")
     c.add_argument("--plot", default="pipert-compare.png", help="PNG with one Gantt chart per schedule ('' to skip)")
@@ -230,12 +237,13 @@ def _add_compare(sub: Any) -> None:
 
 
 def _add_export(sub: Any) -> None:
-    from .scenario_flags import add_helix_args, add_scenario_args
+    from .scenario_flags import add_helix_args, add_options_arg, add_scenario_args
     from .ir.files import EXPORT_FORMATS, RECEIVES
     e = sub.add_parser("export", help="write a schedule as pipert JSON, a text grid, or torch.pipelining's CSV/JSON")
     e.add_argument("schedule", help="registered schedule name, or a schedule file (converted)")
     add_scenario_args(e)
     add_helix_args(e)
+    add_options_arg(e)
     e.add_argument("--format", default="json", choices=EXPORT_FORMATS,
                    help="json: pipert's schedule file; text: every action, one column per rank; torch-csv: "
                    "torch's _dump_csv form (load it with _load_csv); torch-json: the same rows as JSON")
@@ -258,7 +266,8 @@ def _add_train(sub: Any) -> None:
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
-        doc = _TRAIN_HELP.get(f.name, "") + (f" (default: {default})" if default not in (None, False, "") else "")
+        doc = (_TRAIN_HELP.get(f.name) or _shared_help(f.name)) + \
+            (f" (default: {default})" if default not in (None, False, "") else "")
         if isinstance(default, bool):
             t.add_argument(flag, action=_Given, nargs=0, const=True, default=False, help=doc)
         else:
@@ -267,6 +276,11 @@ def _add_train(sub: Any) -> None:
             t.add_argument(*names, type=kind, default=None if f.name in _FILE_SHAPED else default, action=_Given,
                            help=doc + (" or a schedule file's" if f.name in _FILE_SHAPED else ""))
     t.set_defaults(fn=cmd_train)
+
+
+def _shared_help(name: str) -> str:
+    from .scenario_flags import OPTIONS_HELP
+    return OPTIONS_HELP if name == "options" else ""
 
 
 def _registered(module: str) -> Callable[[Any], None]:
@@ -285,7 +299,6 @@ _COMMANDS: dict[str, Callable[[Any], None]] = {
 _TRAIN_HELP = {
     "schedule": "registered schedule name or a schedule file (.json, torch's .csv)", "stages": "pipeline ranks P", "microbatches": "micro-batches per step M",
     "chunks": "units per rank for interleaved schedules", "ranks_per_node": "ranks per node (tawpipe)",
-    "options": "generator options name=value;... (pipemesh: enqueue=4,4;dequeue=2,2,2,2;units_per_chunk=1)",
     "dp": "data-parallel replicas D of the pipeline (stages x dp processes)",
     "plan": "a PipeMesh plan file (pipert plan --pipemesh ... --save FILE): sets --schedule, -P, --dp, --chunks, -M, "
             "--options (sequences, buckets as units per chunk), --zero, --zero3-buffers, --recompute, --tp/--sp; "

@@ -14,7 +14,7 @@ from .cost.uniform import UniformCost
 from .ir import Schedule
 from .schedules import build_schedule, family
 from .scenario_flags import (DEFAULT_MICROBATCHES, DEFAULT_STAGES, HELIX_OPT_OUTS, check_scenario_flags, check_size,
-                             check_tp_flags, dc_link, helix_options, nic_bandwidth, node_links)
+                             check_tp_flags, dc_link, helix_options, nic_bandwidth, node_links, parse_options)
 
 __all__ = ["Scenario", "scenario_from_args", "file_shape", "shape_flags", "load_or_build", "LAYER_PER_CHUNK"]
 
@@ -58,6 +58,10 @@ class Scenario:
     nic_bandwidth: float | None = None
     """Bytes per second of each node's one NIC each way, shared by its ranks' inter-node
     messages (``pipert.sim.nic``); None: every rank pair has its own link."""
+    dp: int = 1
+    """Data-parallel replicas (``simulate --dp``): every schedule is built for one replica's
+    ``microbatches`` and compiled with ``dp`` (:func:`pipert.compile`: replica d's stage s on rank
+    d * P + s); ``topology`` and ``links`` span the P * dp ranks."""
 
     def cost_for(self, schedule: Schedule) -> Any:
         """The cost model for ``schedule``'s units, with the recomputation and the loss placement its
@@ -99,14 +103,20 @@ class Scenario:
         units = self.stages * v * (2 if name in LAYER_PER_CHUNK else 1)  # HelixPipe: 2 pieces per layer, + 1
         check_size(self.stages, units, self.microbatches, [name],
                    f"{name} --stages {self.stages} --microbatches {self.microbatches} --chunks {v}")
-        return build_schedule(name, stages=self.stages, microbatches=self.microbatches, chunks=chunks,
-                              **self.options_for(name, chunks or fam.default_chunks))
+        sched = build_schedule(name, stages=self.stages, microbatches=self.microbatches, chunks=chunks,
+                               **self.options_for(name, chunks or fam.default_chunks))
+        if self.dp == 1:
+            return sched
+        from .compiler import compile
+        return compile(sched, dp=self.dp, check=False).to_schedule()
 
     def options_for(self, name: str, chunks: int = 1) -> dict:
         """Options ``name`` accepts; delay-aware generators get the costs of their own units."""
         opts = dict(self.options)
         opts.update(cost=self.cost_for_units(self.stages * chunks), links=self.links, topology=self.topology,
                     memory_limit=self.memory_limit)
+        from .compiler import replica_options
+        opts = {**replica_options(name, self.dp), **opts}
         accepted = family(name).options()
         return opts if accepted is None else {k: v for k, v in opts.items() if k in accepted}
 
@@ -132,13 +142,13 @@ def shape_flags(args: argparse.Namespace) -> dict[str, int | None]:
     return {"--stages": args.stages, "--microbatches": args.microbatches, "--chunks": args.chunks}
 
 
-def _check_topology_flags(args: argparse.Namespace, stages: int, tp: int = 1) -> int | None:
-    """--dcs and --ranks-per-node against the stage count (the flag's or a schedule file's);
-    returns the pipeline ranks per node (--ranks-per-node counts devices: with --tp T a node holds
-    ranks-per-node / T pipeline ranks)."""
+def _check_topology_flags(args: argparse.Namespace, stages: int, tp: int = 1, what: str = "stages") -> int | None:
+    """--dcs and --ranks-per-node against the stage count (the flag's or a schedule file's; with
+    --dp, the ranks of every replica: ``what`` names them); returns the pipeline ranks per node
+    (--ranks-per-node counts devices: with --tp T a node holds ranks-per-node / T pipeline ranks)."""
     dcs = args.dcs or 1
     if stages % dcs:
-        raise ValueError(f"--dcs {dcs} does not divide the {stages} stages into equal blocks; allowed: a "
+        raise ValueError(f"--dcs {dcs} does not divide the {stages} {what} into equal blocks; allowed: a "
                          f"divisor of {stages}")
     rpn = args.ranks_per_node
     if rpn is None:
@@ -171,8 +181,10 @@ def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = Non
         chunks = args.chunks
         check_size(stages, stages * (chunks or 1), microbatches,
                    what=f"--stages {stages}{f' x --chunks {chunks}' if chunks else ''} --microbatches {microbatches}")
-    per_node = _check_topology_flags(args, stages, tp)
-    topo = Topology(stages, ranks_per_node=per_node, num_dcs=args.dcs or 1)
+    dp = _replicas(args, schedule, microbatches)
+    per_node = _check_topology_flags(args, stages * dp, tp, f"ranks of --stages {stages} x --dp {dp}" if dp > 1
+                                     else "stages")
+    topo = Topology(stages * dp, ranks_per_node=per_node, num_dcs=args.dcs or 1)
     options: dict = {}
     if per_node:
         options["ranks_per_node"] = per_node
@@ -192,9 +204,30 @@ def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = Non
         links = Links(topo, {"inter_dc": dc}) if dc is not None else None
         layers = None
     options.update(helix_options(args))
-    return Scenario(stages, microbatches, chunks, cost, topo, links, args.memory_limit, options,
+    given = parse_options(getattr(args, "options", None))
+    if "recompute" in given and options.get("recompute", given["recompute"]) != given["recompute"]:
+        raise ValueError(f"--options recompute={given['recompute']} contradicts --recompute {options['recompute']}; "
+                         f"give one of them")
+    options.update(given)
+    return Scenario(stages, microbatches // dp, chunks, cost, topo, links, args.memory_limit, options,
                     layers=layers, tp=tp, sp=sp, recompute=getattr(args, "recompute", None) or "none",
-                    nic_bandwidth=nic)
+                    nic_bandwidth=nic, dp=dp)
+
+
+def _replicas(args: argparse.Namespace, schedule: Schedule | None, microbatches: int) -> int:
+    """``--dp`` (1 when not given, or for a command without it): replicas of a schedule the command
+    builds, each running microbatches / dp of the --microbatches."""
+    dp = getattr(args, "dp", None)
+    if dp is None:
+        return 1
+    if dp < 1:
+        raise ValueError(f"--dp must be an integer >= 1 (data-parallel replicas), got {dp}")
+    if schedule is not None and dp > 1:
+        raise ValueError(f"--dp {dp} replicates a schedule this command builds; a schedule file keeps its shape "
+                         f"(replicate it with pipert.compile(schedule, dp={dp}))")
+    if microbatches % dp:
+        raise ValueError(f"--microbatches {microbatches} do not split over --dp {dp} replicas; use a multiple of {dp}")
+    return dp
 
 
 def _analytic(args: argparse.Namespace, topo: Topology, tp: int = 1, sp: bool = False
@@ -247,6 +280,10 @@ def load_or_build(args: argparse.Namespace, name: str, measured: Callable[[int],
         if getattr(args, flag_name, False) and accepted is not None and opt not in accepted:
             raise ValueError(f"--{flag_name.replace('_', '-')} opts helixpipe-2fold out of a paper default; "
                              f"{name} has no option {opt}")
+    untaken = [k for k in parse_options(getattr(args, "options", None)) if accepted is not None and k not in accepted]
+    if untaken:
+        raise ValueError(f"--options {untaken[0]}=...: {name} has no option {untaken[0]}; it takes: "
+                         f"{', '.join(accepted) or 'none'}")
     chunks = sc.chunks if sc.chunks is not None else fam.default_chunks
     try:                                  # the family's constraints first: building can take long
         fam.validate(PipelineConfig(sc.stages, sc.microbatches, chunks))

@@ -21,7 +21,8 @@ import argparse
 import math
 from typing import Any, Iterable
 
-__all__ = ["add_scenario_args", "add_tp_args", "add_helix_args", "helix_options", "check_tp_flags", "node_links", "check_scenario_flags",
+__all__ = ["add_scenario_args", "add_tp_args", "add_helix_args", "helix_options", "add_options_arg", "parse_options",
+           "OPTIONS_HELP", "check_tp_flags", "node_links", "check_scenario_flags",
            "seconds_mode", "dc_link", "nic_bandwidth", "check_size", "refuse_given", "HELIX_OPT_OUTS",
            "flag", "DEFAULT_STAGES", "DEFAULT_MICROBATCHES", "MAX_RANKS", "MAX_PAIRS", "PAIR_LIMITS"]
 
@@ -212,6 +213,32 @@ def add_helix_args(p: argparse.ArgumentParser) -> None:
                    "fold pair instead of the asynchronous two-fold (each fold's message leaving after its own compute)")
     g.add_argument("--loss-in-forward", action="store_true", help="helixpipe-2fold: LM head and loss in the "
                    "forward of the last unit instead of its backward")
+
+
+OPTIONS_HELP = ("generator options name=value;... (pipemesh: enqueue=4,4;dequeue=2,2,2,2;units_per_chunk=1; "
+                "crosspipe-*: recompute=full;memory_budget=static-max;dp_time=0.5)")
+
+
+def add_options_arg(p: argparse.ArgumentParser) -> None:
+    """``--options`` (simulate, compare, export), parsed as ``train --options`` (:func:`parse_options`)."""
+    p.add_argument("--options", default=None, help=OPTIONS_HELP + "; compare gives each option to the schedules "
+                   "that take it")
+
+
+def parse_options(text: str | None, flag: str = "--options") -> dict:
+    """Generator options of ``name=value`` pairs separated by ';' (names with '-' read as '_'; integer
+    text becomes an int, other values stay text for the generator to check); a pair without '=' is
+    a ValueError naming it."""
+    out: dict = {}
+    for pair in (p.strip() for p in (text or "").split(";")):
+        if not pair:
+            continue
+        name, eq, value = pair.partition("=")
+        if not eq or not name.strip():
+            raise ValueError(f"{flag}: {pair!r} is not name=value (pairs separated by ';')")
+        value = value.strip()
+        out[name.strip().replace("-", "_")] = int(value) if value.lstrip("-").isdigit() else value
+    return out
 
 
 def helix_options(args: argparse.Namespace) -> dict:

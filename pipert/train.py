@@ -21,7 +21,7 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .comm.mesh import DEFAULT_MESH_ORDER, ProcessLayout, parse_mesh_order
 
@@ -199,9 +199,7 @@ class TrainConfig:
         if self.backend not in BACKENDS:
             raise ValueError(f"--backend {self.backend!r} unknown; allowed: {', '.join(BACKENDS)}")
         links = self.link_options()
-        if links.active and self.dp > 1:
-            raise ValueError(f"--dcs/--node-* emulate the links of one pipeline; with --dp {self.dp} they are not "
-                             f"supported (use --dp 1)")
+        self.refuse_links_with_replicas(links)
         links.links(self.world)
         if self.save_every is not None and (self.save_every < 1 or not self.save):
             raise ValueError(f"--save-every {self.save_every}: give a step count >= 1 and a --save folder")
@@ -211,6 +209,15 @@ class TrainConfig:
             check_folder_writable("--save", self.save)
         check_checkpoint_dtype(self)
         check_batch_fits(self)
+
+    def refuse_links_with_replicas(self, links: Any) -> None:
+        """Emulated links with --dp > 1 are refused: ``DelayedTransport`` delays point-to-point
+        messages only, so the replicas' gradient collectives would cross the links for free."""
+        if links.active and self.dp > 1:
+            raise ValueError(f"--dcs/--node-* with --dp {self.dp}: the emulated links delay point-to-point "
+                             f"messages only, not the replicas' gradient collectives, so the run would not pay the "
+                             f"reductions the simulator prices (and a DP-aware CrossPipe plan hides); allowed with "
+                             f"link flags: --dp 1")
 
     def link_options(self):
         """The emulated links (``pipert.linkflags.LinkOptions``) of the link flags."""
@@ -280,17 +287,9 @@ class TrainConfig:
                              f"allowed: --stages x chunks <= {layers}")
 
     def option_dict(self) -> dict:
-        """--options as {name: int or text}; a pair without '=' is an error naming it."""
-        out: dict = {}
-        for pair in (p.strip() for p in self.options.split(";")):
-            if not pair:
-                continue
-            name, eq, value = pair.partition("=")
-            if not eq or not name.strip():
-                raise ValueError(f"--options: {pair!r} is not name=value (pairs separated by ';')")
-            value = value.strip()
-            out[name.strip().replace("-", "_")] = int(value) if value.lstrip("-").isdigit() else value
-        return out
+        """--options as {name: int or text} (``pipert.scenario_flags.parse_options``)."""
+        from .scenario_flags import parse_options
+        return parse_options(self.options)
 
     def pass_names(self) -> list[str]:
         return [p for p in self.passes.split(",") if p]
@@ -358,10 +357,7 @@ def _link_plan(cfg: TrainConfig, num_units: int) -> dict:
     link_opts = cfg.link_options()
     if not link_opts.active:
         return {}
-    if cfg.dp > 1:
-        raise ValueError(f"--schedule {cfg.schedule} plans one pipeline across the links, but --dp {cfg.dp} "
-                         f"replicas put rank d*P+s of replica d elsewhere in the datacenters; allowed with link "
-                         f"flags: --dp 1")
+    cfg.refuse_links_with_replicas(link_opts)
     import torch
     from .data import ByteCorpus
     from .linkplan import link_plan

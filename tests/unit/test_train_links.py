@@ -32,7 +32,7 @@ def test_train_with_links_and_profile_reports_prediction_and_stays_exact(capsys)
                                           (["--dc-latency", "2ms"], "give --dcs >= 2"),
                                           (["--dcs", "3", "--dc-latency", "2ms"], "--dcs 3 does not divide"),
                                           (["--dcs", "2", "--dc-latency", "1ms", "--dp", "2", "--microbatches", "8"],
-                                           "not supported")])
+                                           "not the replicas' gradient collectives")])
 def test_bad_link_flags_fail_before_training(flags, needle, capsys):
     assert main(["train", "--backend", "local", "--stages", "4", "--steps", "1", *flags]) == 2
     assert needle in capsys.readouterr().err
@@ -50,5 +50,6 @@ def test_crosspipe_in_train_plans_around_the_link_flags_in_seconds():
     # backward crossing the 20 ms link at least once each
     assert told.meta["predicted_makespan"] > 2 * 20e-3
     assert told.meta["predicted_makespan"] < blind.meta["predicted_makespan"] / 10
-    with pytest.raises(ValueError, match=r"--dp 2 .*allowed with link flags: --dp 1"):
+    with pytest.raises(ValueError, match=r"--dp 2: the emulated links delay point-to-point messages only.*"
+                                         r"allowed with link flags: --dp 1"):
         build_program(TrainConfig(**{**shape, "microbatches": 16}, dp=2, dcs=2, dc_latency="20ms"))

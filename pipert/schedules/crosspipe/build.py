@@ -24,7 +24,11 @@ Options every builder takes beside the system: ``recompute`` ("full": a RECOMPUT
 priced by the cost model's RECOMPUTE time and "kept" memory; "none" or "no_attention": no
 RECOMPUTE actions, recomputation inside the units is the cost model's and the units' business) and ``dp_time``
 (each unit's gradient reduction time when the program is replicated with the DP overlap,
-:func:`reduction_times`; the greedy and the solver then prefer orders that hide it).
+:func:`reduction_times`; the greedy and the solver then prefer orders that hide it). ``dp`` (the
+replicas the program will be compiled into, ``compile(..., dp=D)`` passes it) with ``links`` over
+the P * D ranks and no ``dp_time`` prices the reductions itself (:func:`replica_dp_time`, the
+simulator's pricing); ``dp_op`` names the reduction (``allreduce``; ``reducescatter`` under ZeRO),
+one for every unit or one per unit.
 """
 from __future__ import annotations
 
@@ -36,10 +40,11 @@ from ...ir import Op, Schedule
 from ..registry import PipelineConfig
 from .greedy import GreedyConfig, GreedyResult, Timed, greedy_best
 from .lowering import lower_crosspipe, place_receives
-from .model import CrossPipeProblem, pattern_chunks, problem_from_cost
+from .model import CrossPipeProblem, pattern_chunks, pattern_units, problem_from_cost
 from .solver import SolverConfig, solve
 
-__all__ = ["RECOMPUTE", "reduction_times", "COUNTERPART", "PAPER_COUNTERPART", "BUDGETS", "default_memory_limit", "resolve_system", "make_problem", "schedule_as_hint", "best_hint", "build_greedy",
+__all__ = ["RECOMPUTE", "reduction_times", "replica_dp_time", "COUNTERPART", "PAPER_COUNTERPART", "BUDGETS",
+           "default_memory_limit", "resolve_system", "make_problem", "schedule_as_hint", "best_hint", "build_greedy",
            "build_wave", "build_optimal"]
 
 COUNTERPART = {"ud": ("zb-h1", 1), "wave": ("zb-v", 2), "loop": ("interleaved-1f1b", None)}
@@ -57,15 +62,48 @@ RECOMPUTE = ("none", "no_attention", "full")
 
 
 def reduction_times(unit_ranks: Sequence[int], stages: int, dp: int, cost: Any, links: Any,
-                    op: str = "allreduce") -> tuple[float, ...]:
+                    op: str | Sequence[str] = "allreduce") -> tuple[float, ...]:
     """Per unit u (on rank ``unit_ranks[u]``) of a program replicated ``dp`` times, the time of its
     gradient reduction over its rank's replicas (ranks r, r + P, ...) as the simulator prices it
-    (``links.collective`` of the cost model's WGRAD bytes); ``links`` spans ``stages * dp`` ranks."""
+    (``links.collective`` of the cost model's WGRAD bytes); ``links`` spans ``stages * dp`` ranks.
+    ``op``: the collective of every unit, or one per unit."""
     from ...ir import Payload
     if dp < 1 or links is None:
         raise ValueError(f"reduction_times needs dp >= 1 and links over {stages} x {dp} ranks")
-    return tuple(float(links.collective(op, tuple(r + d * stages for d in range(dp)),
-                                        cost.message_bytes(Payload.WGRAD, u))) for u, r in enumerate(unit_ranks))
+    ops = [op] * len(unit_ranks) if isinstance(op, str) else list(op)
+    if len(ops) != len(unit_ranks):
+        raise ValueError(f"dp_op: {len(ops)} collectives for {len(unit_ranks)} units; give one, or one per unit")
+    return tuple(float(links.collective(o, tuple(r + d * stages for d in range(dp)),
+                                        cost.message_bytes(Payload.WGRAD, u)))
+                 for u, (r, o) in enumerate(zip(unit_ranks, ops)))
+
+
+def replica_dp_time(unit_ranks: Sequence[int], stages: int, dp: int, cost: Any, links: Any,
+                    op: str | Sequence[str] = "allreduce") -> tuple[float, ...] | float:
+    """``dp_time`` of a program the generator plans for ``dp`` replicas (replica d's stage s on rank
+    d * P + s): :func:`reduction_times` on ``links`` over the P * D ranks; 0 with free links or one
+    replica. The generator plans replica 0's pipeline (ranks 0..P-1), so every replica's pipeline
+    must see the same links (ValueError otherwise, and when ``links`` spans other than P * D ranks)."""
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise ValueError(f"dp={dp!r}: give the data-parallel replicas, an integer >= 1")
+    if dp == 1 or links is None:
+        return 0.0
+    topo = getattr(links, "topology", None)
+    n = getattr(topo, "num_ranks", None)
+    if n is not None and n != stages * dp:
+        raise ValueError(f"dp={dp}: the links span {n} ranks, but {dp} replicas of {stages} stages run on "
+                         f"{stages * dp} (replica d's stage s on rank d*{stages}+s); give links over "
+                         f"{stages * dp} ranks")
+    for d in range(1, dp if hasattr(links, "spec") else 1):
+        for a in range(stages):
+            for b in range(stages):
+                if a != b and links.spec(a, b) != links.spec(d * stages + a, d * stages + b):
+                    raise ValueError(f"dp={dp}: replica {d}'s stages {a} -> {b} (ranks {d * stages + a} -> "
+                                     f"{d * stages + b}) cross other links than replica 0's (ranks {a} -> {b}); "
+                                     f"the generator plans one pipeline for all replicas: place the replicas "
+                                     f"alike in the topology (e.g. a number of DCs that divides dp or that dp "
+                                     f"divides)")
+    return reduction_times(unit_ranks, stages, dp, cost, links, op)
 
 
 def default_memory_limit(pattern: str, stages: int, microbatches: int, cost: Any, chunks: int | None = None,
@@ -106,8 +144,10 @@ def resolve_system(stages: int, cost: Any = None, links: Any = None, topology: A
 
 def make_problem(config: PipelineConfig, pattern: str, cost: Any, links: Any,
                  memory_limit: float | Sequence[float] | None = None, memory_budget: str = "paper",
-                 recompute: str = "none", dp_time: float | Sequence[float] | None = None) -> CrossPipeProblem:
-    """The problem of ``pattern`` on ``config`` (memory limit default: ``memory_budget``'s, module doc)."""
+                 recompute: str = "none", dp_time: float | Sequence[float] | None = None, dp: int = 1,
+                 dp_op: str | Sequence[str] = "allreduce") -> CrossPipeProblem:
+    """The problem of ``pattern`` on ``config`` (memory limit default: ``memory_budget``'s, module doc;
+    ``dp_time`` default: :func:`replica_dp_time` for ``dp`` replicas)."""
     p, m = config.stages, config.microbatches
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r} unknown; allowed: {', '.join(RECOMPUTE)} (full: a RECOMPUTE "
@@ -124,6 +164,8 @@ def make_problem(config: PipelineConfig, pattern: str, cost: Any, links: Any,
     meta = {"memory_limit": memory_limit, "pattern": pattern}
     if recompute == "full":
         meta["recompute_ops"] = recompute
+    if dp_time is None:
+        dp_time = replica_dp_time(pattern_units(pattern, p, chunks), p, dp, cost, links, dp_op)
     return problem_from_cost(p, m, pattern, cost, links, chunks=chunks, memory_limit=memory_limit, meta=meta,
                              recompute=recompute == "full", dp_time=_dp_time(dp_time))
 
@@ -185,9 +227,9 @@ def best_hint(problem: CrossPipeProblem, cost: Any, links: Any, sub_blocks: int 
 
 
 def _greedy(config: PipelineConfig, pattern: str, name: str, sub_blocks: int, memory_limit: Any,
-            memory_budget: str, recompute: str, dp_time: Any, **system: Any) -> Schedule:
+            memory_budget: str, recompute: str, dp_time: Any, dp: int, dp_op: Any, **system: Any) -> Schedule:
     cost, links = resolve_system(config.stages, **system)
-    pr = make_problem(config, pattern, cost, links, memory_limit, memory_budget, recompute, dp_time)
+    pr = make_problem(config, pattern, cost, links, memory_limit, memory_budget, recompute, dp_time, dp, dp_op)
     g = greedy_best(pr, GreedyConfig(sub_blocks=sub_blocks))
     meta = {"predicted_makespan": g.makespan, "greedy_s": round(g.runtime_s, 4), "sub_blocks": sub_blocks,
             **{k: pr.meta[k] for k in ("memory_limit", "recompute_ops") if k in pr.meta}}
@@ -197,26 +239,29 @@ def _greedy(config: PipelineConfig, pattern: str, name: str, sub_blocks: int, me
 def build_greedy(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
                  memory_limit: Any = None, memory_budget: str = "paper", sub_blocks: int = 4, dc_latency: float = 0.0,
                  dc_transfer: float = 0.0, num_dcs: int | None = None, recompute: str = "none",
-                 dp_time: Any = None) -> Schedule:
+                 dp_time: Any = None, dp: int = 1, dp_op: Any = "allreduce") -> Schedule:
     """CrossUDSub: the greedy on the unidirectional placement (unit u on rank u)."""
     return _greedy(config, "ud", "crosspipe-greedy", sub_blocks, memory_budget=memory_budget, cost=cost, links=links, topology=topology,
-                   recompute=recompute, dp_time=dp_time, memory_limit=memory_limit, dc_latency=dc_latency, dc_transfer=dc_transfer, num_dcs=num_dcs)
+                   recompute=recompute, dp_time=dp_time, dp=dp, dp_op=dp_op, memory_limit=memory_limit,
+                   dc_latency=dc_latency, dc_transfer=dc_transfer, num_dcs=num_dcs)
 
 
 def build_wave(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
                memory_limit: Any = None, memory_budget: str = "paper", sub_blocks: int = 4, dc_latency: float = 0.0,
                dc_transfer: float = 0.0, num_dcs: int | None = None, recompute: str = "none",
-                 dp_time: Any = None) -> Schedule:
+               dp_time: Any = None, dp: int = 1, dp_op: Any = "allreduce") -> Schedule:
     """CrossWave (greedy): the same greedy on the V-shape placement (2 chunks per rank)."""
     return _greedy(config, "wave", "crosspipe-wave", sub_blocks, memory_budget=memory_budget, cost=cost, links=links, topology=topology,
-                   recompute=recompute, dp_time=dp_time, memory_limit=memory_limit, dc_latency=dc_latency, dc_transfer=dc_transfer, num_dcs=num_dcs)
+                   recompute=recompute, dp_time=dp_time, dp=dp, dp_op=dp_op, memory_limit=memory_limit,
+                   dc_latency=dc_latency, dc_transfer=dc_transfer, num_dcs=num_dcs)
 
 
 def build_optimal(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
                   memory_limit: Any = None, memory_budget: str = "paper", sub_blocks: int = 4, dc_latency: float = 0.0,
                   dc_transfer: float = 0.0, num_dcs: int | None = None, pattern: str | None = None,
                   time_limit: float = 60.0, objective: str = "all", relative_gap: float = 0.0,
-                  workers: int = 1, recompute: str = "none", dp_time: Any = None) -> Schedule:
+                  workers: int = 1, recompute: str = "none", dp_time: Any = None, dp: int = 1,
+                  dp_op: Any = "allreduce") -> Schedule:
     """CP-SAT optimum (paper §4.1), hinted and bounded by the greedy.
 
     ``pattern`` defaults to "ud" for chunks=1 and "wave" for chunks=2 ("loop" must be named).
@@ -228,7 +273,7 @@ def build_optimal(config: PipelineConfig, *, cost: Any = None, links: Any = None
     """
     pattern = pattern or ("ud" if config.chunks == 1 else "wave")
     cost, links = resolve_system(config.stages, cost, links, topology, dc_latency, dc_transfer, num_dcs)
-    pr = make_problem(config, pattern, cost, links, memory_limit, memory_budget, recompute, dp_time)
+    pr = make_problem(config, pattern, cost, links, memory_limit, memory_budget, recompute, dp_time, dp, dp_op)
     hint = best_hint(pr, cost, links, sub_blocks)
     res = solve(pr, SolverConfig(time_limit_s=10 * time_limit, deterministic_limit=time_limit, workers=workers,
                                  sub_blocks=sub_blocks, objective=objective, relative_gap=relative_gap), hint=hint)
