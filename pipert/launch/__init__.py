@@ -103,7 +103,9 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: s
         check_gpus(world_size)
     from .rank_entry import run_rank
     from .supervisor import run_local
-    run_local(run_rank, world_size, (fn, tuple(args), backend, timeout), min(timeout, 2.0) if grace is None else grace)
+    from multiprocessing.util import get_temp_dir  # the fork server's socket folder (pipert.launch.starter)
+    run_local(run_rank, world_size, (fn, tuple(args), backend, timeout, os.getpid(), get_temp_dir()),
+              min(timeout, 2.0) if grace is None else grace)
 
 
 def gather_to_zero(d: dict) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import shutil
 import signal
 import sys
@@ -24,17 +25,22 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 
 
-def run_rank(fn: Callable[..., Any], args: tuple, backend: str, timeout: float, job_dir: str) -> None:
-    """Initialise torch.distributed from the agent's environment and run ``fn(rank, world, *args)``."""
+def run_rank(fn: Callable[..., Any], args: tuple, backend: str, timeout: float, launcher: int,
+             launcher_tmp: str, job_dir: str) -> None:
+    """Initialise torch.distributed from the agent's environment and run ``fn(rank, world, *args)``
+    while process ``launcher`` lives (the launcher, not necessarily this process's parent: a fork
+    server starts the ranks, see ``pipert.launch.starter``). An orphaned rank removes the job
+    folder and the launcher's multiprocessing folder ``launcher_tmp`` (the server's socket)."""
     from torch.distributed.elastic.multiprocessing.errors import record
-    launcher = os.getppid()
+    gone = _watcher(launcher)
     leaving = threading.RLock()  # one thread cleans up and exits; re-entrant for a signal handler
 
     def leave(code: int) -> None:
         with leaving:
             try:
-                if os.getppid() != launcher:  # orphaned: the launcher died without removing its folder
+                if gone(0):  # orphaned: the launcher died without removing its folders
                     shutil.rmtree(job_dir, ignore_errors=True)
+                    shutil.rmtree(launcher_tmp, ignore_errors=True)
                 for stream in (sys.stdout, sys.stderr):
                     with contextlib.suppress(Exception):  # e.g. a handler interrupting a write
                         stream.flush()
@@ -46,7 +52,7 @@ def run_rank(fn: Callable[..., Any], args: tuple, backend: str, timeout: float, 
     _prctl(_PR_SET_PDEATHSIG, 0)
     # Ctrl-C reaches every process of the group: leave quietly, the launcher reports.
     signal.signal(signal.SIGINT, lambda signum, frame: leave(128 + signum))
-    threading.Thread(target=_watch_launcher, args=(launcher, leave), name="pipert-watch-launcher",
+    threading.Thread(target=_watch_launcher, args=(gone, leave), name="pipert-watch-launcher",
                      daemon=True).start()
     _prctl(_PR_SET_NAME, f"pipert-rank{os.environ.get('RANK', '')}".encode()[:15])  # in ps, top, /proc/PID/comm
     try:
@@ -63,12 +69,42 @@ def _run(fn: Callable[..., Any], args: tuple, backend: str, timeout: float) -> N
     dist.destroy_process_group()
 
 
-def _watch_launcher(launcher: int, leave: Callable[[int], None]) -> None:
+def _watch_launcher(gone: Callable[[float | None], bool], leave: Callable[[int], None]) -> None:
     """Leave once the launcher is gone, even while the main thread is inside a blocking call
     that delays Python's signal handlers."""
-    while os.getppid() == launcher:
-        time.sleep(0.2)
+    gone(None)
     leave(1)
+
+
+def _watcher(pid: int) -> Callable[[float | None], bool]:
+    """``gone(wait)``: whether process ``pid`` has ended, waiting up to ``wait`` seconds for it
+    (None: until it does). A pidfd where Linux has one (an ended process counts even while its
+    parent has not reaped it), else the process's presence in /proc, polled."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+
+    def gone(wait: float | None) -> bool:
+        if fd is not None:
+            return bool(select.select([fd], [], [], wait)[0])
+        end = None if wait is None else time.monotonic() + wait
+        while _present(pid):
+            if end is not None and time.monotonic() >= end:
+                return False
+            time.sleep(0.2)
+        return True
+    return gone
+
+
+def _present(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _prctl(option: int, value: int | bytes) -> None:

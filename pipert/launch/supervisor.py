@@ -25,6 +25,7 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 from torch.distributed.elastic.utils.process_state import read_proc_state
 
 from .failures import LaunchError, LaunchInterrupted, RankEnd, root_cause_order
+from .starter import start_method
 
 __all__ = ["run_local"]
 
@@ -38,7 +39,7 @@ class _GraceAgent(LocalElasticAgent):
     after the first one failed, whichever comes first."""
 
     def __init__(self, spec: WorkerSpec, log_dir: str, grace: float) -> None:
-        super().__init__(spec, DefaultLogsSpecs(log_dir=log_dir), start_method="spawn",
+        super().__init__(spec, DefaultLogsSpecs(log_dir=log_dir), start_method=start_method(),
                          shutdown_timeout=_SHUTDOWN_S)
         self.grace = grace
         self.ended: dict[int, tuple[float, int]] = {}  # local rank -> (seen at, exit code or -signal)
@@ -54,20 +55,14 @@ class _GraceAgent(LocalElasticAgent):
         return super()._monitor_workers(worker_group)
 
     def _note_ended(self) -> None:
-        """Exit codes of the ranks that ended, read without reaping them (the process context does);
-        where os.waitid is missing (macOS) none: the first failure ends the job at once."""
-        if not hasattr(os, "waitid") or self._pcontext is None:
+        """Exit codes (negative: the signal) of the ranks that ended, from the process objects the
+        process context joins later (an exit code, once read, stays with its object)."""
+        pc = getattr(self._pcontext, "_pc", None)  # torch's MultiprocessContext: its ProcessContext
+        if pc is None:
             return
-        for local_rank, pid in self._pcontext.pids().items():
-            if local_rank in self.ended:
-                continue
-            try:
-                status = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:  # already reaped: the process context reports it
-                continue
-            if status is not None:
-                code = status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
-                self.ended[local_rank] = (time.monotonic(), code)
+        for local_rank, proc in enumerate(pc.processes):
+            if local_rank not in self.ended and proc.exitcode is not None:
+                self.ended[local_rank] = (time.monotonic(), proc.exitcode)
 
     def _kill_running(self) -> None:
         for local_rank, pid in self._pcontext.pids().items():

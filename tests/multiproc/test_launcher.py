@@ -169,3 +169,24 @@ def test_two_torchrun_nodes_train_exactly(tmp_path, backend):
     for s in steps:
         assert s["max_grad_rel_err"] <= 1e-10 and s["max_param_rel_err"] <= 1e-10, s
         assert abs(s["loss"] - s["ref_loss"]) <= 1e-12 * abs(s["ref_loss"]), s
+
+
+def _report_start(rank: int, world: int, out: str) -> None:
+    """What a rank started with: an environment variable, its rank and its parent."""
+    Path(out, f"{rank}.json").write_text(json.dumps({
+        "x": os.environ.get("PIPERT_TEST_LAUNCH_X"), "ppid": os.getppid(), "rank": os.environ["RANK"]}))
+
+
+def test_ranks_fork_from_a_server_and_see_each_launchs_environment(tmp_path, monkeypatch):
+    """Ranks are forks of a server that imported torch (pipert.launch.starter), not children of
+    this process; a variable changed between two launches reaches the second launch's ranks."""
+    from pipert.launch import launch
+    for value in ("one", "two"):
+        monkeypatch.setenv("PIPERT_TEST_LAUNCH_X", value)
+        out = tmp_path / value
+        out.mkdir()
+        launch(_report_start, 2, args=(str(out),), timeout=60.0)
+        got = [json.loads((out / f"{r}.json").read_text()) for r in range(2)]
+        assert [g["x"] for g in got] == [value, value], got
+        assert [g["rank"] for g in got] == ["0", "1"]
+        assert all(g["ppid"] != os.getpid() for g in got), got
