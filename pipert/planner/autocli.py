@@ -45,8 +45,8 @@ def add_auto_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top", type=int, default=None, help="rows of the table (default 5)")
     g.add_argument("--profile", action="store_true", help="first measure this machine (one real unit profile of "
                    "--model, a pipert train preset, and the link of two gloo processes) and plan with those")
-    g.add_argument("--jobs", type=int, default=None, help="processes simulating at once (default 1; forked; on "
-                   "a shared 2-core machine 2 was slower than 1)")
+    g.add_argument("--jobs", type=int, default=None, help="processes simulating at once (default: the cores "
+                   "this process may use; forked; 1 with --profile)")
     g.add_argument("--save-schedule", default=None, help="write the best runnable layout's schedule as JSON; the "
                    "printed command then runs that file")
 
@@ -145,6 +145,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
     from .auto import search
     from .command import not_runnable
     from .layouts import FAMILIES
+    from .runner import default_jobs
     check_auto_flags(args)
     spec, name = model_from_flag(args.model, args.seq)
     cluster = cluster_from_args(args)
@@ -163,7 +164,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
     res = search(spec, cluster, batch, families=families, tp=tp, sp=bool(args.sp), stages=args.stages,
                  dp=args.dp, micro_batch=args.micro_batch_size, top=args.top or 5,
                  time_budget=args.time_limit if args.time_limit is not None else 25.0, cost_for=cost_for,
-                 jobs=args.jobs or 1, wanted=lambda c: not not_runnable(c))
+                 jobs=args.jobs or default_jobs(), wanted=lambda c: not not_runnable(c))
     rows = _rows(res.ranked[:args.top or 5], name, spec, cluster)
     best = _best_runnable(res.ranked, name, spec, cluster, args.save_schedule)
     if args.json:
