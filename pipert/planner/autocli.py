@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 from typing import Any
 
 from .cluster import Cluster, parse_size
@@ -219,7 +220,7 @@ def _rows(cands: list, name: str, spec: Any, cluster: Cluster) -> list[dict]:
 
 def _best_runnable(cands: list, name: str, spec: Any, cluster: Cluster, save: str | None) -> dict | None:
     """The fastest candidate pipert train runs: its command (a saved schedule file with ``save``) and notes."""
-    from .command import command_line, not_runnable, runtime_models, train_argv
+    from .command import command_line, cpu_argv, not_runnable, runtime_models, train_argv
     for k, c in enumerate(cands, 1):
         if not_runnable(c):
             continue
@@ -234,11 +235,14 @@ def _best_runnable(cands: list, name: str, spec: Any, cluster: Cluster, save: st
                          f"builds it without them (give --save-schedule FILE to run the simulated order)")
         argv = train_argv(c, name, spec.seq, spec.dtype_bytes, schedule)
         models = runtime_models()
+        cpu = None
         if models is not None and name not in models:
+            cpu = cpu_argv(c)
             notes.append(f"pipert train has no model {name!r} (its presets: {', '.join(models)}): the layout "
-                         f"flags stand for your own model; scaled down to a CPU: --model tiny")
+                         f"flags stand for your own model; scaled down to a CPU (--model tiny, P=2, D<=2, T=1, "
+                         f"gloo): pipert train {shlex.join(cpu)}")
         return {"rank": k, **c.as_dict(), "describe": c.layout.describe(), "train_args": argv,
-                "command": command_line(argv, cluster), "notes": notes}
+                "command": command_line(argv, cluster), "cpu_train_args": cpu, "notes": notes}
     return None
 
 

@@ -77,7 +77,7 @@ def run_in_order(items: list, evaluate: Callable[[Any, float, float], Outcome], 
     def stop(k: int) -> bool:
         """Whether the search ends before the k-th item of ``order``."""
         bound = items[order[k]][0]
-        if len(found) >= top and bound >= found[top - 1].step - 1e-12:
+        if len(found) >= top and bound > found[top - 1].step * (1 + 1e-9):   # a tie may still enter
             if k < len(first):        # a cheap one early: later ones may have smaller bounds
                 stats["pruned_bound"] += 1
                 skipped.add(k)
