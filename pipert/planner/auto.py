@@ -19,7 +19,7 @@ weights) + the simulator's peak of everything else (stashes, buffers, weights in
 Pruning, cheapest first: a layout whose fully sharded model states exceed the memory is not
 simulated; layouts are simulated in order of a lower bound on their step (one replica's compute
 divided over its P ranks, no bubble, no communication), and the search stops once the bound
-reaches the step of the ``top``-th best found (the ``top`` cheapest-to-simulate layouts with the
+exceeds the step of the ``top``-th best found (the ``top`` cheapest-to-simulate layouts with the
 lowest bounds go first: :data:`CHEAP_FIRST`); recomputation is tried only where a layout does
 not fit without it (it only adds time).
 """

@@ -1,8 +1,8 @@
 """Evaluating the planner's layouts in the order of their lower bounds, here or in forked workers.
 
 Branch and bound: ``items`` are (bound, layout) sorted by bound; a layout is started only while its
-bound is below the step of the ``top``-th best found (every later one's bound is no smaller, so
-none of them can enter the top), and while the time budget lasts once something ``wanted`` was
+bound is no more than the step of the ``top``-th best found (every later one's bound is no smaller,
+so none of them can enter the top; a tie is still evaluated, so the top is the exhaustive one's), and while the time budget lasts once something ``wanted`` was
 found (twice the budget once anything was). ``cheap`` items (the first ``top`` of them, in order)
 are evaluated before the others, so that the cutoff the others are proven slower against is
 finite from the start; evaluating a layout early changes no result: every layout left out still
