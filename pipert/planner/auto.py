@@ -19,7 +19,8 @@ weights) + the simulator's peak of everything else (stashes, buffers, weights in
 Pruning, cheapest first: a layout whose fully sharded model states exceed the memory is not
 simulated; layouts are simulated in order of a lower bound on their step (one replica's compute
 divided over its P ranks, no bubble, no communication), and the search stops once the bound
-reaches the step of the ``top``-th best found; recomputation is tried only where a layout does
+exceeds the step of the ``top``-th best found (the ``top`` cheapest-to-simulate layouts with the
+lowest bounds go first: :data:`CHEAP_FIRST`); recomputation is tried only where a layout does
 not fit without it (it only adds time).
 """
 from __future__ import annotations
@@ -39,6 +40,10 @@ __all__ = ["Candidate", "Search", "search", "analytic_cost", "schedule_of", "STA
 STATE_BYTES = {"weight": 2.0, "grad": 2.0, "optimizer": 12.0}
 """Bytes per parameter of the model states (mixed precision with AdamW, as PipeMesh counts them)."""
 _TOLERANCE = 1e-12
+CHEAP_FIRST = ("1f1b", "interleaved-1f1b", "zb-h1", "pipemesh")
+"""Families the search evaluates first (the ``top`` of them with the lowest bounds): their builds take
+no costs (shared between layouts) and their simulations are the shortest, so the cutoff that proves
+weight-passing layouts slower (:func:`_slower`) is finite before the first of those is tried."""
 BUILD_OPTIONS = {"zb-v": {"order": "handcrafted"}}
 """Generator options the planner fixes, and ``pipert train --options`` repeats: ZB-V's handcrafted
 order (its search over greedy orders costs seconds per layout)."""
@@ -207,7 +212,8 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
             why = f"{lay.family}: {str(e).splitlines()[0][:160]}"
             failed[why] = failed.get(why, 0) + 1
             return None, mine.simulated, failed, False
-    found, stats = run_in_order(bounded, evaluate, top, time_budget, t0, 1 if measured else jobs, wanted)
+    found, stats = run_in_order(bounded, evaluate, top, time_budget, t0, 1 if measured else jobs, wanted,
+                                cheap=lambda lay: lay.family in CHEAP_FIRST)
     out.next_bound = stats.pop("next_bound")
     for k, v in stats.items():
         if k == "failed":

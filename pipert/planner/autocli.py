@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 from typing import Any
 
 from .cluster import Cluster, parse_size
@@ -45,8 +46,8 @@ def add_auto_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top", type=int, default=None, help="rows of the table (default 5)")
     g.add_argument("--profile", action="store_true", help="first measure this machine (one real unit profile of "
                    "--model, a pipert train preset, and the link of two gloo processes) and plan with those")
-    g.add_argument("--jobs", type=int, default=None, help="processes simulating at once (default 1; forked; on "
-                   "a shared 2-core machine 2 was slower than 1)")
+    g.add_argument("--jobs", type=int, default=None, help="processes simulating at once (default: the cores "
+                   "this process may use; forked; 1 with --profile)")
     g.add_argument("--save-schedule", default=None, help="write the best runnable layout's schedule as JSON; the "
                    "printed command then runs that file")
 
@@ -145,6 +146,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
     from .auto import search
     from .command import not_runnable
     from .layouts import FAMILIES
+    from .runner import default_jobs
     check_auto_flags(args)
     spec, name = model_from_flag(args.model, args.seq)
     cluster = cluster_from_args(args)
@@ -163,7 +165,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
     res = search(spec, cluster, batch, families=families, tp=tp, sp=bool(args.sp), stages=args.stages,
                  dp=args.dp, micro_batch=args.micro_batch_size, top=args.top or 5,
                  time_budget=args.time_limit if args.time_limit is not None else 25.0, cost_for=cost_for,
-                 jobs=args.jobs or 1, wanted=lambda c: not not_runnable(c))
+                 jobs=args.jobs or default_jobs(), wanted=lambda c: not not_runnable(c))
     rows = _rows(res.ranked[:args.top or 5], name, spec, cluster)
     best = _best_runnable(res.ranked, name, spec, cluster, args.save_schedule)
     if args.json:
@@ -218,7 +220,7 @@ def _rows(cands: list, name: str, spec: Any, cluster: Cluster) -> list[dict]:
 
 def _best_runnable(cands: list, name: str, spec: Any, cluster: Cluster, save: str | None) -> dict | None:
     """The fastest candidate pipert train runs: its command (a saved schedule file with ``save``) and notes."""
-    from .command import command_line, not_runnable, runtime_models, train_argv
+    from .command import command_line, cpu_argv, not_runnable, runtime_models, train_argv
     for k, c in enumerate(cands, 1):
         if not_runnable(c):
             continue
@@ -233,11 +235,14 @@ def _best_runnable(cands: list, name: str, spec: Any, cluster: Cluster, save: st
                          f"builds it without them (give --save-schedule FILE to run the simulated order)")
         argv = train_argv(c, name, spec.seq, spec.dtype_bytes, schedule)
         models = runtime_models()
+        cpu = None
         if models is not None and name not in models:
+            cpu = cpu_argv(c)
             notes.append(f"pipert train has no model {name!r} (its presets: {', '.join(models)}): the layout "
-                         f"flags stand for your own model; scaled down to a CPU: --model tiny")
+                         f"flags stand for your own model; scaled down to a CPU (--model tiny, P=2, D<=2, T=1, "
+                         f"gloo): pipert train {shlex.join(cpu)}")
         return {"rank": k, **c.as_dict(), "describe": c.layout.describe(), "train_args": argv,
-                "command": command_line(argv, cluster), "notes": notes}
+                "command": command_line(argv, cluster), "cpu_train_args": cpu, "notes": notes}
     return None
 
 

@@ -6,7 +6,10 @@ consecutive devices of one node, the layout the planner priced: ``--mesh-order``
 """
 from __future__ import annotations
 
+import functools
 import shlex
+from dataclasses import replace
+from typing import Any
 
 from .auto import BUILD_OPTIONS, Candidate, family_default
 from .cluster import Cluster
@@ -18,8 +21,25 @@ _TORCH_DTYPE = {1: "bfloat16", 2: "bfloat16", 4: "float32", 8: "float64"}
 
 
 def not_runnable(cand: Candidate) -> str:
-    """Why ``pipert train`` cannot run ``cand`` as planned ('' when it can). Every layout the search
-    makes runs: T > 1 with ``--tp`` (and ``--sp`` where the layout uses it), whatever the family."""
+    """Why ``pipert train`` cannot run ``cand`` as planned ('' when it can): T > 1 runs with ``--tp``
+    (and ``--sp``) whatever the family; D > 1 where ``pipert.schedules.data_parallel.replicate``
+    takes the family's schedule with the candidate's ZeRO stage (tried on the family's CPU-sized
+    schedule, :func:`cpu_argv`: what it refuses depends on the family, not on P or M)."""
+    if cand.layout.dp == 1:
+        return ""
+    small, _ = _cpu_layout(cand)
+    return _replica_refusal(small.family, small.stages, small.microbatches, small.chunks, cand.zero)
+
+
+@functools.lru_cache(maxsize=None)
+def _replica_refusal(name: str, stages: int, microbatches: int, chunks: int, zero: int) -> str:
+    from ..schedules import build_schedule, family
+    from ..schedules.data_parallel import replicate
+    opts = {"ranks_per_node": stages} if "ranks_per_node" in (family(name).options() or ()) else {}
+    try:
+        replicate(build_schedule(name, stages=stages, microbatches=microbatches, chunks=chunks, **opts), 2, zero=zero)
+    except ValueError as e:
+        return f"--dp: {str(e).splitlines()[0]}"
     return ""
 
 
@@ -68,3 +88,39 @@ def runtime_models() -> list[str] | None:
     except ImportError:
         return None
     return list(model_names())
+
+
+CPU_SCALE = {"model": "tiny", "seq": 16, "stages": 2, "dp": 2, "dtype_bytes": 4}
+"""What a layout keeps when scaled down to a CPU host: its family, chunks, ZeRO stage, recomputation
+and generator options; P = 2, D = min(D, 2), T = 1, b = 1, the fewest micro-batches its family
+accepts (at least 2P), ``pipert train``'s tiny model at sequence 16 in float32, on gloo."""
+
+
+def cpu_argv(cand: Candidate) -> list[str]:
+    """The arguments after ``pipert train`` that run ``cand``'s schedule family and options scaled
+    down to a CPU host (:data:`CPU_SCALE`): P x D processes of the tiny model, one or two steps'
+    worth of seconds."""
+    small, zero = _cpu_layout(cand)
+    s = CPU_SCALE
+    return train_argv(replace(cand, layout=small, zero=zero), s["model"], s["seq"], s["dtype_bytes"]) + \
+        ["--backend", "gloo"]
+
+
+def _cpu_layout(cand: Candidate) -> tuple[Any, int]:
+    """(``cand``'s layout scaled down as :data:`CPU_SCALE` says, its ZeRO stage there)."""
+    from ..schedules import PipelineConfig, family
+    from ..scenario import LAYER_PER_CHUNK
+    lay, s = cand.layout, CPU_SCALE
+    p, d = s["stages"], min(lay.dp, s["dp"])
+    v = 2 if lay.family in LAYER_PER_CHUNK else min(lay.chunks, 2)
+
+    def ok(m: int) -> bool:
+        try:
+            family(lay.family).validate(PipelineConfig(p, m, v))
+        except ValueError:
+            return False
+        return True
+    m = next(m for m in (2 * p, 4 * p, 8 * p, 16 * p) if ok(m))
+    small = replace(lay, stages=p, dp=d, tp=1, sp=False, chunks=v, microbatches=m, micro_batch=1,
+                    ranks_per_node=p, dcs=1)
+    return small, cand.zero if d > 1 else 0

@@ -1,6 +1,7 @@
 """The command ``pipert plan --auto`` prints for a tiny model on a small CPU "cluster" runs under
 ``pipert train`` on gloo processes (two steps)."""
 import json
+import math
 import shlex
 import subprocess
 import sys
@@ -18,3 +19,21 @@ def test_the_printed_command_runs_two_steps():
     assert run.returncode == 0, run.stderr[-2000:]
     steps = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
     assert [s["step"] for s in steps] == [0, 1]
+
+
+def test_the_7b_plans_command_scaled_down_to_the_cpu_trains_two_steps():
+    """The issue's example (7B on 8 x 8 GPUs in 2 datacenters): the best runnable layout's command,
+    scaled down as the note prints it (tiny model, P = 2, D <= 2), trains two steps on gloo."""
+    plan = subprocess.run([sys.executable, "-m", "pipert.cli", "plan", "--auto", "--model", "7b", "--gpus-per-node",
+                           "8", "--nodes", "8", "--dcs", "2", "--time-limit", "5s", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    best = json.loads(plan.stdout)["best"]
+    argv = best["cpu_train_args"]
+    assert argv[argv.index("--schedule") + 1] == best["schedule"] and "tiny" in argv
+    assert any(shlex.join(argv) in note for note in best["notes"])     # the command the note prints
+    run = subprocess.run([sys.executable, "-m", "pipert.cli", "train", *argv, "--steps", "2", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    steps = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
+    assert [s["step"] for s in steps] == [0, 1] and all(math.isfinite(s["loss"]) for s in steps)

@@ -112,7 +112,7 @@ def test_7b_on_8x8_gpus_in_2_datacenters_prints_a_table_and_a_command(capsys):
     assert rc == 0
     assert "rank schedule" in out and "2 DCs" in out
     assert "torchrun --nnodes 8 --nproc-per-node 8" in out and "-m pipert.cli train --schedule" in out
-    assert "scaled down to a CPU: --model tiny" in out
+    assert "scaled down to a CPU (--model tiny, P=2, D<=2, T=1, gloo): pipert train --schedule" in out
 
 
 @pytest.mark.parametrize("args, words", [

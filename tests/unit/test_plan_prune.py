@@ -1,7 +1,9 @@
 """plan --auto's pruning keeps the ranking: the top found with pruning (lower bounds, layouts
 proven slower from their schedule's messages) equals the exhaustive search's top; the schedule
-bound is below every simulated finish; a search cut by its time limit says so."""
+bound is below every simulated finish (also on random small clusters); a search cut by its time
+limit says so."""
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pipert.cli import main
 from pipert.cost.topology import LinkSpec, default_link_specs
@@ -36,12 +38,13 @@ def test_pruned_search_finds_the_exhaustive_top(cluster, top, monkeypatch):
         assert any(proven)
 
 
-def test_schedule_bound_is_below_every_simulated_finish():
+def _bounds_below_finish(cl: Cluster, batch: int, families: tuple[str, ...]) -> int:
+    """Assert the schedule bound is below each rank's simulated finish for every layout; return how
+    many layouts had a positive bound."""
     from pipert.planner.pipe import _pipe
     from pipert.sim import simulate
-    cl = Cluster(2, 2, 2, links=SLOW_DC)
     checked = 0
-    for lay in layouts(cl, TINY, 16, ("1f1b", "zb-h1", "weipipe-interleave", "tawpipe", "helixpipe-2fold")):
+    for lay in layouts(cl, TINY, batch, families):
         cost = analytic_cost(cl)(TINY, lay, "none", lay.units)
         links = lay.links(cl)
         try:
@@ -52,7 +55,12 @@ def test_schedule_bound_is_below_every_simulated_finish():
         bound = finish_bounds(sched, cost, links)
         assert all(b <= f * (1 + 1e-9) for b, f in zip(bound, finish)), (lay, bound, finish)
         checked += max(bound) > 0
-    assert checked >= 5
+    return checked
+
+
+def test_schedule_bound_is_below_every_simulated_finish():
+    cl = Cluster(2, 2, 2, links=SLOW_DC)
+    assert _bounds_below_finish(cl, 16, ("1f1b", "zb-h1", "weipipe-interleave", "tawpipe", "helixpipe-2fold")) >= 5
 
 
 def test_a_search_cut_by_its_time_limit_says_so(capsys):
@@ -61,3 +69,25 @@ def test_a_search_cut_by_its_time_limit_says_so(capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "not reached in the time limit" in out and "stopped at the time limit" in out
+
+SMALL_FAMILIES = ("1f1b", "interleaved-1f1b", "zb-h1", "weipipe-interleave", "tawpipe", "helixpipe-2fold")
+
+
+@st.composite
+def small_clusters(draw):
+    gpn, nodes = draw(st.sampled_from([(2, 1), (4, 1), (2, 2), (4, 2)]))
+    dcs = draw(st.sampled_from([1, 2])) if nodes == 2 else 1
+    dc = LinkSpec(draw(st.sampled_from([1e-5, 1e-3])), draw(st.sampled_from([1.25e6, 1.25e8, 1.25e10])))
+    return Cluster(gpn, nodes, dcs, links={**default_link_specs(), "inter_dc": dc})
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cluster=small_clusters(), top=st.integers(1, 4), batch=st.sampled_from([8, 16]))
+def test_random_clusters_pruned_top_equals_exhaustive_and_bounds_hold(cluster, top, batch):
+    """Every pruning (bound order, cheap layouts first, the schedule bound) keeps the top; the
+    schedule bound is below the simulated finish of every layout of the cluster."""
+    pruned = search(TINY, cluster, batch, families=SMALL_FAMILIES, top=top, time_budget=600)
+    everything = search(TINY, cluster, batch, families=SMALL_FAMILIES, top=10 ** 6, time_budget=600)
+    assert everything.pruned_bound == 0
+    assert [c.as_dict() for c in pruned.ranked[:top]] == [c.as_dict() for c in everything.ranked[:top]]
+    _bounds_below_finish(cluster, batch, SMALL_FAMILIES)
