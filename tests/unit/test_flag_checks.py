@@ -1,7 +1,8 @@
 """Every flag of train, simulate, emulate and compare is checked before any work: the command
-fails at once with the flag's name, its value and what is allowed (each case runs the real
-command line in a subprocess; the timeout is a generous bound for a shared machine, not a
-timing assertion)."""
+fails at once with the flag's name, its value and what is allowed. Each case runs the command
+line's ``main`` in this process (a missed check would start the work: ranks, a long
+simulation); one case runs ``python -m pipert.cli`` in a subprocess, the way a user does (its
+timeout is a generous bound for a shared machine, not a timing assertion)."""
 from __future__ import annotations
 
 import os
@@ -49,7 +50,19 @@ CASES = [
 
 
 @pytest.mark.parametrize("argv,message", CASES, ids=[" ".join(a) for a, _ in CASES])
-def test_bad_flag_fails_at_once_naming_it(argv, message):
+def test_bad_flag_fails_at_once_naming_it(argv, message, capsys):
+    from pipert.cli import main
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert message in err, err
+
+
+def test_the_command_line_fails_with_status_2_and_the_message():
+    argv, message = CASES[0]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-m", "pipert.cli", *argv], capture_output=True, text=True, env=env,
                          timeout=60, cwd=ROOT)
