@@ -129,7 +129,24 @@ typedef struct {
     double busy;
 } Walk;
 
-static long long as_ll(PyObject *x) { return PyLong_AsLongLong(x); }
+/* PyLong_AsLong: 64 bits here (checked at import), and without PyLong_AsLongLong's byte-array
+ * path for the many keys above 2**30 */
+static long long as_ll(PyObject *x) { return PyLong_AsLong(x); }
+
+/* Action's slots in its field order (set by bind_action) */
+#define N_SLOTS 13
+enum { F_OP, F_UNIT, F_MB, F_PAYLOAD, F_PEER, F_GROUP, F_ROOT, F_TAG, F_SUB, F_WAITS, F_ZCLASS, F_SIDE };
+static PyTypeObject *action_type;
+static PyMemberDef *slots[N_SLOTS];
+
+/* a.<name> (new reference), field j of Action read from its slot where a is exactly an Action */
+static PyObject *field(PyObject *a, int j, PyObject *name) {
+    if (Py_TYPE(a) == action_type) {
+        PyObject *v = *(PyObject **)((char *)a + slots[j]->offset);
+        if (v) return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(a, name);
+}
 #define ERR_LL(v) ((v) == -1 && PyErr_Occurred())
 
 static int append_ll(PyObject *list, long long v) {
@@ -190,6 +207,15 @@ static int use(Walk *w, Py_ssize_t i, long long k, long long n, int compute) {
     return callback(w, s_use, Py_BuildValue("(OnLLO)", w->r_obj, i, k, n, compute ? Py_True : Py_False));
 }
 
+/* (x, y) */
+static PyObject *pack_ll2(long long x, long long y) {
+    PyObject *t = PyTuple_New(2), *a = PyLong_FromLongLong(x), *b = PyLong_FromLongLong(y);
+    if (!t || !a || !b) { Py_XDECREF(t); Py_XDECREF(a); Py_XDECREF(b); return NULL; }
+    PyTuple_SET_ITEM(t, 0, a);
+    PyTuple_SET_ITEM(t, 1, b);
+    return t;
+}
+
 /* have.get(k, MISSING) */
 static int have_get(Walk *w, PyObject *key, long long *p) {
     PyObject *v = PyDict_GetItemWithError(w->have, key);
@@ -244,7 +270,7 @@ static int plain_compute(Walk *w, PyObject *a, Py_ssize_t i, long long n, PyObje
             if (p >= 0) {   /* a value from another queue: an edge, communicated input */
                 int other = w->kinds->v.i[p] != 0;
                 if (other) {
-                    PyObject *pair = Py_BuildValue("(LL)", n, p);
+                    PyObject *pair = pack_ll2(n, p);
                     rc = (!pair || edge(w, p, n, 1) || bump(w, n) || PyList_Append(w->comm_in, pair)) ? -1 : 0;
                     Py_XDECREF(pair);
                 }
@@ -309,7 +335,7 @@ static int plain_compute(Walk *w, PyObject *a, Py_ssize_t i, long long n, PyObje
 static int compute(Walk *w, PyObject *a, PyObject *op, Py_ssize_t i) {
     int rc = STOP;
     PyObject *sub = NULL, *mb = NULL, *u = NULL, *key = NULL, *d = NULL, *n_obj = NULL;
-    if (!(sub = PyObject_GetAttr(a, s_sub)) || !(mb = PyObject_GetAttr(a, s_mb)) || !(u = PyObject_GetAttr(a, s_unit)))
+    if (!(sub = field(a, F_SUB, s_sub)) || !(mb = field(a, F_MB, s_mb)) || !(u = field(a, F_UNIT, s_unit)))
         goto fail;
     if (sub != Py_None || !PyTuple_Check(mb) || PyTuple_GET_SIZE(mb) != 1) goto out;
     if (!PyLong_CheckExact(u)) goto out;
@@ -350,11 +376,27 @@ out:
 }
 
 /* fa.<name> != a.<name> */
-static int differs(PyObject *fa, PyObject *a, PyObject *name) {
-    PyObject *x = PyObject_GetAttr(fa, name), *y = x ? PyObject_GetAttr(a, name) : NULL;
+static int differs(PyObject *fa, PyObject *a, int j, PyObject *name) {
+    PyObject *x = field(fa, j, name), *y = x ? field(a, j, name) : NULL;
     int rc = y ? PyObject_RichCompareBool(x, y, Py_NE) : -1;
     Py_XDECREF(x); Py_XDECREF(y);
     return rc;
+}
+
+/* ck == (payload, u, nmb or 1, zc): CommState.p2p's cost key against the link's last (ck), without
+ * building the tuple (1, 0, or -1 on error) */
+static int same_cost_key(PyObject *ck, PyObject *payload, PyObject *u, Py_ssize_t nmb, PyObject *zc) {
+    if (!PyTuple_Check(ck) || PyTuple_GET_SIZE(ck) != 4) return 0;
+    PyObject *want[3] = {payload, u, zc}, *got[3] = {PyTuple_GET_ITEM(ck, 0), PyTuple_GET_ITEM(ck, 1),
+                                                     PyTuple_GET_ITEM(ck, 3)};
+    for (int j = 0; j < 3; j++) {
+        int eq = PyObject_RichCompareBool(got[j], want[j], Py_EQ);
+        if (eq <= 0) return eq;
+    }
+    PyObject *c = PyTuple_GET_ITEM(ck, 2);
+    if (!PyLong_CheckExact(c)) return 0;
+    long long cv = as_ll(c);
+    return ERR_LL(cv) ? -1 : cv == (nmb ? nmb : 1);
 }
 
 /* CommState.p2p once its link end is known, for a message whose one-value plan is recorded:
@@ -369,13 +411,10 @@ static long long p2p(Walk *w, PyObject *a, Py_ssize_t i, PyObject *end, PyObject
     PyObject *tx = PyList_GET_ITEM(ls, 2), *firsts = PyList_GET_ITEM(ls, 3);
     Py_ssize_t ntx = PyList_GET_SIZE(tx);
     if (k >= ntx) {   /* this side creates the transfer: its cost must be the link's last one */
-        PyObject *zc = PyObject_GetAttr(a, s_zclass);
-        Py_ssize_t nmb = PyTuple_GET_SIZE(mb);
-        PyObject *ck = zc ? Py_BuildValue("(OOnO)", payload, u, nmb ? nmb : 1, zc) : NULL;
-        Py_XDECREF(zc);
-        if (!ck) return -1;
-        int same = PyObject_RichCompareBool(ck, PyList_GET_ITEM(ls, 5), Py_EQ);
-        Py_DECREF(ck);
+        PyObject *zc = field(a, F_ZCLASS, s_zclass);
+        if (!zc) return -1;
+        int same = same_cost_key(PyList_GET_ITEM(ls, 5), payload, u, PyTuple_GET_SIZE(mb), zc);
+        Py_DECREF(zc);
         if (same < 0) return -1;
         if (!same) return -2;
     }
@@ -387,13 +426,13 @@ static long long p2p(Walk *w, PyObject *a, Py_ssize_t i, PyObject *end, PyObject
         Py_INCREF(first);
         Py_INCREF(Py_None);
         if (ERR_LL(n) || PyList_SetItem(firsts, k, Py_None)) { Py_DECREF(first); return -1; }
-        PyObject *fa = PyTuple_GET_ITEM(first, 0), *fp = PyObject_GetAttr(fa, s_payload);
+        PyObject *fa = PyTuple_GET_ITEM(first, 0), *fp = field(fa, F_PAYLOAD, s_payload);
         int bad = fp ? fp != payload : -1;
         Py_XDECREF(fp);
-        if (!bad) bad = differs(fa, a, s_unit);
-        if (!bad) bad = differs(fa, a, s_mb);
-        if (!bad) bad = differs(fa, a, s_tag);
-        if (!bad) bad = differs(fa, a, s_zclass);
+        if (!bad) bad = differs(fa, a, F_UNIT, s_unit);
+        if (!bad) bad = differs(fa, a, F_MB, s_mb);
+        if (!bad) bad = differs(fa, a, F_TAG, s_tag);
+        if (!bad) bad = differs(fa, a, F_ZCLASS, s_zclass);
         if (bad > 0)
             bad = callback(w, s_mismatch, Py_BuildValue("(OOnOLO)", a, w->r_obj, i, first, k,
                                                         is_send ? Py_True : Py_False));
@@ -413,7 +452,8 @@ static long long p2p(Walk *w, PyObject *a, Py_ssize_t i, PyObject *end, PyObject
         long long prev = as_ll(PyList_GET_ITEM(tx, ntx - 1));
         if (ERR_LL(prev) || edge(w, prev, n, 0)) return -1;
     }
-    PyObject *where = Py_BuildValue("(OOn)", a, w->r_obj, i);
+    PyObject *i_obj = PyLong_FromSsize_t(i), *where = i_obj ? PyTuple_Pack(3, a, w->r_obj, i_obj) : NULL;
+    Py_XDECREF(i_obj);
     if (!where || append_ll(tx, n) || PyList_Append(firsts, where)) { Py_XDECREF(where); return -1; }
     Py_DECREF(where);
     if (w->host >= 0 && edge(w, w->host, n, 0)) return -1;
@@ -425,8 +465,8 @@ static long long p2p(Walk *w, PyObject *a, Py_ssize_t i, PyObject *end, PyObject
 static int message(Walk *w, PyObject *a, PyObject *op, long q, Py_ssize_t i) {
     int rc = -1, is_send = op == w->send_op;
     PyObject *peer = NULL, *payload = NULL, *u = NULL, *mb = NULL, *ekey = NULL, *mkey = NULL, *n_obj = NULL;
-    if (!(peer = PyObject_GetAttr(a, s_peer)) || !(payload = PyObject_GetAttr(a, s_payload)) ||
-        !(u = PyObject_GetAttr(a, s_unit)) || !(mb = PyObject_GetAttr(a, s_mb)))
+    if (!(peer = field(a, F_PEER, s_peer)) || !(payload = field(a, F_PAYLOAD, s_payload)) ||
+        !(u = field(a, F_UNIT, s_unit)) || !(mb = field(a, F_MB, s_mb)))
         goto out;
     if (!PyLong_CheckExact(peer) || !PyLong_CheckExact(u)) { rc = STOP; goto out; }
     long long pe = as_ll(peer), uv = as_ll(u);
@@ -558,7 +598,7 @@ static PyObject *walk(PyObject *mod, PyObject *args) {
     if (ERR_LL(w.host) || sync_in(&w)) goto out;
     Py_ssize_t n_acts = PyList_GET_SIZE(acts);
     for (; i < n_acts; i++) {
-        PyObject *a = PyList_GET_ITEM(acts, i), *op = PyObject_GetAttr(a, s_op);
+        PyObject *a = PyList_GET_ITEM(acts, i), *op = field(a, F_OP, s_op);
         if (!op) goto out;
         int plain;
         long q = op_info(&w, op, &plain);
@@ -590,12 +630,8 @@ out:
 /* ------------------------------------------------------------------------------------------ */
 /* message_action(op, unit, mb, payload, peer): pipert/ir/action.py:message_action in C        */
 
-/* Action's slots in its field order (set by bind_action) and the values message_action gives
- * them after op, unit, mb, payload and peer: group (), root None, tag 0, sub, waits, zclass,
- * side None, _h 0. */
-#define N_SLOTS 13
-static PyTypeObject *action_type;
-static PyMemberDef *slots[N_SLOTS];
+/* The values message_action gives Action's slots after op, unit, mb, payload and peer: group (),
+ * root None, tag 0, sub, waits, zclass, side None, _h 0. */
 static PyObject *slot_defaults[N_SLOTS];
 
 static PyObject *bind_action(PyObject *mod, PyObject *args) {
@@ -800,6 +836,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_simc", "The simulat
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__simc(void) {
+    if (sizeof(long) != sizeof(long long)) {   /* as_ll */
+        PyErr_SetString(PyExc_ImportError, "pipert._simc needs a 64-bit long");
+        return NULL;
+    }
     PyObject **names[] = {&s_op, &s_unit, &s_mb, &s_payload, &s_peer, &s_sub, &s_tag, &s_zclass, &s_host, &s_mem,
                           &s_use, &s_mark_done, &s_add_wgrad, &s_mismatch, &s_memory_error};
     const char *text[] = {"op", "unit", "mb", "payload", "peer", "sub", "tag", "zclass", "host", "mem",
