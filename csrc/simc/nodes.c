@@ -127,6 +127,15 @@ static PyObject *list_richcompare(PyObject *self, PyObject *other, int op) {
     return res;
 }
 
+/* pickling and copying: an empty array of the type, then its items appended (Succ: one list of
+ * edges per node); an Edges view as the plain list it reads as */
+static PyObject *list_reduce(PyObject *self, PyObject *unused) {
+    PyObject *l = as_list(self), *it = l ? PyObject_GetIter(l) : NULL, *res = NULL;
+    if (it) res = Py_BuildValue("(O()OO)", (PyObject *)Py_TYPE(self), Py_None, it);
+    Py_XDECREF(l); Py_XDECREF(it);
+    return res;
+}
+
 static PyObject *list_repr(PyObject *self) {
     PyObject *l = as_list(self), *r = l ? PyObject_Repr(l) : NULL;
     Py_XDECREF(l);
@@ -137,6 +146,7 @@ static PyMethodDef arr_methods[] = {
     {"append", (PyCFunction)arr_append, METH_O, "append(x): one more node's value"},
     {"count", (PyCFunction)arr_count, METH_O, "count(x): how many nodes hold x"},
     {"tolist", (PyCFunction)arr_tolist, METH_NOARGS, "the values as a list"},
+    {"__reduce__", list_reduce, METH_NOARGS, "pickled as its values"},
     {NULL, NULL, 0, NULL}};
 
 static PySequenceMethods arr_seq = {.sq_length = (lenfunc)arr_len, .sq_item = (ssizeargfunc)arr_item,
@@ -215,6 +225,7 @@ static PyObject *succ_tolist(Succ *s, PyObject *unused) {
 static PyMethodDef succ_methods[] = {
     {"append", (PyCFunction)succ_append, METH_O, "append(edges): one more node with these out-edges"},
     {"tolist", (PyCFunction)succ_tolist, METH_NOARGS, "the out-edges as a list of lists"},
+    {"__reduce__", list_reduce, METH_NOARGS, "pickled as its nodes' out-edges"},
     {NULL, NULL, 0, NULL}};
 
 static PySequenceMethods succ_seq = {.sq_length = (lenfunc)succ_len, .sq_item = (ssizeargfunc)succ_item};
@@ -253,9 +264,16 @@ static PyObject *edges_append(Edges *e, PyObject *x) {
 
 static PyObject *edges_tolist(Edges *e, PyObject *unused) { return edges_list(e->s, e->node); }
 
+static PyObject *edges_reduce(Edges *e, PyObject *unused) {
+    PyObject *l = edges_list(e->s, e->node), *res = l ? Py_BuildValue("(O(O))", (PyObject *)&PyList_Type, l) : NULL;
+    Py_XDECREF(l);
+    return res;
+}
+
 static PyMethodDef edges_methods[] = {
     {"append", (PyCFunction)edges_append, METH_O, "append(edge): one more out-edge of this node"},
     {"tolist", (PyCFunction)edges_tolist, METH_NOARGS, "the out-edges as a list"},
+    {"__reduce__", (PyCFunction)edges_reduce, METH_NOARGS, "pickled as the list it reads as"},
     {NULL, NULL, 0, NULL}};
 
 static PySequenceMethods edges_seq = {.sq_length = (lenfunc)edges_len, .sq_item = (ssizeargfunc)edges_item};

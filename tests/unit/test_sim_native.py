@@ -6,9 +6,11 @@ that break the programs: the whole graph, memory traces, times, makespan, per-ra
 and exposed communication, bytes per link and every error in order."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import glob
 import os
+import pickle
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -205,7 +207,8 @@ _ARRAY_OPS = st.lists(st.tuples(st.sampled_from(["node", "edge", "bump", "set", 
 def test_compiled_node_arrays_read_and_grow_as_lists(ops: list[tuple]) -> None:
     """native.node_arrays(): the C-owned (kind, dur, lat, succ, indeg) after the Builder's and the
     consumers' operations (append, succ[p].append, [i] += 1, [i] = x, [-i], iteration, count) hold
-    what Python lists hold after the same ones, and refuse what lists refuse."""
+    what Python lists hold after the same ones, pickle and copy as themselves, and refuse what
+    lists refuse."""
     with _loops(True):
         got = native.node_arrays()
     with _loops(False):
@@ -233,6 +236,8 @@ def test_compiled_node_arrays_read_and_grow_as_lists(ops: list[tuple]) -> None:
     assert [list(e) for e in got[3]] == want[3] and [len(e) for e in got[3]] == [len(e) for e in want[3]]
     assert [e[-1] for e in got[3] if len(e)] == [e[-1] for e in want[3] if e]
     for arr in got:
+        again = pickle.loads(pickle.dumps(arr))
+        assert type(again) is type(arr) and again == arr and copy.deepcopy(arr) == arr
         with pytest.raises(IndexError):
             arr[len(arr)]
     with pytest.raises(TypeError):
