@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import json
 import os
@@ -11,6 +12,10 @@ from dataclasses import fields
 from typing import Any, Callable
 
 __all__ = ["main", "build_parser"]
+
+_HELD: list = []
+"""What a command's result holds (a simulated schedule and its graph: about 10^6 objects), kept past
+the command's return: the process's own command then ends without freeing it one by one (main)."""
 
 
 def _schedule_names() -> list[str]:
@@ -41,6 +46,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.save:
         sched.save(args.save)
     nccl = _nccl_facts(sched) if args.transport == "nccl" else {}
+    _HELD.append((sched, res))
     if args.json:
         print(json.dumps({
             "schedule": sched.name, "stages": sched.num_ranks, "microbatches": sched.num_microbatches,
@@ -343,9 +349,36 @@ _TRAIN_HELP = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command in ``argv`` (None: the process's own command line, whose end is the process's:
+    see _leave) and return its exit status."""
     line = sys.argv[1:] if argv is None else argv
     parser = build_parser(line[0] if line and line[0] in _COMMANDS else None)
     args = parser.parse_args(argv)
+    try:
+        rc = _run(args)
+        if argv is None and _HELD:
+            _leave(rc)
+    finally:
+        _HELD.clear()
+    return rc
+
+
+def _leave(rc: int) -> None:
+    """End the process with status ``rc`` as the interpreter's exit would, less freeing what _HELD
+    holds object by object (0.1 s for a large simulation): atexit handlers run, stdout and stderr
+    are flushed, then os._exit. Only for main(None): the process's own command, after which
+    nothing runs (the console script and ``python -m pipert`` call sys.exit(main()))."""
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:  # the reader closed early: as main's handler, quietly
+        rc = 141
+    os._exit(rc)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command's exit status; its usual failures as a message on stderr and a status."""
     try:
         return args.fn(args)
     except (ValueError, FileNotFoundError) as e:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
+from typing import Any
 
-__all__ = ["SIMC", "load_error"]
+__all__ = ["SIMC", "load_error", "node_arrays"]
 
 SIMC: ModuleType | None = None
 load_error: str | None = None
@@ -23,3 +24,13 @@ else:
         from . import _simc as SIMC
     except ImportError as exc:  # not built: the pure-Python loops
         load_error = str(exc)
+
+
+def node_arrays() -> tuple[Any, Any, Any, Any, Any]:
+    """Empty (kind, dur, lat, succ, indeg) for a graph: pipert._simc's typed arrays where it is
+    loaded (``walk`` and ``longest_path`` run on them directly), else Python lists. Both read and
+    grow alike (len, [i], [i] = x, append, iteration, count, ``succ[p].append``; == compares
+    contents), so the Builder and every consumer of a Graph run on either."""
+    if SIMC is None:
+        return [], [], [], [], []
+    return SIMC.Ints(), SIMC.Floats(), SIMC.Floats(), SIMC.Succ(), SIMC.Ints()

@@ -1,4 +1,4 @@
-/* pipert._simc: the simulator's two hot loops in C, against the plain Python C API (no torch).
+/* pipert._simc: the simulator's hot loops in C, against the plain Python C API (no torch).
  *
  *   longest_path  mirrors pipert/sim/timing.py:run_timing's sweep (Kahn's algorithm, stack order);
  *   walk          mirrors the common case of pipert/sim/values.py:Builder.run: plain computes
@@ -6,8 +6,10 @@
  *   message_action builds an Action as pipert/ir/action.py:message_action does (lowering's
  *                 hundreds of thousands of messages).
  *
- * Both read and write the same Python objects the Python code does, in the same order, with the
- * same IEEE double arithmetic, so their results are identical to the pure path's. ``walk`` stops
+ * The node arrays (kind, dur, lat, succ, indeg) are C-owned where this module is loaded (nodes.h,
+ * pipert.native.node_arrays): both loops use them directly. Everything else they read and write is
+ * the Python objects the Python code uses, in the same order, with the same IEEE double
+ * arithmetic, so their results are identical to the pure path's. ``walk`` stops
  * BEFORE changing anything at the first action it does not cover and returns its index; the
  * Python walk then runs that action and calls ``walk`` again from the next one. Rare paths inside
  * a covered action (a missing input, a duplicate, a new weight-gradient buffer, a mismatch, the
@@ -18,6 +20,8 @@
 #include <stdint.h>
 #include <structmember.h>
 
+#include "nodes.h"
+
 #define SHIFT 5        /* pipert/sim/keys.py */
 #define MISSING (-2)
 #define STOP 1         /* walk: the action is the Python walk's; nothing was changed */
@@ -26,14 +30,6 @@
 
 /* ------------------------------------------------------------------------------------------ */
 /* longest_path(dur, lat, succ, indeg) -> (start, end0, end1, order, indeg left)               */
-
-static int as_doubles(PyObject *list, double *out, Py_ssize_t n) {
-    for (Py_ssize_t j = 0; j < n; j++) {
-        out[j] = PyFloat_AsDouble(PyList_GET_ITEM(list, j));
-        if (out[j] == -1.0 && PyErr_Occurred()) return -1;
-    }
-    return 0;
-}
 
 static PyObject *float_list(const double *v, Py_ssize_t n) {
     PyObject *out = PyList_New(n);
@@ -55,28 +51,29 @@ static PyObject *long_list(const long long *v, Py_ssize_t n) {
     return out;
 }
 
+/* on the node arrays (nodes.h), which it leaves as they are */
 static PyObject *longest_path(PyObject *mod, PyObject *args) {
-    PyObject *dur_l, *lat_l, *succ_l, *indeg_l, *res = NULL;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!", &PyList_Type, &dur_l, &PyList_Type, &lat_l, &PyList_Type, &succ_l,
-                          &PyList_Type, &indeg_l))
+    Arr *dur_a, *lat_a, *indeg_a;
+    Succ *succ;
+    PyObject *res = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!", &Floats_Type, &dur_a, &Floats_Type, &lat_a, &Succ_Type, &succ,
+                          &Ints_Type, &indeg_a))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(dur_l);
-    if (PyList_GET_SIZE(lat_l) != n || PyList_GET_SIZE(succ_l) != n || PyList_GET_SIZE(indeg_l) != n) {
+    Py_ssize_t n = dur_a->n;
+    if (lat_a->n != n || succ->n != n || indeg_a->n != n) {
         PyErr_SetString(PyExc_ValueError, "longest_path: dur, lat, succ and indeg differ in length");
         return NULL;
     }
+    const double *dur = dur_a->v.d, *lat = lat_a->v.d;
     size_t m = (size_t)(n ? n : 1);
-    double *dur = PyMem_Malloc(m * sizeof(double)), *lat = PyMem_Malloc(m * sizeof(double));
     double *ready = PyMem_Calloc(m, sizeof(double)), *end0 = PyMem_Calloc(m, sizeof(double));
     double *end1 = PyMem_Calloc(m, sizeof(double));
     long long *indeg = PyMem_Malloc(m * sizeof(long long)), *stack = PyMem_Malloc(m * sizeof(long long));
     long long *order = PyMem_Malloc(m * sizeof(long long));
-    if (!dur || !lat || !ready || !end0 || !end1 || !indeg || !stack || !order) { PyErr_NoMemory(); goto done; }
-    if (as_doubles(dur_l, dur, n) || as_doubles(lat_l, lat, n)) goto done;
+    if (!ready || !end0 || !end1 || !indeg || !stack || !order) { PyErr_NoMemory(); goto done; }
     Py_ssize_t top = 0, seen = 0;
     for (Py_ssize_t j = 0; j < n; j++) {
-        indeg[j] = PyLong_AsLongLong(PyList_GET_ITEM(indeg_l, j));
-        if (indeg[j] == -1 && PyErr_Occurred()) goto done;
+        indeg[j] = indeg_a->v.i[j];
         if (!indeg[j]) stack[top++] = j;   /* ascending, popped from the top: as the Python list */
     }
     while (top) {
@@ -85,12 +82,8 @@ static PyObject *longest_path(PyObject *mod, PyObject *args) {
         double e0 = ready[v] + dur[v], e1 = e0 + lat[v];
         end0[v] = e0;
         end1[v] = e1;
-        PyObject *out = PyList_GET_ITEM(succ_l, v);
-        if (!PyList_Check(out)) { PyErr_SetString(PyExc_TypeError, "longest_path: succ holds a non-list"); goto done; }
-        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(out); k++) {
-            long long x = PyLong_AsLongLong(PyList_GET_ITEM(out, k));
-            if (x == -1 && PyErr_Occurred()) goto done;
-            long long w = x >> 1;
+        for (long long k = succ->head[v]; k >= 0; k = succ->next[k]) {
+            long long x = succ->dst[k], w = x >> 1;
             if (w < 0 || w >= n) { PyErr_SetString(PyExc_IndexError, "longest_path: edge to no node"); goto done; }
             double t = (x & 1) ? e1 : e0;
             if (t > ready[w]) ready[w] = t;
@@ -104,7 +97,7 @@ static PyObject *longest_path(PyObject *mod, PyObject *args) {
         Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(c); Py_XDECREF(d); Py_XDECREF(e);
     }
 done:
-    PyMem_Free(dur); PyMem_Free(lat); PyMem_Free(ready); PyMem_Free(end0); PyMem_Free(end1);
+    PyMem_Free(ready); PyMem_Free(end0); PyMem_Free(end1);
     PyMem_Free(indeg); PyMem_Free(stack); PyMem_Free(order);
     return res;
 }
@@ -114,13 +107,14 @@ done:
 
 static PyObject *s_op, *s_unit, *s_mb, *s_payload, *s_peer, *s_sub, *s_tag, *s_zclass, *s_host, *s_mem,
     *s_use, *s_mark_done, *s_add_wgrad, *s_mismatch, *s_memory_error;
-static PyObject *ZERO_F;   /* the 0.0 a compute node's latency is */
 
 /* The walked rank's state: borrowed from the Builder (kept alive by it) for one call. */
 typedef struct {
     PyObject *b, *r_obj;
     long r;
     PyObject *kind, *dur, *lat, *succ, *indeg, *comm_in, *tx_prod;   /* CommState's arrays */
+    Arr *kinds, *durs, *lats, *indegs;   /* the node arrays (nodes.h): kind, dur, lat, indeg */
+    Succ *edges;                         /* and succ */
     PyObject *have, *live, *wg, *ends, *messages, *cplans;          /* the rank's walk state */
     PyObject *q_of, *plain_ops, *send_op, *ctime;                    /* constants (walk's ctx) */
     PyObject *nodes_r, *cq;
@@ -128,13 +122,31 @@ typedef struct {
      * replaced, so an entry seen once holds for the rest of the call (borrowed references) */
     struct { PyObject *payload; long long unit, peer_side; long q; PyObject *end, *one; } mcache[CACHE];
     struct { PyObject *op; long long unit; PyObject *plan; } ccache[CACHE];
-    int mnext, cnext;
+    struct { PyObject *op; long q; int plain; } ocache[CACHE];   /* q_of[op], op in plain_ops */
+    int mnext, cnext, onext;
     long long host;   /* Builder.host, written back before any callback and at the end */
     double mem;       /* Builder.mem, likewise (a callback may change it: re-read after) */
     double busy;
 } Walk;
 
-static long long as_ll(PyObject *x) { return PyLong_AsLongLong(x); }
+/* PyLong_AsLong: 64 bits here (checked at import), and without PyLong_AsLongLong's byte-array
+ * path for the many keys above 2**30 */
+static long long as_ll(PyObject *x) { return PyLong_AsLong(x); }
+
+/* Action's slots in its field order (set by bind_action) */
+#define N_SLOTS 13
+enum { F_OP, F_UNIT, F_MB, F_PAYLOAD, F_PEER, F_GROUP, F_ROOT, F_TAG, F_SUB, F_WAITS, F_ZCLASS, F_SIDE };
+static PyTypeObject *action_type;
+static PyMemberDef *slots[N_SLOTS];
+
+/* a.<name> (new reference), field j of Action read from its slot where a is exactly an Action */
+static PyObject *field(PyObject *a, int j, PyObject *name) {
+    if (Py_TYPE(a) == action_type) {
+        PyObject *v = *(PyObject **)((char *)a + slots[j]->offset);
+        if (v) return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(a, name);
+}
 #define ERR_LL(v) ((v) == -1 && PyErr_Occurred())
 
 static int append_ll(PyObject *list, long long v) {
@@ -147,16 +159,22 @@ static int append_ll(PyObject *list, long long v) {
 
 /* indeg[n] += 1 */
 static int bump(Walk *w, long long n) {
-    long long c = as_ll(PyList_GET_ITEM(w->indeg, n));
-    if (ERR_LL(c)) return -1;
-    PyObject *x = PyLong_FromLongLong(c + 1);
-    if (!x) return -1;
-    return PyList_SetItem(w->indeg, n, x);
+    w->indegs->v.i[n]++;
+    return 0;
 }
 
 /* succ[p].append(n << 1 | arrival) */
 static int edge(Walk *w, long long p, long long n, int arrival) {
-    return append_ll(PyList_GET_ITEM(w->succ, p), n << 1 | arrival);
+    return succ_add(w->edges, p, n << 1 | arrival);
+}
+
+/* node(kind, dur, lat) with ``indeg`` in-edges to come: its index, or -1 */
+static long long new_node(Walk *w, long long kind, double dur, double lat, long long indeg) {
+    long long n = w->kinds->n;
+    if (arr_push_i(w->kinds, kind) || arr_push_d(w->durs, dur) || arr_push_d(w->lats, lat) ||
+        arr_push_i(w->indegs, indeg) || succ_push(w->edges) < 0)
+        return -1;
+    return n;
 }
 
 static int sync_out(Walk *w) {
@@ -187,6 +205,15 @@ static int callback(Walk *w, PyObject *name, PyObject *args) {
 /* self.use(r, i, k, n, compute) */
 static int use(Walk *w, Py_ssize_t i, long long k, long long n, int compute) {
     return callback(w, s_use, Py_BuildValue("(OnLLO)", w->r_obj, i, k, n, compute ? Py_True : Py_False));
+}
+
+/* (x, y) */
+static PyObject *pack_ll2(long long x, long long y) {
+    PyObject *t = PyTuple_New(2), *a = PyLong_FromLongLong(x), *b = PyLong_FromLongLong(y);
+    if (!t || !a || !b) { Py_XDECREF(t); Py_XDECREF(a); Py_XDECREF(b); return NULL; }
+    PyTuple_SET_ITEM(t, 0, a);
+    PyTuple_SET_ITEM(t, 1, b);
+    return t;
 }
 
 /* have.get(k, MISSING) */
@@ -241,9 +268,9 @@ static int plain_compute(Walk *w, PyObject *a, Py_ssize_t i, long long n, PyObje
             rc = use(w, i, k, n, 1);
         } else {
             if (p >= 0) {   /* a value from another queue: an edge, communicated input */
-                int other = PyObject_IsTrue(PyList_GET_ITEM(w->kind, p));
+                int other = w->kinds->v.i[p] != 0;
                 if (other) {
-                    PyObject *pair = Py_BuildValue("(LL)", n, p);
+                    PyObject *pair = pack_ll2(n, p);
                     rc = (!pair || edge(w, p, n, 1) || bump(w, n) || PyList_Append(w->comm_in, pair)) ? -1 : 0;
                     Py_XDECREF(pair);
                 }
@@ -308,8 +335,7 @@ static int plain_compute(Walk *w, PyObject *a, Py_ssize_t i, long long n, PyObje
 static int compute(Walk *w, PyObject *a, PyObject *op, Py_ssize_t i) {
     int rc = STOP;
     PyObject *sub = NULL, *mb = NULL, *u = NULL, *key = NULL, *d = NULL, *n_obj = NULL;
-    if (PySet_Contains(w->plain_ops, op) != 1) return PyErr_Occurred() ? -1 : STOP;
-    if (!(sub = PyObject_GetAttr(a, s_sub)) || !(mb = PyObject_GetAttr(a, s_mb)) || !(u = PyObject_GetAttr(a, s_unit)))
+    if (!(sub = field(a, F_SUB, s_sub)) || !(mb = field(a, F_MB, s_mb)) || !(u = field(a, F_UNIT, s_unit)))
         goto fail;
     if (sub != Py_None || !PyTuple_Check(mb) || PyTuple_GET_SIZE(mb) != 1) goto out;
     if (!PyLong_CheckExact(u)) goto out;
@@ -332,15 +358,9 @@ static int compute(Walk *w, PyObject *a, PyObject *op, Py_ssize_t i) {
     if (!(d = PyObject_CallFunctionObjArgs(w->ctime, a, w->r_obj, NULL))) goto fail;
     if (!PyFloat_CheckExact(d)) goto out;
     /* the compute node, chained after the rank's last compute-queue node */
-    long long n = PyList_GET_SIZE(w->kind);
-    PyObject *zero = PyLong_FromLong(0), *succ_n = PyList_New(0);
-    int bad = !zero || !succ_n || PyList_Append(w->kind, zero) || PyList_Append(w->dur, d) ||
-              PyList_Append(w->lat, ZERO_F) || PyList_Append(w->succ, succ_n);
-    Py_XDECREF(zero); Py_XDECREF(succ_n);
-    if (bad) goto fail;
-    if (w->host >= 0) {
-        if (edge(w, w->host, n, 0) || append_ll(w->indeg, 1)) goto fail;
-    } else if (append_ll(w->indeg, 0)) goto fail;
+    long long n = new_node(w, 0, PyFloat_AS_DOUBLE(d), 0.0, w->host >= 0);
+    if (n < 0) goto fail;
+    if (w->host >= 0 && edge(w, w->host, n, 0)) goto fail;
     w->host = n;
     w->busy += PyFloat_AS_DOUBLE(d);
     if (!(n_obj = PyLong_FromLongLong(n))) goto fail;
@@ -356,11 +376,27 @@ out:
 }
 
 /* fa.<name> != a.<name> */
-static int differs(PyObject *fa, PyObject *a, PyObject *name) {
-    PyObject *x = PyObject_GetAttr(fa, name), *y = x ? PyObject_GetAttr(a, name) : NULL;
+static int differs(PyObject *fa, PyObject *a, int j, PyObject *name) {
+    PyObject *x = field(fa, j, name), *y = x ? field(a, j, name) : NULL;
     int rc = y ? PyObject_RichCompareBool(x, y, Py_NE) : -1;
     Py_XDECREF(x); Py_XDECREF(y);
     return rc;
+}
+
+/* ck == (payload, u, nmb or 1, zc): CommState.p2p's cost key against the link's last (ck), without
+ * building the tuple (1, 0, or -1 on error) */
+static int same_cost_key(PyObject *ck, PyObject *payload, PyObject *u, Py_ssize_t nmb, PyObject *zc) {
+    if (!PyTuple_Check(ck) || PyTuple_GET_SIZE(ck) != 4) return 0;
+    PyObject *want[3] = {payload, u, zc}, *got[3] = {PyTuple_GET_ITEM(ck, 0), PyTuple_GET_ITEM(ck, 1),
+                                                     PyTuple_GET_ITEM(ck, 3)};
+    for (int j = 0; j < 3; j++) {
+        int eq = PyObject_RichCompareBool(got[j], want[j], Py_EQ);
+        if (eq <= 0) return eq;
+    }
+    PyObject *c = PyTuple_GET_ITEM(ck, 2);
+    if (!PyLong_CheckExact(c)) return 0;
+    long long cv = as_ll(c);
+    return ERR_LL(cv) ? -1 : cv == (nmb ? nmb : 1);
 }
 
 /* CommState.p2p once its link end is known, for a message whose one-value plan is recorded:
@@ -375,13 +411,10 @@ static long long p2p(Walk *w, PyObject *a, Py_ssize_t i, PyObject *end, PyObject
     PyObject *tx = PyList_GET_ITEM(ls, 2), *firsts = PyList_GET_ITEM(ls, 3);
     Py_ssize_t ntx = PyList_GET_SIZE(tx);
     if (k >= ntx) {   /* this side creates the transfer: its cost must be the link's last one */
-        PyObject *zc = PyObject_GetAttr(a, s_zclass);
-        Py_ssize_t nmb = PyTuple_GET_SIZE(mb);
-        PyObject *ck = zc ? Py_BuildValue("(OOnO)", payload, u, nmb ? nmb : 1, zc) : NULL;
-        Py_XDECREF(zc);
-        if (!ck) return -1;
-        int same = PyObject_RichCompareBool(ck, PyList_GET_ITEM(ls, 5), Py_EQ);
-        Py_DECREF(ck);
+        PyObject *zc = field(a, F_ZCLASS, s_zclass);
+        if (!zc) return -1;
+        int same = same_cost_key(PyList_GET_ITEM(ls, 5), payload, u, PyTuple_GET_SIZE(mb), zc);
+        Py_DECREF(zc);
         if (same < 0) return -1;
         if (!same) return -2;
     }
@@ -393,13 +426,13 @@ static long long p2p(Walk *w, PyObject *a, Py_ssize_t i, PyObject *end, PyObject
         Py_INCREF(first);
         Py_INCREF(Py_None);
         if (ERR_LL(n) || PyList_SetItem(firsts, k, Py_None)) { Py_DECREF(first); return -1; }
-        PyObject *fa = PyTuple_GET_ITEM(first, 0), *fp = PyObject_GetAttr(fa, s_payload);
+        PyObject *fa = PyTuple_GET_ITEM(first, 0), *fp = field(fa, F_PAYLOAD, s_payload);
         int bad = fp ? fp != payload : -1;
         Py_XDECREF(fp);
-        if (!bad) bad = differs(fa, a, s_unit);
-        if (!bad) bad = differs(fa, a, s_mb);
-        if (!bad) bad = differs(fa, a, s_tag);
-        if (!bad) bad = differs(fa, a, s_zclass);
+        if (!bad) bad = differs(fa, a, F_UNIT, s_unit);
+        if (!bad) bad = differs(fa, a, F_MB, s_mb);
+        if (!bad) bad = differs(fa, a, F_TAG, s_tag);
+        if (!bad) bad = differs(fa, a, F_ZCLASS, s_zclass);
         if (bad > 0)
             bad = callback(w, s_mismatch, Py_BuildValue("(OOnOLO)", a, w->r_obj, i, first, k,
                                                         is_send ? Py_True : Py_False));
@@ -409,23 +442,21 @@ static long long p2p(Walk *w, PyObject *a, Py_ssize_t i, PyObject *end, PyObject
         return n;
     }
     PyObject *cost = PyList_GET_ITEM(ls, 6);   /* (bytes, occupancy, latency) */
-    long long n = PyList_GET_SIZE(w->kind);
-    PyObject *one = PyLong_FromLong(1), *succ_n = PyList_New(0);
-    int bad = !one || !succ_n || PyList_Append(w->kind, one) || PyList_Append(w->dur, PyTuple_GET_ITEM(cost, 1)) ||
-              PyList_Append(w->lat, PyTuple_GET_ITEM(cost, 2)) || PyList_Append(w->succ, succ_n);
-    Py_XDECREF(one); Py_XDECREF(succ_n);
-    if (bad) return -1;
+    double occ = PyFloat_AsDouble(PyTuple_GET_ITEM(cost, 1)), lat = PyFloat_AsDouble(PyTuple_GET_ITEM(cost, 2));
+    if (((occ == -1.0 || lat == -1.0) && PyErr_Occurred())) return -1;
+    long long n = new_node(w, 1, occ, lat, (ntx + 1 > 1) + (w->host >= 0));
+    if (n < 0) return -1;
     PyObject *sent = PyNumber_Add(PyList_GET_ITEM(ls, 4), PyTuple_GET_ITEM(cost, 0));
     if (!sent || PyList_SetItem(ls, 4, sent)) return -1;
     if (ntx) {   /* link FIFO: this transfer starts after the previous one frees the link */
         long long prev = as_ll(PyList_GET_ITEM(tx, ntx - 1));
         if (ERR_LL(prev) || edge(w, prev, n, 0)) return -1;
     }
-    PyObject *where = Py_BuildValue("(OOn)", a, w->r_obj, i);
+    PyObject *i_obj = PyLong_FromSsize_t(i), *where = i_obj ? PyTuple_Pack(3, a, w->r_obj, i_obj) : NULL;
+    Py_XDECREF(i_obj);
     if (!where || append_ll(tx, n) || PyList_Append(firsts, where)) { Py_XDECREF(where); return -1; }
     Py_DECREF(where);
     if (w->host >= 0 && edge(w, w->host, n, 0)) return -1;
-    if (append_ll(w->indeg, (ntx + 1 > 1) + (w->host >= 0))) return -1;
     return n;
 }
 
@@ -434,8 +465,8 @@ static long long p2p(Walk *w, PyObject *a, Py_ssize_t i, PyObject *end, PyObject
 static int message(Walk *w, PyObject *a, PyObject *op, long q, Py_ssize_t i) {
     int rc = -1, is_send = op == w->send_op;
     PyObject *peer = NULL, *payload = NULL, *u = NULL, *mb = NULL, *ekey = NULL, *mkey = NULL, *n_obj = NULL;
-    if (!(peer = PyObject_GetAttr(a, s_peer)) || !(payload = PyObject_GetAttr(a, s_payload)) ||
-        !(u = PyObject_GetAttr(a, s_unit)) || !(mb = PyObject_GetAttr(a, s_mb)))
+    if (!(peer = field(a, F_PEER, s_peer)) || !(payload = field(a, F_PAYLOAD, s_payload)) ||
+        !(u = field(a, F_UNIT, s_unit)) || !(mb = field(a, F_MB, s_mb)))
         goto out;
     if (!PyLong_CheckExact(peer) || !PyLong_CheckExact(u)) { rc = STOP; goto out; }
     long long pe = as_ll(peer), uv = as_ll(u);
@@ -498,6 +529,28 @@ out:
     return rc;
 }
 
+/* q_of[op] (-1: none, or an error) and whether op is in plain_ops, looked up once per op and call:
+ * an Op's hash is a Python-level call, its identity is not (the members live as long as Op) */
+static long op_info(Walk *w, PyObject *op, int *plain) {
+    for (int c = 0; c < CACHE && c < w->onext; c++)
+        if (w->ocache[c].op == op) {
+            *plain = w->ocache[c].plain;
+            return w->ocache[c].q;
+        }
+    PyObject *qo = PyDict_GetItemWithError(w->q_of, op);
+    if (!qo) return -1;
+    long q = PyLong_AsLong(qo);
+    if (q == -1 && PyErr_Occurred()) return -1;
+    int in = PySet_Contains(w->plain_ops, op);
+    if (in < 0) return -1;
+    *plain = in;
+    if (w->onext < CACHE) {
+        int c = w->onext++;
+        w->ocache[c].op = op, w->ocache[c].q = q, w->ocache[c].plain = in;
+    }
+    return q;
+}
+
 static PyObject *attr(PyObject *b, const char *name) { return PyObject_GetAttrString(b, name); }
 
 /* walk(builder, r, acts, i, busy, peak, over, limit, nodes_r, cq, trace, ctx) -> (next i, busy, peak, over)
@@ -524,11 +577,18 @@ static PyObject *walk(PyObject *mod, PyObject *args) {
                            "message_plans", "_compute_plans"};
     for (size_t j = 0; j < sizeof names / sizeof *names; j++)
         if (!(*own[j] = attr(w.b, names[j]))) goto out;
-    if (!PyList_Check(w.kind) || !PyList_Check(w.dur) || !PyList_Check(w.lat) || !PyList_Check(w.succ) ||
-        !PyList_Check(w.indeg) || !PyList_Check(w.comm_in) || !PyDict_Check(w.tx_prod) || !PyDict_Check(w.have) ||
+    if (!Py_IS_TYPE(w.kind, &Ints_Type) || !Py_IS_TYPE(w.dur, &Floats_Type) || !Py_IS_TYPE(w.lat, &Floats_Type) ||
+        !Py_IS_TYPE(w.succ, &Succ_Type) || !Py_IS_TYPE(w.indeg, &Ints_Type) || !PyList_Check(w.comm_in) || !PyDict_Check(w.tx_prod) || !PyDict_Check(w.have) ||
         !PyDict_Check(w.live) || !PyDict_Check(w.wg) || !PyDict_Check(w.ends) || !PyDict_Check(w.messages) ||
         !PyDict_Check(w.cplans)) {
-        PyErr_SetString(PyExc_TypeError, "walk: the Builder's arrays are not lists and dicts");
+        PyErr_SetString(PyExc_TypeError, "walk: the Builder's node arrays are not pipert._simc's, or its "
+                        "state not lists and dicts");
+        goto out;
+    }
+    w.kinds = (Arr *)w.kind, w.durs = (Arr *)w.dur, w.lats = (Arr *)w.lat, w.indegs = (Arr *)w.indeg;
+    w.edges = (Succ *)w.succ;
+    if (w.kinds->n != w.durs->n || w.kinds->n != w.lats->n || w.kinds->n != w.indegs->n || w.kinds->n != w.edges->n) {
+        PyErr_SetString(PyExc_ValueError, "walk: the node arrays differ in length");
         goto out;
     }
     PyObject *h = attr(w.b, "host");
@@ -538,11 +598,11 @@ static PyObject *walk(PyObject *mod, PyObject *args) {
     if (ERR_LL(w.host) || sync_in(&w)) goto out;
     Py_ssize_t n_acts = PyList_GET_SIZE(acts);
     for (; i < n_acts; i++) {
-        PyObject *a = PyList_GET_ITEM(acts, i), *op = PyObject_GetAttr(a, s_op);
+        PyObject *a = PyList_GET_ITEM(acts, i), *op = field(a, F_OP, s_op);
         if (!op) goto out;
-        PyObject *qo = PyDict_GetItemWithError(w.q_of, op);
-        long q = qo ? PyLong_AsLong(qo) : -1;
-        int rc = (q == -1 && PyErr_Occurred()) ? -1 : q == 0 ? compute(&w, a, op, i) :
+        int plain;
+        long q = op_info(&w, op, &plain);
+        int rc = (q == -1 && PyErr_Occurred()) ? -1 : q == 0 ? (plain ? compute(&w, a, op, i) : STOP) :
                  (q == 1 || q == 2) ? message(&w, a, op, q, i) : STOP;
         Py_DECREF(op);
         if (rc < 0) goto out;
@@ -570,12 +630,8 @@ out:
 /* ------------------------------------------------------------------------------------------ */
 /* message_action(op, unit, mb, payload, peer): pipert/ir/action.py:message_action in C        */
 
-/* Action's slots in its field order (set by bind_action) and the values message_action gives
- * them after op, unit, mb, payload and peer: group (), root None, tag 0, sub, waits, zclass,
- * side None, _h 0. */
-#define N_SLOTS 13
-static PyTypeObject *action_type;
-static PyMemberDef *slots[N_SLOTS];
+/* The values message_action gives Action's slots after op, unit, mb, payload and peer: group (),
+ * root None, tag 0, sub, waits, zclass, side None, _h 0. */
 static PyObject *slot_defaults[N_SLOTS];
 
 static PyObject *bind_action(PyObject *mod, PyObject *args) {
@@ -780,12 +836,17 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_simc", "The simulat
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__simc(void) {
+    if (sizeof(long) != sizeof(long long)) {   /* as_ll */
+        PyErr_SetString(PyExc_ImportError, "pipert._simc needs a 64-bit long");
+        return NULL;
+    }
     PyObject **names[] = {&s_op, &s_unit, &s_mb, &s_payload, &s_peer, &s_sub, &s_tag, &s_zclass, &s_host, &s_mem,
                           &s_use, &s_mark_done, &s_add_wgrad, &s_mismatch, &s_memory_error};
     const char *text[] = {"op", "unit", "mb", "payload", "peer", "sub", "tag", "zclass", "host", "mem",
                           "use", "mark_done", "add_wgrad", "mismatch", "memory_error"};
     for (size_t j = 0; j < sizeof names / sizeof *names; j++)
         if (!(*names[j] = PyUnicode_InternFromString(text[j]))) return NULL;
-    if (!(ZERO_F = PyFloat_FromDouble(0.0))) return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m && nodes_add_types(m)) Py_CLEAR(m);
+    return m;
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import native
 from ..ir.action import Action, Op
 from .keys import K_COLLECTIVE, K_TRANSFER
 
@@ -29,11 +30,7 @@ class CommState:
     def __init__(self, s: Any, cost: Any, links: Any) -> None:
         self.s, self.cost, self.links = s, cost, links
         self.P, self.U, self.M = s.num_ranks, s.num_units, s.num_microbatches
-        self.kind: list[int] = []
-        self.dur: list[float] = []
-        self.lat: list[float] = []
-        self.succ: list[list[int]] = []
-        self.indeg: list[int] = []
+        self.kind, self.dur, self.lat, self.succ, self.indeg = native.node_arrays()
         self.errors: list = []
         self.missing: list[tuple[int, int, int]] = []
         self.comm_in: list[tuple[int, int]] = []

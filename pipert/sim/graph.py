@@ -38,7 +38,9 @@ class Graph:
     schedule: Schedule
     """The schedule this graph was built from."""
     kind: list[int]
-    """Node kind: 0 compute-queue action, 1 transfer, 2 collective."""
+    """Node kind: 0 compute-queue action, 1 transfer, 2 collective. This and dur, lat, succ, indeg
+    are lists, or where pipert._simc is loaded its C-owned arrays that read and grow alike
+    (:func:`pipert.native.node_arrays`)."""
     dur: list[float]
     """Duration (compute, collective) or link occupancy (transfer) per node."""
     lat: list[float]

@@ -38,7 +38,7 @@ def run_timing(g: Graph) -> tuple[Times, list[int], list[ScheduleError]]:
     """Times of all nodes, topological order, and deadlock/weight-grad errors (the sweep in C
     where pipert._simc is built: the same times and order)."""
     n_nodes = len(g.kind)
-    if native.SIMC is not None and type(g.dur) is list and type(g.succ) is list:
+    if native.SIMC is not None and type(g.succ) is native.SIMC.Succ:
         ready, end0, end1, order, indeg = native.SIMC.longest_path(g.dur, g.lat, g.succ, g.indeg)
         return _checked(g, Times(ready, end0, end1), order, indeg)
     indeg = list(g.indeg)

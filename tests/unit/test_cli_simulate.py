@@ -83,3 +83,22 @@ def test_plan_pp_vs_dp_json(capsys):
     assert row["latency_s"] == 0.004 and row["bandwidth_Bps"] == 64e9
     assert row["pp_vs_dp_speedup"] == row["dp_step"] / row["pp_step"]
     assert row["pp_vs_single_dc"] == row["pp_step"] / row["single_dc_step"]
+
+
+def test_the_process_own_command_ends_as_the_interpreter_would():
+    """main() without argv leaves the process itself (skipping freeing its result, cli._leave): the
+    JSON is whole on stdout, atexit handlers run, the status is main's; a main(argv) call returns."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    code = ("import atexit, sys; atexit.register(lambda: print('handler ran', file=sys.stderr)); "
+            "from pipert.cli import main; sys.argv = ['pipert'] + sys.argv[1:]; sys.exit(main())")
+    for argv, want in ((["1f1b", "-P", "4", "-M", "64", "--json"], 0), (["1f1b", "--passes", "bogus"], 2)):
+        p = subprocess.run([sys.executable, "-c", code, "simulate", *argv], capture_output=True, env=env,
+                           timeout=120)
+        assert p.returncode == want and p.stderr.decode().endswith("handler ran\n"), p.stderr
+        if want == 0:
+            out = json.loads(p.stdout)
+            assert out["makespan"] == simulate(build_schedule("1f1b", stages=4, microbatches=64),
+                                               UniformCost(1.0, 2.0)).makespan

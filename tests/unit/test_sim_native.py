@@ -6,9 +6,11 @@ that break the programs: the whole graph, memory traces, times, makespan, per-ra
 and exposed communication, bytes per link and every error in order."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import glob
 import os
+import pickle
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -193,3 +195,50 @@ def _lowered(program: tuple, compiled: bool) -> list:
     P, U, M, placement, compute = program
     with _loops(compiled):
         return [lower("x", P, U, M, placement, compute, post_ahead=ahead).actions for ahead in (1, 2)]
+
+
+_ARRAY_OPS = st.lists(st.tuples(st.sampled_from(["node", "edge", "bump", "set", "read"]), st.integers(0, 40),
+                                st.integers(-3, 90), st.sampled_from([0.0, 0.5, 2, 1e300, -7.25])), max_size=60)
+
+
+@needs_simc
+@settings(max_examples=100, deadline=None)
+@given(_ARRAY_OPS)
+def test_compiled_node_arrays_read_and_grow_as_lists(ops: list[tuple]) -> None:
+    """native.node_arrays(): the C-owned (kind, dur, lat, succ, indeg) after the Builder's and the
+    consumers' operations (append, succ[p].append, [i] += 1, [i] = x, [-i], iteration, count) hold
+    what Python lists hold after the same ones, pickle and copy as themselves, and refuse what
+    lists refuse."""
+    with _loops(True):
+        got = native.node_arrays()
+    with _loops(False):
+        want = native.node_arrays()
+    assert type(got[3]) is native.SIMC.Succ and type(want[3]) is list
+    for op, p, x, d in ops:
+        for kind, dur, lat, succ, indeg in (got, want):
+            n = len(kind)
+            if op == "node":
+                kind.append(p % 3)
+                dur.append(d)
+                lat.append(d)
+                succ.append([])
+                indeg.append(0)
+            elif n and op == "edge":
+                succ[p % n].append(x << 1 | 1)
+                indeg[x % n] += 1
+            elif n and op == "bump":
+                indeg[-1 - p % n] += 1
+            elif n and op == "set":
+                dur[p % n] = d
+    for g, w in zip(got, want):
+        assert g == w and list(g) == w and len(g) == len(w) and not g != w
+    assert got[0].count(1) == want[0].count(1)
+    assert [list(e) for e in got[3]] == want[3] and [len(e) for e in got[3]] == [len(e) for e in want[3]]
+    assert [e[-1] for e in got[3] if len(e)] == [e[-1] for e in want[3] if e]
+    for arr in got:
+        again = pickle.loads(pickle.dumps(arr))
+        assert type(again) is type(arr) and again == arr and copy.deepcopy(arr) == arr
+        with pytest.raises(IndexError):
+            arr[len(arr)]
+    with pytest.raises(TypeError):
+        got[0].append("x")
