@@ -106,10 +106,15 @@ def run_in_order(items: list, evaluate: Callable[[Any, float, float], Outcome], 
 
 def _forked(items: list, order: list[int], evaluate: Callable, jobs: int, stop: Callable[[int], bool],
             skipped: set[int], merge: Callable[[Outcome], None], cutoff: Callable[[], float]) -> None:
+    import gc
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     global _JOB
     _JOB = (evaluate, items)
+    # A worker is a fork of this process: garbage still waiting for the collector here (e.g. a
+    # dropped Pipeline in a reference cycle) is collected before the fork, or a worker's collector
+    # would run its finalizers, which stop stream worker threads the worker does not have (a hang).
+    gc.collect()
     try:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
             pending: set = set()

@@ -91,3 +91,44 @@ def test_random_clusters_pruned_top_equals_exhaustive_and_bounds_hold(cluster, t
     assert everything.pruned_bound == 0
     assert [c.as_dict() for c in pruned.ranked[:top]] == [c.as_dict() for c in everything.ranked[:top]]
     _bounds_below_finish(cluster, batch, SMALL_FAMILIES)
+
+
+def test_forked_workers_start_after_the_parents_garbage_is_collected():
+    """Workers are forks of this process: a StreamSet in a reference cycle (what a dropped Pipeline
+    leaves for the collector) is collected before the fork; a worker that runs the collector would
+    otherwise stop stream workers it does not have, and hang."""
+    import gc
+    import multiprocessing
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from pipert import _ext
+    from pipert.device.streams import StreamSet
+    from pipert.planner.runner import run_in_order
+    if not _ext.HAVE_EXT:
+        pytest.skip("pipert._C not built (its stream workers are what a forked collector would stop)")
+
+    def evaluate(lay, bound, cutoff):
+        gc.collect()
+        return SimpleNamespace(step=lay + 1.0, memory=0.0, layout=SimpleNamespace(family="f", stages=1)), 1, {}, False
+    result: list = []
+    gc.disable()
+    try:
+        s = StreamSet("cpu", backend="ext")
+        s.issue([("run", s.compute, lambda: None)])  # its C++ worker thread runs
+        s.synchronize()
+        cycle: list = [s]
+        cycle.append(cycle)
+        del s, cycle
+        items = [(float(i), i) for i in range(4)]
+        t = threading.Thread(target=lambda: result.append(run_in_order(items, evaluate, 2, 60.0, time.perf_counter(),
+                                                                       jobs=2)), daemon=True)
+        t.start()
+        t.join(60)
+    finally:
+        gc.enable()
+        for child in multiprocessing.active_children():
+            child.kill()
+    assert result, "a forked worker hung"
+    assert [c.step for c in result[0][0]][:2] == [1.0, 2.0]
