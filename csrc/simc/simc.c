@@ -355,7 +355,12 @@ static int compute(Walk *w, PyObject *a, PyObject *op, Py_ssize_t i) {
         int c = w->cnext++ % CACHE;
         w->ccache[c].op = op, w->ccache[c].unit = uv, w->ccache[c].plan = plan;
     }
-    if (!(d = PyObject_CallFunctionObjArgs(w->ctime, a, w->r_obj, NULL))) goto fail;
+    if (PyDict_CheckExact(w->ctime)) {   /* {op: duration} (UniformCost.op_times) */
+        if (!(d = PyDict_GetItemWithError(w->ctime, op))) { if (PyErr_Occurred()) goto fail; goto out; }
+        Py_INCREF(d);
+    } else if (!(d = PyObject_CallFunctionObjArgs(w->ctime, a, w->r_obj, NULL))) {
+        goto fail;
+    }
     if (!PyFloat_CheckExact(d)) goto out;
     /* the compute node, chained after the rank's last compute-queue node */
     long long n = new_node(w, 0, PyFloat_AS_DOUBLE(d), 0.0, w->host >= 0);
@@ -554,7 +559,7 @@ static long op_info(Walk *w, PyObject *op, int *plain) {
 static PyObject *attr(PyObject *b, const char *name) { return PyObject_GetAttrString(b, name); }
 
 /* walk(builder, r, acts, i, busy, peak, over, limit, nodes_r, cq, trace, ctx) -> (next i, busy, peak, over)
- * ctx = (q_of, plain_ops, Op.SEND, cost.compute_time). */
+ * ctx = (q_of, plain_ops, Op.SEND, cost.compute_time or its {op: duration} table). */
 static PyObject *walk(PyObject *mod, PyObject *args) {
     Walk w;
     PyObject *acts, *limit, *trace, *ctx, *res = NULL;

@@ -87,6 +87,11 @@ class UniformCost:
             return self.t_opt
         return 0.0
 
+    def op_times(self) -> dict[Op, float]:
+        """``compute_time`` of each unit compute op: it depends on the op alone (not the unit, rank or
+        micro-batch), so a caller may read this table instead of calling it."""
+        return {op: self.compute_time(Action(op, 0, (0,)), 0) for op in (_F, _RC, _B, _D, _W)}
+
     def message_bytes(self, payload: Payload, unit: int, num_mbs: int = 1) -> float:
         if payload is Payload.ACT or payload is Payload.GRAD:
             return self.act_bytes * num_mbs

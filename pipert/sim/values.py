@@ -11,6 +11,7 @@ from itertools import chain, islice
 from operator import attrgetter
 from typing import Any
 
+from ..cost.uniform import UniformCost
 from ..ir.action import Action, Op, Payload
 from ..ir.semantics import (COLLECTIVE_OPS, LOCAL_WGRAD_OPS, MEMORY_KIND, TIMED_OPS, UNIT_COMPUTE_OPS, Semantics, Value,
                             action_time, recomputed)
@@ -76,7 +77,9 @@ class Builder(OpRules, CommState):
         timed, unit_computes = TIMED_OPS, UNIT_COMPUTE_OPS
         placed = self.split or any(self.mixed)  # the placement gives some unit ZeRO classes or copies
         simc = native.SIMC
-        ctx = (q_of, timed & unit_computes, Op.SEND, ctime)
+        # the compiled walk reads a compute's duration from a table where the cost model is
+        # exactly UniformCost (a pure function of the op), else calls compute_time
+        ctx = (q_of, timed & unit_computes, Op.SEND, self.cost.op_times() if type(self.cost) is UniformCost else ctime)
         for r in range(self.P):
             acts = s.actions[r]
             self.r = r

@@ -77,6 +77,11 @@ def _limit(data: st.DataObject, P: int) -> object:
     return [data.draw(st.sampled_from([1, 2.5, 4.0, 1e9])) for _ in range(P)]
 
 
+class _Called(UniformCost):
+    """UniformCost by another type: the compiled walk calls its compute_time instead of reading
+    UniformCost.op_times."""
+
+
 needs_simc = pytest.mark.skipif(native.SIMC is None and (DISABLED or not BUILT_HERE),
                                 reason="pipert._simc not built here (see the load test)")
 
@@ -100,6 +105,8 @@ def test_compiled_loops_equal_the_pure_ones(data: st.DataObject) -> None:
     tf = data.draw(st.sampled_from([1.0, 0.1, 3, 0.7]))
     cost = UniformCost(tf=tf, tb=data.draw(st.sampled_from([None, 2.0, 0.3, 5])),
                        act_bytes=data.draw(st.sampled_from([1.0, 0.5, 3])))
+    if data.draw(st.booleans()):   # not exactly UniformCost: the compiled walk calls compute_time
+        cost = _Called(**{f.name: getattr(cost, f.name) for f in dataclasses.fields(cost)})
     links = None
     if data.draw(st.booleans()):
         links = Links.preset(Topology(P, ranks_per_node=data.draw(st.sampled_from([n for n in range(1, P + 1)
