@@ -417,11 +417,7 @@ def _model_units(cfg: TrainConfig, num_units: int, cut: str | None, device: torc
     as --recompute says, else as the schedule records (``meta``), else nothing (``units_recompute``)."""
     from .models import build_units
     from .models.recompute import units_recompute
-    meta = meta or {}
-    # a program that recomputes with RECOMPUTE actions (CrossPipe's recompute="full") rebuilds each
-    # stash itself: its units keep their whole graph when they run
-    full_ops = meta.get("recompute_ops") == "full" and cfg.recompute in ("", "full")
-    recompute = "none" if full_ops else units_recompute(cfg.recompute, meta)
+    recompute = units_recompute(cfg.recompute, meta or {})
     return build_units(cfg.model, num_units, seed=cfg.seed, keep=keep, device=device, max_seq=cfg.seq,
                        dtype=cfg.dtype, cut=cut, recompute=recompute, **_mlp_overrides(cfg))
 

@@ -89,7 +89,12 @@ def recompute_save_set(mode: str) -> frozenset[str] | None:
 
 def units_recompute(given: str | None, meta: Any) -> str:
     """The recompute mode to build a program's units with: ``given`` (``--recompute``), else the
-    one its schedule records (``meta["recompute"]``: helixpipe-2fold's paper default), else none."""
+    one its schedule records (``meta["recompute"]``: helixpipe-2fold's paper default), else none.
+    A program that rebuilds each stash with RECOMPUTE actions (``meta["recompute_ops"] == "full"``:
+    CrossPipe's recompute="full") gets units that keep their whole graph, unless ``given`` names
+    another mode."""
+    if meta.get("recompute_ops") == "full" and given in (None, "", "full"):
+        return "none"
     mode = given or meta.get("recompute") or "none"
     recompute_save_set(mode)
     return mode

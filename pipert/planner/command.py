@@ -113,14 +113,8 @@ def _cpu_layout(cand: Candidate) -> tuple[Any, int]:
     lay, s = cand.layout, CPU_SCALE
     p, d = s["stages"], min(lay.dp, s["dp"])
     v = 2 if lay.family in LAYER_PER_CHUNK else min(lay.chunks, 2)
-
-    def ok(m: int) -> bool:
-        try:
-            family(lay.family).validate(PipelineConfig(p, m, v))
-        except ValueError:
-            return False
-        return True
-    m = next(m for m in (2 * p, 4 * p, 8 * p, 16 * p) if ok(m))
+    fam = family(lay.family)
+    m = next(m for m in (2 * p, 4 * p, 8 * p, 16 * p) if fam.accepts(PipelineConfig(p, m, v)))
     small = replace(lay, stages=p, dp=d, tp=1, sp=False, chunks=v, microbatches=m, micro_batch=1,
                     ranks_per_node=p, dcs=1)
     return small, cand.zero if d > 1 else 0

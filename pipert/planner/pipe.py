@@ -60,11 +60,7 @@ def sim_microbatches(lay: Layout) -> tuple[int, ...]:
     fam = family(lay.family)
 
     def ok(m: int) -> bool:
-        try:
-            fam.validate(PipelineConfig(lay.stages, m, lay.chunks))
-        except ValueError:
-            return False
-        return True
+        return fam.accepts(PipelineConfig(lay.stages, m, lay.chunks))
     m, smallest = lay.microbatches, ()
     steady = lay.stages * STEADY.get(lay.family, 1)      # m/2 at least this
     while m % 2 == 0 and m // 4 >= steady:

@@ -86,6 +86,14 @@ class Family:
         if self.check is not None:
             self.check(config)
 
+    def accepts(self, config: PipelineConfig) -> bool:
+        """Whether :meth:`validate` passes ``config``."""
+        try:
+            self.validate(config)
+        except ValueError:
+            return False
+        return True
+
 
 _FAMILIES: dict[str, Family] = {}
 
