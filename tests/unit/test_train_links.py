@@ -73,11 +73,13 @@ def test_local_train_with_replicas_across_datacenters_is_exact_and_holds_the_red
     from pipert.testing import train_collective_seconds
     flags = dict(stages=2, dp=2, microbatches=4, batch_size=4, seq=16, steps=2, dtype="float64", dcs=2,
                  dc_latency="2ms", dc_bandwidth="1Gbps")
-    assert main(["train", "--backend", "local", "--json", "--check", *[f"--{k.replace('_', '-')}={v}"
-                                                                       for k, v in flags.items()]]) == 0
+    assert main(["train", "--backend", "local", "--json", "--check", "--profile",
+                 *[f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]]) == 0
     steps = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     want = train_collective_seconds(**flags)
     assert min(want) > 2 * 2e-3
     for s in steps:
         assert s["max_grad_rel_err"] <= 1e-10 and s["max_param_rel_err"] <= 1e-10, s
         assert s["collective_link_s"] == pytest.approx(want, rel=1e-9), s
+        # the prediction runs the same program on the same links: no step shorter than a reduction
+        assert s["predicted_step_s"] > max(want), s
