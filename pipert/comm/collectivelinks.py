@@ -1,8 +1,9 @@
 """Collectives across emulated links: each one is held for the time the simulator prices it.
 
 The price is :func:`pipert.cost.topology.collective_time` of the collective's op, group (its
-ring, in the action's order) and bytes (the full buffer on one member) on the emulator's links:
-the same function ``Links.collective`` gives the simulator. A group whose ring links are all
+ring, in the action's order) and bytes (the full buffer on one member, as the member holds it:
+a ZeRO buffer padded to a multiple of the group) on the emulator's links: the same function
+``Links.collective`` gives the simulator. A group whose ring links are all
 free (its members in one datacenter, or one node, where only the links between them are
 emulated) is not held at all.
 
