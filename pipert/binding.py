@@ -66,7 +66,7 @@ class RuntimeOptions:
 
 @dataclass(frozen=True)
 class LinkEmulation:
-    """Emulated links every point-to-point message crosses (``Pipeline(links=...)``)."""
+    """Emulated links every point-to-point message and collective crosses (``Pipeline(links=...)``)."""
 
     links: Any
     """A ``pipert.comm.links.LinkEmulator``, a ``pipert.cost.Links`` (the simulator's numbers) or a

@@ -333,7 +333,8 @@ _TRAIN_HELP = {
     "check": "also run the single-process reference step; report relative errors",
     "json": "one JSON object per step instead of a progress bar",
     "timeout": "time any communication may wait before the run fails: 90s, 2min, or a bare number of seconds",
-    "dcs": "datacenters: ranks split into equal consecutive blocks, messages between them delayed",
+    "dcs": "datacenters: ranks (replica d's stage s is rank d*P+s) split into equal consecutive blocks; messages "
+           "and --dp collectives between them delayed as the simulator prices them",
     "dc_latency": "latency between datacenters (with --dcs), with a unit: 20ms, 150us (a bare number is refused)",
     "dc_bandwidth": "bandwidth between datacenters (with --dcs), with a unit: 10Gbps, 400MB/s (default unlimited)",
     "node_latency": "latency between nodes of a datacenter (with --ranks-per-node), with a unit: 10us",

@@ -17,7 +17,7 @@ import copy
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -106,7 +106,8 @@ class Pipeline(TrainingLoop):
     local backend runs every rank, so it needs every unit materialised. Every wait times out
     after ``timeout`` seconds, naming the rank, action and peer.
 
-    ``links`` delays every point-to-point message by an emulated link, on either backend: a
+    ``links`` delays every point-to-point message by an emulated link, and holds every collective
+    whose ring crosses one for the simulator's price (``pipert.comm.collectivelinks``), on either backend: a
     ``pipert.binding.LinkEmulation`` (links, the path that applies delays, the clock rule), or
     just its links (``pipert.cost.Links``, ``pipert.linkflags.LinkOptions``,
     ``pipert.comm.links.LinkEmulator``). ``runtime`` (``pipert.binding.RuntimeOptions``): queues,
@@ -141,7 +142,7 @@ class Pipeline(TrainingLoop):
         self.queues = "host" if self.instrument.serial else runtime.queues
         self.link_emulation = LinkEmulation.of(links)
         self.links = self.link_emulation.emulator(self.program.num_ranks) if self.link_emulation else None
-        """The LinkEmulator every point-to-point message crosses (None: messages are not delayed)."""
+        """The LinkEmulator every message and collective crosses (None: nothing is delayed)."""
         self.ranks = self._local_ranks()
         self._bind_units(units, optimizer)
         self.staging, self.pool = self._staging(runtime)
@@ -262,6 +263,14 @@ class Pipeline(TrainingLoop):
     def links_delayed(self) -> int:
         """Messages this process's ranks sent over a delaying emulated link, since the start."""
         return 0 if self.links is None else sum(self.links.delivered(r) for r in self.ranks)
+
+    def held_collectives(self, since: Mapping[int, int] | None = None) -> dict[int, list]:
+        """Per rank of this process, the collectives it held on the emulated links
+        (``pipert.comm.collectivelinks.HeldCollective``, those from its ``since[rank]``-th on);
+        empty lists without links."""
+        if self.links is None:
+            return {r: [] for r in self.ranks}
+        return {r: self.links.collectives.records(r, (since or {}).get(r, 0)) for r in self.ranks}
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Parameters of the units this process holds, named ``unit{u}.{name}``. ZeRO units are

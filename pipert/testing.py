@@ -346,6 +346,43 @@ class SizedCost:
         return self.base.message_bytes(payload, unit, num_mbs)
 
 
+def simulated_collective_prices(program: Any, links: Any, weight_bytes: Sequence[int]) -> dict[int, list[tuple]]:
+    """Per rank, ``(op, seconds)`` of each collective it takes part in, in its program order, as
+    the simulator prices it: the duration of its node in the simulator's graph of ``program`` on
+    ``links`` with each unit's real weight size (:class:`SizedCost`)."""
+    from .ir.semantics import COLLECTIVE_OPS
+    from .sim import simulate
+    g = simulate(program, SizedCost(weight_bytes), links).graph
+    price: dict[tuple, float] = {}
+    for n, a, _ in g.collectives:  # one node per collective, in each group's order
+        gk = tuple(sorted(a.group))
+        k = sum(1 for key in price if key[0] == gk)
+        price[(gk, k)] = g.dur[n]
+    out: dict[int, list[tuple]] = {}
+    for r, actions in enumerate(program.actions):
+        seen: dict[tuple, int] = {}
+        out[r] = []
+        for a in actions:
+            if a.op in COLLECTIVE_OPS:
+                gk = tuple(sorted(a.group))
+                seen[gk] = seen.get(gk, -1) + 1
+                out[r].append((a.op.value, price[(gk, seen[gk])]))
+    return out
+
+
+def train_collective_seconds(**flags: Any) -> list[float]:
+    """Per program rank, the seconds the simulator prices the collectives of one step of
+    ``pipert train`` with ``flags`` (``TrainConfig`` fields) on its link flags: what the run's
+    ``collective_link_s`` must be."""
+    from .train import TrainConfig, _rank_units, build_program
+    cfg = TrainConfig(**flags)
+    program = build_program(cfg)
+    units = _rank_units(cfg, program, torch.device("meta"))
+    prices = simulated_collective_prices(program, cfg.link_options().links(program.num_ranks),
+                                         unit_weight_bytes(units))
+    return [sum(p for _, p in prices[r]) for r in range(program.num_ranks)]
+
+
 def torch_orders(cls_name: str, stages: int, microbatches: int, chunks: int = 1,
                  comms: bool = False) -> dict[int, list]:
     """The per-rank action orders that ``torch.distributed.pipelining.<cls_name>`` builds for

@@ -198,9 +198,7 @@ class TrainConfig:
             raise ValueError(f"--passes: unknown pass(es) {', '.join(unknown)}; allowed: {', '.join(PASSES)}")
         if self.backend not in BACKENDS:
             raise ValueError(f"--backend {self.backend!r} unknown; allowed: {', '.join(BACKENDS)}")
-        links = self.link_options()
-        self.refuse_links_with_replicas(links)
-        links.links(self.world)
+        self.link_options().links(self.world)
         if self.save_every is not None and (self.save_every < 1 or not self.save):
             raise ValueError(f"--save-every {self.save_every}: give a step count >= 1 and a --save folder")
         from .trainchecks import check_batch_fits, check_checkpoint_dtype, check_folder_writable, check_tensor_parallel
@@ -209,15 +207,6 @@ class TrainConfig:
             check_folder_writable("--save", self.save)
         check_checkpoint_dtype(self)
         check_batch_fits(self)
-
-    def refuse_links_with_replicas(self, links: Any) -> None:
-        """Emulated links with --dp > 1 are refused: ``DelayedTransport`` delays point-to-point
-        messages only, so the replicas' gradient collectives would cross the links for free."""
-        if links.active and self.dp > 1:
-            raise ValueError(f"--dcs/--node-* with --dp {self.dp}: the emulated links delay point-to-point "
-                             f"messages only, not the replicas' gradient collectives, so the run would not pay the "
-                             f"reductions the simulator prices (and a DP-aware CrossPipe plan hides); allowed with "
-                             f"link flags: --dp 1")
 
     def link_options(self):
         """The emulated links (``pipert.linkflags.LinkOptions``) of the link flags."""
@@ -351,13 +340,13 @@ def _paper_opt_outs(cfg: TrainConfig, accepted: tuple[str, ...] | None) -> dict:
 
 
 def _link_plan(cfg: TrainConfig, num_units: int) -> dict:
-    """The generator options of the link flags (``pipert.linkplan.link_plan``: the links and this
-    run's units measured here for one micro-batch of its shape); without emulated links: nothing
-    (every transfer free, the generator's default)."""
+    """The generator options of the link flags (``pipert.linkplan.link_plan``: the links over the
+    P x D ranks and this run's units measured here for one micro-batch of its shape; with --dp, the
+    replicas and each unit's reduction, ``pipert.compiler.replica_options``); without emulated
+    links: nothing (every transfer free, the generator's default)."""
     link_opts = cfg.link_options()
     if not link_opts.active:
         return {}
-    cfg.refuse_links_with_replicas(link_opts)
     import torch
     from .data import ByteCorpus
     from .linkplan import link_plan
@@ -366,7 +355,11 @@ def _link_plan(cfg: TrainConfig, num_units: int) -> dict:
     full = cfg.option_dict().get("recompute", cfg.recompute) == "full"
     units = _model_units(cfg, num_units, None, torch.device("cpu"), meta={"recompute_ops": "full"} if full else None)
     x, y = next(iter(ByteCorpus(cfg.seq, seed=cfg.seed).batches(cfg.batch_size // cfg.microbatches, 1)))
-    return link_plan(units, x, y, link_opts.links(cfg.stages))
+    from .compiler import replica_options
+    # the links over every replica's ranks (replica d's stage s on rank d*P+s), as the run emulates
+    # them; a family that plans the replicas' reductions (CrossPipe's dp) prices them on those
+    plan = link_plan(units, x, y, link_opts.links(cfg.stages * cfg.dp))
+    return {**plan, **replica_options(cfg.schedule, cfg.dp, cfg.zero, units)}
 
 
 def program_rules(backend: str) -> str:
@@ -515,11 +508,14 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
         x, y = x.to(device), y.to(device)
         before = _gather(pipe, lambda: {k: v.detach().clone() for k, v in pipe.named_parameters().items()}, tp) \
             if cfg.check else None
+        held_from = {r: pipe.links.collectives.held(r) for r in pipe.ranks} if links is not None else None
         t0 = time.perf_counter()
         loss = pipe.step(x, y)
         dt = time.perf_counter() - t0
         times.append(dt)
         extra = dict(start) if step == first and cfg.json else {}  # the first step this run runs
+        if held_from is not None and cfg.json:
+            extra["collective_link_s"] = _collective_link_s(pipe, backend, held_from)
         if cfg.profile:
             prof = _predicted(pipe, backend, rank, links, dt)
             timed.append(prof)
@@ -547,6 +543,18 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
         if cfg.profile and len(timed) > 1:
             _print_fidelity(timed[1:], times[1:])
     return losses
+
+
+def _collective_link_s(pipe, backend: str, held_from: dict[int, int]) -> list[float]:
+    """Per program rank, the seconds its collectives of this step were held on the emulated links
+    (the simulator's price of each; every rank of a dist job must call this)."""
+    mine = {r: sum(h.delay for h in held) for r, held in pipe.held_collectives(held_from).items()}
+    if backend != "local":
+        import torch.distributed as dist
+        parts: list = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, mine)
+        mine = {r: v for part in parts for r, v in part.items()}
+    return [mine.get(r, 0.0) for r in range(pipe.program.num_ranks)]
 
 
 def _print_fidelity(predicted: list[dict], measured: list[float]) -> None:

@@ -1,4 +1,4 @@
-"""``DelayedTransport``: point-to-point messages across emulated links (docs/semantics.md)."""
+"""``DelayedTransport``: messages and collectives across emulated links (docs/semantics.md)."""
 from __future__ import annotations
 
 import time
@@ -56,7 +56,10 @@ class DelayedTransport:
     the receiver's own compute already covered is not paid again (CrossPipe's receiver-side
     rule). A free link (no latency, unlimited bandwidth) sends at once. The payload is copied at
     the send, so the sender may change or free its tensor (weights after an OPT) while the
-    message travels. Collectives are not delayed. Two paths (``path``):
+    message travels. A collective over a group whose ring crosses an emulated link is held for
+    its price (``pipert.comm.collectivelinks``: the simulator's ring time, FIFO per group) and
+    then handed to the inner transport; a group inside one datacenter or node goes straight
+    through. Two paths for messages (``path``):
 
     - "timer": the message is handed to the inner transport at its arrival by the emulator's
       timer thread (C++ with pipert._C, Python without); the receiver posts an ordinary receive
@@ -135,4 +138,21 @@ class DelayedTransport:
 
     def collective(self, op: str, tensor: torch.Tensor, group: Sequence[int], root: int | None,
                    out: torch.Tensor | None = None) -> Handle:
-        return self.inner.collective(op, tensor, group, root, out)
+        """``group`` in the action's order: its ring is what the collective is priced on."""
+        links = self.emulator.collectives
+        if not links.crosses(group):
+            return self.inner.collective(op, tensor, group, root, out)
+        whole = out if op == "ALLGATHER" else tensor
+        nbytes = whole.numel() * whole.element_size()
+        # a tensor this member only gives is copied at the post: its owner may change it meanwhile
+        gives = out is not None or (op == "BROADCAST" and self.rank == root) or (op == "REDUCE" and self.rank != root)
+        data = tensor.detach().clone() if gives else tensor
+        copied = _copied_event(data)
+        handle = _Deferred()
+
+        def post() -> Handle:
+            if copied is not None:  # the timer thread's stream waits for the work queued before the post
+                torch.cuda.current_stream(data.device).wait_event(copied)
+            return self.inner.collective(op, data, group, root, out)
+        links.hold(self.rank, op, group, nbytes, lambda: handle.hand_over(post))
+        return handle

@@ -16,6 +16,9 @@ Three ways to apply it:
   recv stream (pipert.device.streams), for the local transport: CPU streams sleep to
   absolute deadlines; CUDA streams run one-thread wait kernels that read and update
   ``free_at`` in device memory (``%globaltimer``), so the host never blocks.
+
+Collectives over these links are held for the simulator's price of their ring
+(:attr:`LinkEmulator.collectives`, ``pipert.comm.collectivelinks``).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import torch
 
 from .. import _ext
 from ..cost.topology import LinkSpec
+from .collectivelinks import CollectiveLinks
 from ..device.streams import (CudaStream, Stream, _precise_timer_slack, _py_sleep_until, clock, ideal_done,
                               ideal_now, sleep_until)
 
@@ -222,6 +226,8 @@ class LinkEmulator:
             raise ValueError(f"backend {self.backend!r} unknown; allowed: ext, python")
         self._cuda: dict[torch.device, _CudaLinkState] = {}
         self._delivered = [0] * num_ranks  # per source rank: messages of deliver()
+        self.collectives = CollectiveLinks(self)
+        """Collectives across these links, held for their price (pipert.comm.collectivelinks)."""
         for (s, t), spec in (links or {}).items():
             self.set_link(s, t, spec)
 
@@ -289,8 +295,9 @@ class LinkEmulator:
         return self._core.free_at(src, dst)
 
     def reset(self) -> None:
-        """Every link free from time 0 (CPU paths and device state)."""
+        """Every link and group free from time 0 (CPU paths and device state)."""
         self._core.reset()
+        self.collectives.reset()
         for st in self._cuda.values():
             st.free_at.zero_()
 
@@ -328,8 +335,10 @@ class LinkEmulator:
         return state
 
     def drain(self) -> None:
-        """Host waits until every delivered callback ran; raises the first callback error."""
+        """Host waits until every delivered callback and held collective ran; raises the first
+        callback error."""
         self._core.drain()
+        self.collectives.drain()
         if self._core.timer_error:
             raise RuntimeError(f"link delivery failed: {self._core.timer_error}")
 

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 from .base import LINK_CLASSES, LinkClass
 
-__all__ = ["Topology", "LinkSpec", "Links", "default_link_specs", "LINK_CLASSES"]
+__all__ = ["Topology", "LinkSpec", "Links", "default_link_specs", "LINK_CLASSES", "collective_time", "ring_links"]
 
 
 @dataclass(frozen=True)
@@ -142,27 +143,8 @@ class Links:
         return s.occupancy(nbytes), s.latency
 
     def collective(self, op: str, group: tuple[int, ...], nbytes: float) -> float:
-        """Ring-algorithm time of collective ``op`` over ``group`` (formulas in the module doc)."""
-        ring = list(dict.fromkeys(group))
-        n = len(ring)
-        if n <= 1:
-            return 0.0
-        specs = [self.spec(ring[j], ring[(j + 1) % n]) for j in range(n)]
-        op = op.lower()
-
-        def step(chunk: float) -> float:
-            return max(s.latency + s.occupancy(chunk) for s in specs)
-
-        if op == "allreduce":
-            return 2 * (n - 1) * step(nbytes / n)
-        if op in ("allgather", "reducescatter"):
-            return (n - 1) * step(nbytes / n)
-        if op in ("broadcast", "reduce"):
-            chain = specs[:-1]  # the pipelined chain does not close the ring
-            return (n - 1) * max(s.latency + s.per_message for s in chain) + \
-                max(s.occupancy(nbytes) - s.per_message for s in chain)
-        raise ValueError(f"unknown collective {op!r}; allowed: allreduce, allgather, reducescatter, "
-                         f"broadcast, reduce")
+        """Ring-algorithm time of collective ``op`` over ``group`` (:func:`collective_time`)."""
+        return collective_time(op, group, nbytes, self.spec)
 
     @staticmethod
     def preset(topology: Topology) -> "Links":
@@ -184,3 +166,38 @@ class Links:
         if dc_transfer < 0:
             raise ValueError(f"--dc-transfer must be >= 0, got {dc_transfer}")
         return Links(topology, {"inter_dc": LinkSpec(dc_latency, math.inf, dc_transfer)})
+
+
+def ring_links(group: Sequence[int]) -> list[tuple[int, int]]:
+    """The directed links of the ring over ``group`` in the order given (members once each,
+    first occurrence kept); none for a group of one member."""
+    ring = list(dict.fromkeys(group))
+    n = len(ring)
+    return [] if n <= 1 else [(ring[j], ring[(j + 1) % n]) for j in range(n)]
+
+
+def collective_time(op: str, group: Sequence[int], nbytes: float, spec: Callable[[int, int], LinkSpec]) -> float:
+    """Time of collective ``op`` over ``group`` moving ``nbytes`` (the full buffer on one member)
+    on the links ``spec(src, dst)`` gives, by the ring algorithm (formulas in the module doc).
+    The one price of a collective: the simulator (:meth:`Links.collective`) and the link
+    emulator (``pipert.comm.collectivelinks``) both call this."""
+    links = ring_links(group)
+    n = len(links)
+    if n == 0:
+        return 0.0
+    specs = [spec(s, d) for s, d in links]
+    op = op.lower()
+
+    def step(chunk: float) -> float:
+        return max(s.latency + s.occupancy(chunk) for s in specs)
+
+    if op == "allreduce":
+        return 2 * (n - 1) * step(nbytes / n)
+    if op in ("allgather", "reducescatter"):
+        return (n - 1) * step(nbytes / n)
+    if op in ("broadcast", "reduce"):
+        chain = specs[:-1]  # the pipelined chain does not close the ring
+        return (n - 1) * max(s.latency + s.per_message for s in chain) + \
+            max(s.occupancy(nbytes) - s.per_message for s in chain)
+    raise ValueError(f"unknown collective {op!r}; allowed: allreduce, allgather, reducescatter, "
+                     f"broadcast, reduce")

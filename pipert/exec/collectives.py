@@ -30,8 +30,8 @@ def run_collective(ex: Any, i: int, a: Action) -> None:
 
 
 def _post(ex: Any, i: int, a: Action, t: torch.Tensor, out: torch.Tensor | None = None):
-    group = tuple(sorted(a.group))
-    handle = ex._post(lambda: ex.transport.collective(a.op.value, t, group, a.root, out=out), i, a)
+    # the group in the action's order: transports key it sorted, emulated links price its ring
+    handle = ex._post(lambda: ex.transport.collective(a.op.value, t, a.group, a.root, out=out), i, a)
     ex._count(f"{a.op.value.lower()}:{a.payload.value}", t)
     return handle
 
