@@ -731,9 +731,12 @@ def run_train(cfg: TrainConfig) -> list[float] | None:
     Under torchrun (RANK, WORLD_SIZE, ... set) this process is that rank; otherwise a gloo/NCCL
     run starts its ranks with ``pipert.launch.launch`` (``LaunchError`` when one fails).
     """
-    cfg.validate()
     from .launch import env_rank
     place = env_rank()
+    if place is None and cfg.backend != "local":
+        from .launch.starter import warm
+        warm()  # the ranks' fork server imports torch while this process validates and compiles
+    cfg.validate()
     backend = resolve_backend(cfg.backend, launched=place is not None)
     from .trainchecks import check_mesh_order
     check_mesh_order(cfg, backend)

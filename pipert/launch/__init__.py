@@ -14,9 +14,6 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-import torch.distributed as dist
-
 from .failures import LaunchError, LaunchInterrupted
 
 __all__ = ["launch", "init_from_env", "env_rank", "EnvRank", "check_gpus", "default_backend", "LaunchError",
@@ -26,6 +23,7 @@ _BACKENDS = ("gloo", "nccl")
 
 
 def default_backend() -> str:
+    import torch
     return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 1 else "gloo"
 
 
@@ -74,6 +72,8 @@ NCCL_WATCHDOG_MARGIN_S = 30.0
 def init_from_env(backend: str | None = None, timeout: float = 120.0) -> int:
     """Initialise torch.distributed from torchrun's environment (env://); returns this rank.
     Under NCCL the process uses ``cuda:LOCAL_RANK``."""
+    import torch
+    import torch.distributed as dist
     if not dist.is_initialized():
         backend = backend or default_backend()
         if backend == "nccl":
@@ -102,14 +102,16 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: s
     if backend == "nccl":
         check_gpus(world_size)
     from .rank_entry import run_rank
+    from .starter import inherited
     from .supervisor import run_local
     from multiprocessing.util import get_temp_dir  # the fork server's socket folder (pipert.launch.starter)
-    run_local(run_rank, world_size, (fn, tuple(args), backend, timeout, os.getpid(), get_temp_dir()),
+    run_local(run_rank, world_size, (fn, tuple(args), backend, timeout, os.getpid(), get_temp_dir(), inherited()),
               min(timeout, 2.0) if grace is None else grace)
 
 
 def gather_to_zero(d: dict) -> dict:
     """Merge every rank's dict on rank 0 (others get {}); every rank must call it."""
+    import torch.distributed as dist
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(d, parts, dst=0)
     if dist.get_rank() != 0:

@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from .starter import Inherited, adopt
+
 __all__ = ["run_rank"]
 
 _PR_SET_PDEATHSIG = 1
@@ -26,11 +28,13 @@ _PR_SET_NAME = 15
 
 
 def run_rank(fn: Callable[..., Any], args: tuple, backend: str, timeout: float, launcher: int,
-             launcher_tmp: str, job_dir: str) -> None:
+             launcher_tmp: str, given: Inherited, job_dir: str) -> None:
     """Initialise torch.distributed from the agent's environment and run ``fn(rank, world, *args)``
     while process ``launcher`` lives (the launcher, not necessarily this process's parent: a fork
-    server starts the ranks, see ``pipert.launch.starter``). An orphaned rank removes the job
-    folder and the launcher's multiprocessing folder ``launcher_tmp`` (the server's socket)."""
+    server starts the ranks, see ``pipert.launch.starter``), with the launcher's stdio and
+    variables ``given``. An orphaned rank removes the job folder and the launcher's
+    multiprocessing folder ``launcher_tmp`` (the server's socket)."""
+    adopt(given)
     from torch.distributed.elastic.multiprocessing.errors import record
     gone = _watcher(launcher)
     leaving = threading.RLock()  # one thread cleans up and exits; re-entrant for a signal handler

@@ -7,9 +7,11 @@ is not preloaded: a rank imports it (fast once torch is loaded) under the enviro
 variables read at import (``PIPERT_NO_EXT``, ``PIPERT_SIM_PURE``) take their current values.
 
 Invariant: a rank sees the launcher's environment and stdout/stderr as they are when the job
-starts. A server started under another environment or other stdio (a test that changed an
-environment variable, pytest's per-test capture) is stopped and a fresh one started; the server
-lives no longer than the launcher (it exits when the launcher's end of its pipe closes).
+starts. The launcher's stdout/stderr and the variables in ``VOLATILE`` travel with each rank
+(``Inherited``, applied by ``adopt`` before anything else runs in the rank); a server started under
+any other difference in the environment (a variable torch may read at import) is stopped and a
+fresh one started. The server lives no longer than the launcher (it exits when the launcher's end
+of its pipe closes).
 """
 from __future__ import annotations
 
@@ -17,12 +19,17 @@ import multiprocessing
 import os
 from typing import Any
 
-__all__ = ["start_method"]
+__all__ = ["Inherited", "adopt", "inherited", "start_method", "warm"]
 
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.distributed.elastic.multiprocessing.errors"]
 """Modules the server imports before it forks ranks."""
 
-_server_state: Any = None  # (environment, stdout id, stderr id) the running server was started under
+VOLATILE = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
+"""Variables that change between launches of one process and are read by nothing at import
+(pytest sets the first per test; importing torch._dynamo sets the second to its default, read
+when a compile cache is first used): they travel with each rank instead of restarting the server."""
+
+_server_state: Any = None  # the environment (less VOLATILE) the running server was started under
 
 
 def start_method() -> str:
@@ -32,7 +39,7 @@ def start_method() -> str:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
     from multiprocessing import forkserver
-    state = (dict(os.environ), _file_id(1), _file_id(2))
+    state = {k: v for k, v in os.environ.items() if k not in VOLATILE}
     if state != _server_state:
         forkserver._forkserver._stop()  # no-op when none runs; the next rank start begins a new one
         forkserver.set_forkserver_preload(PRELOAD)
@@ -40,9 +47,57 @@ def start_method() -> str:
     return "forkserver"
 
 
-def _file_id(fd: int) -> tuple[int, int] | None:
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+def warm() -> None:
+    """Start the server now (it imports torch while this process goes on), so that a launch
+    later in this process does not wait for it; a no-op where there is no fork server."""
+    if start_method() == "forkserver":
+        from multiprocessing import forkserver
+        forkserver.ensure_running()
+
+
+class _Fd:
+    """One of the launcher's file descriptors, duplicated into the rank when pickled for it (the
+    fork server passes it over its socket), or None where the launcher has it closed."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple:
+        from multiprocessing import reduction
+        try:
+            os.fstat(self.fd)
+        except OSError:
+            return (_Fd, (None,))
+        return (_detach, (reduction.DupFd(self.fd),))
+
+
+def _detach(dup: Any) -> _Fd:
+    return _Fd(dup.detach())
+
+
+class Inherited:
+    """What a rank takes from its launcher at start: ``VOLATILE``'s values, stdout and stderr."""
+
+    def __init__(self) -> None:
+        self.env = {k: os.environ.get(k) for k in VOLATILE}
+        self.stdio = (_Fd(1), _Fd(2))
+
+
+def inherited() -> Inherited:
+    """This process's ``Inherited``, to pass to the ranks it launches."""
+    return Inherited()
+
+
+def adopt(got: Inherited) -> None:
+    """In a rank: take the launcher's stdout/stderr and volatile variables."""
+    for k, v in got.env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    for target, src in zip((1, 2), got.stdio):
+        if src.fd is None:
+            os.close(target)
+        elif src.fd != target:
+            os.dup2(src.fd, target)
+            os.close(src.fd)

@@ -172,21 +172,56 @@ def test_two_torchrun_nodes_train_exactly(tmp_path, backend):
 
 
 def _report_start(rank: int, world: int, out: str) -> None:
-    """What a rank started with: an environment variable, its rank and its parent."""
+    """What a rank started with: environment variables, its rank and its parent; and a line on
+    its stdout."""
     Path(out, f"{rank}.json").write_text(json.dumps({
-        "x": os.environ.get("PIPERT_TEST_LAUNCH_X"), "ppid": os.getppid(), "rank": os.environ["RANK"]}))
+        "x": os.environ.get("PIPERT_TEST_LAUNCH_X"), "test": os.environ.get("PYTEST_CURRENT_TEST"),
+        "ppid": os.getppid(), "rank": os.environ["RANK"]}))
+    os.write(1, f"rank {rank} of {out}\n".encode())
+
+
+def _launch_reporting(out: Path) -> list[dict]:
+    from pipert.launch import launch
+    out.mkdir()
+    launch(_report_start, 2, args=(str(out),), timeout=60.0)
+    got = [json.loads((out / f"{r}.json").read_text()) for r in range(2)]
+    assert [g["rank"] for g in got] == ["0", "1"]
+    assert all(g["ppid"] != os.getpid() for g in got), got
+    return got
 
 
 def test_ranks_fork_from_a_server_and_see_each_launchs_environment(tmp_path, monkeypatch):
     """Ranks are forks of a server that imported torch (pipert.launch.starter), not children of
-    this process; a variable changed between two launches reaches the second launch's ranks."""
-    from pipert.launch import launch
+    this process; a variable changed between two launches reaches the second launch's ranks
+    (through a new server: torch may read it at import)."""
+    servers = []
     for value in ("one", "two"):
         monkeypatch.setenv("PIPERT_TEST_LAUNCH_X", value)
-        out = tmp_path / value
-        out.mkdir()
-        launch(_report_start, 2, args=(str(out),), timeout=60.0)
-        got = [json.loads((out / f"{r}.json").read_text()) for r in range(2)]
+        got = _launch_reporting(tmp_path / value)
         assert [g["x"] for g in got] == [value, value], got
-        assert [g["rank"] for g in got] == ["0", "1"]
-        assert all(g["ppid"] != os.getpid() for g in got), got
+        servers.append({g["ppid"] for g in got})
+    assert len(servers[0]) == 1 and servers[0] != servers[1], servers
+
+
+def test_ranks_write_to_each_launchs_stdout_from_one_server(tmp_path, monkeypatch):
+    """Between two launches this process's stdout moves to another file and pytest's per-test
+    variable changes: each launch's ranks write to the stdout of their launch and see its
+    variable, and both launches fork from the same server (no second torch import)."""
+    saved = os.dup(1)
+    servers = []
+    try:
+        for name in ("first", "second"):
+            monkeypatch.setenv("PYTEST_CURRENT_TEST", f"launch {name}")
+            with open(tmp_path / f"{name}.out", "wb") as f:
+                os.dup2(f.fileno(), 1)
+            got = _launch_reporting(tmp_path / name)
+            os.dup2(saved, 1)
+            assert [g["test"] for g in got] == [f"launch {name}"] * 2, got
+            servers.append({g["ppid"] for g in got})
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    for name in ("first", "second"):
+        lines = sorted((tmp_path / f"{name}.out").read_text().splitlines())
+        assert lines == [f"rank {r} of {tmp_path / name}" for r in range(2)], (name, lines)
+    assert len(servers[0]) == 1 and servers[0] == servers[1], servers
