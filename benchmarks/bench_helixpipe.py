@@ -11,7 +11,8 @@ between two stages, 5 us latency).
 Model of a stage: 8 GPUs running Megatron's tensor and sequence parallelism (T = 8, SP), priced
 per GPU by the analytic model (``TransformerCost(tp=8, sp=True)``: sharded FLOPs, weights and
 activations, the all-gathers and reduce-scatters of each layer on NVLink, 450 GB/s on the H20 and
-200 GB/s on the A800). Each GPU talks to its counterpart in the next stage over its share of the
+200 GB/s on the A800; ZB-H1's split W gathers its column-parallel inputs again, as the ZB1P code the
+paper ran does: ``pipert.cost.tensor_parallel``). Each GPU talks to its counterpart in the next stage over its share of the
 node's HCAs (100 and 50 Gb/s); the prediction is max(makespan, busiest GPU's sent or received
 bytes / its share).
 
@@ -30,7 +31,11 @@ activation hop (the paper's section 5.3 question: when does two-fold hide commun
 the paper's analysis model (``HelixPartsCost``: t_pre = 1, t_post = 2, t_attn in {1, 3, 6},
 P = 4, L = 8, M = 8, QKV weight messages free).
 
-Writes benchmarks/results/helixpipe.csv, helixpipe_bubble.csv, helixpipe_comm.csv and helixpipe.md.
+Two more tables (``_helix_paper.py``) put the paper's Figure 3 (a layer's parts on one A800) and
+Figure 11 (recomputation without attention, 3B, p = 4) in the same model.
+
+Writes benchmarks/results/helixpipe.csv, helixpipe_bubble.csv, helixpipe_comm.csv,
+helixpipe_parts.csv, helixpipe_recompute.csv and helixpipe.md.
 
     python benchmarks/bench_helixpipe.py [--quick]
 """
@@ -42,6 +47,7 @@ import time
 from collections import defaultdict
 
 from _common import RESULTS, context, read_csv, rebuild, report_header, write_csv, write_results
+from _helix_paper import layer_parts, parts_section, recompute_discussion, recompute_rows, recompute_section
 
 from pipert.cost.devices import GiB, DeviceSpec
 from pipert.cost.helix import HelixPartsCost, table2_bubble
@@ -92,7 +98,7 @@ def cost_for(sched, m: ModelSpec, dev: DeviceSpec, recompute: str, loss_in_backw
              **tp) -> TransformerCost:
     """The schedule's units priced with the recomputation and loss placement its generator
     recorded (HelixPipe), else ``recompute`` and ``loss_in_backward`` (the baselines)."""
-    units = partition_helix(m) if sched.meta.get("cut") == "helix" else partition_layers(m, P)
+    units = partition_helix(m) if sched.meta.get("cut") == "helix" else partition_layers(m, len(sched.actions))
     return TransformerCost(m, dev, units, recompute=sched.meta.get("recompute", recompute),
                            loss_in_backward=sched.meta.get("loss_in_backward", loss_in_backward), **tp)
 
@@ -109,17 +115,37 @@ def nic_seconds(sched, cost, bandwidth: float) -> float:
 
 
 def state_bytes(sched, cost) -> list[float]:
-    return [sum(cost.params(u) for u in sched.units_owned(r)) * STATE_BYTES for r in range(P)]
+    return [sum(cost.params(u) for u in sched.units_owned(r)) * STATE_BYTES for r in range(len(sched.actions))]
+
+
+def cluster_setup(cluster: str, stages: int) -> tuple[DeviceSpec, Topology, Links, dict, float]:
+    """GPU, topology (one stage per node), inter-node links, TP keywords and one GPU's HCA share."""
+    preset, bw, nvlink = CLUSTERS[cluster]
+    topo = Topology(stages, ranks_per_node=1)
+    links = Links(topo, {"inter_node": LinkSpec(5e-6, bw)})
+    tp = dict(tp=T_SP, sp=True, tp_link=LinkSpec(default_link_specs()["intra_node"].latency, nvlink))
+    return DeviceSpec.preset(preset), topo, links, tp, bw
+
+
+def helix_variant(cluster: str, model: str, seq: int, stages: int, microbatches: int,
+                  recompute: str) -> tuple[float, float, float]:
+    """helixpipe-2fold (the paper's configuration, ``recompute`` as given) on ``stages`` nodes:
+    (seconds per step, peak GiB per GPU, the GPU's GiB)."""
+    gpu, topo, links, tp, bw = cluster_setup(cluster, stages)
+    m = spec(model, seq)
+    sched = build_schedule("helixpipe-2fold", stages=stages, microbatches=microbatches, chunks=m.layers // stages,
+                           recompute=recompute)
+    cost = cost_for(sched, m, gpu, recompute, True, **tp)
+    res = simulate(sched, cost, links=links, topology=topo)
+    mem = max(a + s for a, s in zip(res.peak_memory, state_bytes(sched, cost))) / GiB
+    return max(res.makespan, nic_seconds(sched, cost, bw)), mem, gpu.memory / GiB
 
 
 def run(quick: bool) -> tuple[list[dict], list[dict]]:
     rows, bubble_rows = [], []
     seqs = (SEQS[0], SEQS[-1]) if quick else SEQS
-    for cluster, (preset, bw, nvlink) in CLUSTERS.items():
-        gpu = DeviceSpec.preset(preset)
-        topo = Topology(P, ranks_per_node=1)
-        links = Links(topo, {"inter_node": LinkSpec(5e-6, bw)})
-        tp = dict(tp=T_SP, sp=True, tp_link=LinkSpec(default_link_specs()["intra_node"].latency, nvlink))
+    for cluster, (preset, _, _) in CLUSTERS.items():
+        gpu, topo, links, tp, bw = cluster_setup(cluster, P)
         for model in MODELS:
             for seq in seqs:
                 m = spec(model, seq)
@@ -138,7 +164,9 @@ def run(quick: bool) -> tuple[list[dict], list[dict]]:
                                  "act_peak_gib_per_gpu_max": max(res.peak_memory) / GiB,
                                  "act_peak_gib_per_gpu_min": min(res.peak_memory) / GiB,
                                  "mem_gib_per_gpu_max": max(mem), "mem_gib_per_gpu_min": min(mem),
-                                 "gpu_memory_gib": gpu.memory / GiB})
+                                 "gpu_memory_gib": gpu.memory / GiB,
+                                 # one activation hop on the link, and unit 1's forward (HelixPipe: A(0))
+                                 "hop_s": 5e-6 + cost.message_bytes("act", 0) / bw, "unit1_f_s": cost.unit_time(1, "F")})
                 if cluster == "H20":
                     bubble_rows += bubble_check(model, m, stage_device(preset))
     return rows, bubble_rows
@@ -241,8 +269,15 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
             cells = [f"{r['added']:.2f} ({100 * r['added'] / r['makespan_no_comm']:.1f}%)" for r in sweep
                      if (r["t_attn"], r["schedule"]) == key]
             lines.append(f"| {key[0]:g} | {key[1]} | " + " | ".join(cells) + " |")
+    parts, rc = _optional_csv("helixpipe_parts.csv"), _optional_csv("helixpipe_recompute.csv")
+    lines += parts_section(parts) + recompute_section(rc)
     lines += ["", "## What the data says", ""] + discussion(rows, bubble, gaps) + (comm_discussion(sweep) if sweep else [])
+    lines += hops_discussion(by, max(seqs)) + recompute_discussion(rc, parts)
     return "\n".join(lines) + "\n"
+
+
+def _optional_csv(name: str) -> list[dict]:
+    return read_csv(RESULTS / name) if (RESULTS / name).exists() else []
 
 
 def best_baseline(by: dict, key: tuple) -> str:
@@ -263,7 +298,8 @@ def paper_terms(by: dict, key: tuple) -> dict[str, float]:
     return {"recompute": 100 * (_speedup(by, key, "HelixPipe no recompute") - sp),
             "communication": 100 * (_speedup(by, key, "HelixPipe free links") - sp),
             "loss in backward": 100 * (sp - _speedup(by, key, "HelixPipe loss in forward")),
-            "imbalance": 100 * (h["busy_max_s"] - h["busy_median_s"]) / h["seconds"]}
+            "imbalance": 100 * (h["busy_max_s"] - h["busy_median_s"]) / h["seconds"],
+            "baseline": 100 * (h["tokens_per_s"] / by[key + ("1F1B",)]["tokens_per_s"] - 1 - sp)}
 
 
 def paper_reason(by: dict, key: tuple, gap: float) -> str:
@@ -277,7 +313,16 @@ def paper_reason(by: dict, key: tuple, gap: float) -> str:
             f"{norc['gpu_memory_gib']:.0f} GiB: {'fits' if fits else 'does not fit'}); exposed communication "
             f"{t['communication']:.1f} points; stage 0 (embedding, head, loss) is busy {t['imbalance']:.1f}% of the "
             f"step longer than the median stage")
-    closing = [k for k in ("recompute", "communication", "imbalance") if t[k] >= gap - GOAL_POINTS]
+    best = best_baseline(by, key)
+    if best != "1F1B":
+        b, one = by[key + (best,)], by[key + ("1F1B",)]
+        text += (f"; the best baseline {best} is {100 * (b['tokens_per_s'] / one['tokens_per_s'] - 1):.1f}% faster than "
+                 f"1F1B (peak {b['mem_gib_per_gpu_max']:.1f} of {b['gpu_memory_gib']:.0f} GiB), and against 1F1B "
+                 f"HelixPipe gains {100 * _speedup(by, key, 'HelixPipe') + t['baseline']:+.0f}% "
+                 f"(the paper finds 1F1B 'the most stable' baseline and ZB1P 'the most unstable', section 5.2)")
+    closing = [k for k in ("recompute", "communication", "imbalance", "baseline") if t[k] >= gap - GOAL_POINTS]
+    names = {"baseline": "1F1B as the baseline"}
+    closing = [names.get(k, k) for k in closing]
     return text + (f"; {' or '.join(closing)} alone would bring it within {GOAL_POINTS:g} points" if closing else
                    f"; no single modelled effect is as large as the {gap:.1f}-point gap")
 
@@ -366,6 +411,25 @@ def discussion(rows: list[dict], bubble: list[dict], gaps: list[tuple]) -> list[
     return out
 
 
+def hops_discussion(by: dict, seq: int) -> list[str]:
+    """Section 5.3 (two-fold FILO hides a hop behind attention at long sequences): the exposed
+    communication at ``seq`` in hop times, against the pipeline's fill and drain."""
+    out = []
+    for cluster in CLUSTERS:
+        hx = [by[(cluster, model, seq, "HelixPipe")] for model in MODELS]
+        free = [by[(cluster, model, seq, "HelixPipe free links")] for model in MODELS]
+        hops = [(h["seconds"] - f["seconds"]) / h["hop_s"] for h, f in zip(hx, free)]
+        ratio = [h["hop_s"] / h["unit1_f_s"] for h in hx]
+        fill = 4 * (P - 1)
+        reading = ("no more than the pipeline's fill and drain, where no attention runs beside a transfer: in steady "
+                   "state attention hides the hops, as section 5.3 says" if max(hops) <= fill and max(ratio) < 1 else
+                   "more than the fill and drain: hops are exposed in steady state too")
+        out.append(f"- {cluster}, {seq // 1024}k: links cost HelixPipe {min(hops):.0f}-{max(hops):.0f} hop times "
+                   f"({', '.join(MODELS)}) against {fill} = 4(p-1) hops of fill and drain; one hop takes "
+                   f"{100 * min(ratio):.0f}-{100 * max(ratio):.0f}% of an attention forward (QKV included): {reading}.")
+    return out
+
+
 def _helix_for(lowest: str, balanced: str) -> str:
     """Which of the two (lowest peak, most balanced) HelixPipe is in the model."""
     both = {"lowest peak": lowest == "HelixPipe", "most balanced": balanced == "HelixPipe"}
@@ -417,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx["wall seconds"] = f"{time.perf_counter() - t0:.1f}"
     write_csv(RESULTS / "helixpipe_bubble.csv", bubble)
     write_csv(RESULTS / "helixpipe_comm.csv", comm_sweep())
+    seqs = (SEQS[0], SEQS[-1]) if args.quick else SEQS
+    write_csv(RESULTS / "helixpipe_parts.csv", layer_parts(seqs))
+    write_csv(RESULTS / "helixpipe_recompute.csv", recompute_rows(seqs, CLUSTERS, helix_variant))
     write_results("helixpipe", rows, ctx, report)
     print(f"wrote {RESULTS / 'helixpipe.csv'}, {RESULTS / 'helixpipe_bubble.csv'} and {RESULTS / 'helixpipe.md'}")
     return 0

@@ -564,8 +564,8 @@ class TransformerCost:
         return t + self.tp_comm_time(unit, op) if self.tp > 1 else t
 
     def collectives_of(self, spec: UnitSpec, phase: str) -> list[tuple[str, float]]:
-        """(op, bytes) of every TP collective one micro-batch of ``spec`` runs in ``phase`` (F or
-        D), in order (``pipert.cost.tensor_parallel.piece_collectives``); none when T = 1."""
+        """(op, bytes) of every TP collective one micro-batch of ``spec`` runs in ``phase`` (F, D
+        or W), in order (``pipert.cost.tensor_parallel.piece_collectives``); none when T = 1."""
         if self.tp == 1:
             return []
         return [c for p, _ in spec.parts() for c in piece_collectives(p, self.model, self.sp)[phase]]
@@ -573,14 +573,15 @@ class TransformerCost:
     def tp_comm_time(self, unit: int, op: Op | str) -> float:
         """Seconds of the TP collectives of ``op`` on ``unit`` for one micro-batch: F and
         RECOMPUTE run the forward's, D and B the backward's (plus the forward's when D reruns
-        the forward, ``recompute="no_attention"``), W and OPT none."""
+        the forward, ``recompute="no_attention"``), a split W under SP the gathers of its
+        column-parallel inputs (B hides them behind its input-gradient GEMMs), OPT none."""
         self._piece(unit)
         op, t = Op(op), self._tp_time[unit]
         if op in (Op.F, Op.RECOMPUTE):
             return t["F"]
         if op in (Op.D, Op.B):   # the head's forward collectives run here once under loss_in_backward
             return t["D"] + t["late"] + (t["F"] if self.recompute == "no_attention" else 0.0)
-        return 0.0
+        return t["W"] if op is Op.W else 0.0
 
     # --- CostModel protocol --------------------------------------------------------------
     def compute_time(self, action: Action, rank: int) -> float:
