@@ -97,6 +97,10 @@ class ModelSpec:
     """SwiGLU MLP (three f x h matrices); False = GeLU MLP with two (GPT)."""
     dropout: bool = False
     """Dropout after attention softmax and both residual branches (GPT); LLaMA has none."""
+    positions: bool = False
+    """Learned absolute position embeddings (GPT; ``pipert.models.gpt``'s ``pos.weight``): a
+    ``[seq, h]`` table beside the token embedding, split over the TP group as the vocabulary is
+    (HelixPipe's section 4.6, applied to every method); LLaMA's rotary positions have none."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "seq", "micro_batch"):
@@ -132,7 +136,8 @@ class ModelSpec:
     def num_params(self) -> int:
         """Parameters of the whole model (a tied embedding counted once)."""
         emb = self.vocab * self.hidden
-        return self.layers * self.params_per_layer + emb + self.hidden + (0 if self.tied_embedding else emb)
+        pos = self.seq * self.hidden if self.positions else 0
+        return self.layers * self.params_per_layer + emb + pos + self.hidden + (0 if self.tied_embedding else emb)
 
     @classmethod
     def from_config(cls, cfg: Any, seq: int, micro_batch: int = 1, **overrides: Any) -> "ModelSpec":
@@ -170,11 +175,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # HelixPipe's GPT-3-style models (pipert.models.gpt presets of the same names: GeLU MLP of 4h,
     # multi-head attention, GPT-2's vocabulary padded to 50304 as Megatron pads it)
     "gpt-1.3b": ModelSpec(layers=24, hidden=2048, ffn=8192, heads=16, kv_heads=16, vocab=50304, seq=2048,
-                          gated_mlp=False),
+                          gated_mlp=False, positions=True),
     "gpt-3b": ModelSpec(layers=16, hidden=4096, ffn=16384, heads=32, kv_heads=32, vocab=50304, seq=2048,
-                        gated_mlp=False),
+                        gated_mlp=False, positions=True),
     "gpt-7b": ModelSpec(layers=32, hidden=4096, ffn=16384, heads=32, kv_heads=32, vocab=50304, seq=2048,
-                        gated_mlp=False),
+                        gated_mlp=False, positions=True),
     # PipeMesh's Table III models (pipert.planner.workload.PAPER_MODELS): GPT-3 with dropout; Llama2
     # with its 8h/3 MLP rounded up to a multiple of 256 (LLaMA's rule) so that T = 8 splits it
     "gpt3-58b": ModelSpec(layers=72, hidden=8192, ffn=32768, heads=64, kv_heads=64, vocab=50304, seq=3072,
@@ -380,8 +385,11 @@ def _pieces(m: ModelSpec, tp: int = 1, sp: bool = False) -> dict[str, _Piece]:
     post = _Piece(params=(_post_params(m) - h) * ks + h, mm=(2 * T * h * h + 2 * T * h * f * nmat) * ks, ew_f=ew,
                   ew_d=2 * ew, stash=th * ks + 2 * th * kr + act_saved * ks + 2 * drop_mask * kr,
                   stash_w=3 * th * kr + (th + T * f * B * nmat) * ks)
-    # the embedding's lookup writes a whole [T, h] (partial sums) on every device before the reduction
-    embed = _Piece(params=V * h * ks, ew_f=2 * th, ew_w=2 * th, stash=T * _ID_BYTES, stash_w=T * _ID_BYTES + th)
+    # the embedding's lookup writes a whole [T, h] (partial sums) on every device before the reduction;
+    # learned positions add their rows to it (read + write) and their gradient rows to the table in W
+    pos = 2 * th if m.positions else 0.0
+    embed = _Piece(params=(V + (s if m.positions else 0)) * h * ks, ew_f=2 * th + pos, ew_w=2 * th + pos,
+                   stash=T * _ID_BYTES, stash_w=T * _ID_BYTES + th)
     ew = 2 * th * kr + 2 * T * V * B * ks
     head = _Piece(params=h + V * h * ks, mm=2 * T * h * V * ks, ew_f=ew, ew_d=2 * ew,
                   stash=2 * th * kr + T * V * B * ks, stash_w=th * kr + T * V * B * ks)

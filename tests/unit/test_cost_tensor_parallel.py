@@ -164,3 +164,19 @@ def test_split_w_under_sp_regathers_its_inputs_and_b_does_not():
     # B = D + W in FLOPs, but B is cheaper than D + W by exactly the hidden gathers
     assert sp.unit_time(MID, "D") + sp.unit_time(MID, "W") - sp.unit_time(MID, "B") == pytest.approx(
         2 * gather, rel=1e-9)
+
+
+@pytest.mark.parametrize("t", [1, 8])
+def test_learned_positions_are_a_table_in_the_first_unit_split_like_the_vocabulary(t):
+    """GPT's learned position embeddings (``pipert.models.gpt``'s ``pos.weight``, [seq, h]); HelixPipe's
+    section 4.6 splits them over the TP group on the first stage, as the token embedding."""
+    m = gpt(flash=True, dropout=False)
+    with_pos = ModelSpec(**{**m.__dict__, "positions": True})
+    assert with_pos.num_params - m.num_params == m.seq * m.hidden
+    a, b = cost(m, t, sp=t > 1), cost(with_pos, t, sp=t > 1)
+    assert b.params(0) - a.params(0) == pytest.approx(m.seq * m.hidden / t, rel=1e-12)
+    assert all(b.params(u) == a.params(u) for u in range(1, m.layers))
+    assert b.unit_time(0, "F") > a.unit_time(0, "F") and b.unit_time(1, "F") == a.unit_time(1, "F")
+    assert b.unit_time(0, "OPT") > a.unit_time(0, "OPT")
+    assert all(ModelSpec.preset(n).positions for n in ("gpt-1.3b", "gpt-3b", "gpt-7b"))
+    assert not ModelSpec.preset("7b").positions
