@@ -104,9 +104,23 @@ def recompute_discussion(rows: list[dict], parts: list[dict]) -> list[str]:
            + (f"; at 96k on the A800 it still costs {100 * a800[q96]:.0f}% where the paper measures near zero." if q96 in a800
               else ".")]
     if q96 in share:
+        k = attention_slowdown_for(next(r for r in parts if r["seq"] == q96), NEAR_ZERO)
         out.append(f"- Why: recomputation reruns pre- and post-attention forward, {100 * share[q96]:.0f}% of a layer's "
                    f"forward and backward at 96k in the model (Figure 3's setting; {100 * share[max(share)]:.0f}% at "
-                   f"{max(share) // 1024}k). That share comes from FLOPs at one efficiency for GEMMs and attention; "
-                   f"a near-zero cost needs attention to run at a much lower efficiency than the GEMMs, and neither the "
-                   f"paper's text (Figure 3 has no numbers in it) nor a datasheet gives that ratio, so the model keeps it.")
+                   f"{max(share) // 1024}k), from FLOPs at one efficiency for GEMMs and attention. For that share to be "
+                   f"{100 * NEAR_ZERO:.0f}% at 96k, attention would have to run {k:.1f}x slower per FLOP than the GEMMs; "
+                   f"neither the paper's text (Figure 3 has no numbers in it) nor a datasheet gives such a ratio, so the "
+                   f"model keeps one efficiency.")
     return out
+
+
+NEAR_ZERO = 0.02
+"""The rerun share read as section 5.5's "near zero" throughput gap."""
+
+
+def attention_slowdown_for(row: dict, share: float) -> float:
+    """How many times slower attention must run (same FLOPs) for the rerun of pre- and
+    post-attention forward to be ``share`` of a layer's forward and backward."""
+    rerun = row["pre_f_s"] + row["post_f_s"]
+    rest = rerun + row["pre_b_s"] + row["post_b_s"]
+    return (rerun / share - rest) / (row["attn_f_s"] + row["attn_b_s"])

@@ -3,25 +3,30 @@
 Settings (paper section 5.1): p = 8 stages, one node of 8 GPUs per stage with sequence (and
 tensor) parallelism t = 8 inside the node, m = 2p = 16 micro-batches of one sequence, GPT-3
 style models (GeLU MLP with ffn = 4h, multi-head attention, causal FlashAttention, fp16;
-vocabulary 50257, which the paper does not state): 1.3B (L=24, 16 heads, h=2048), 3B (L=16,
-32 heads, h=4096), 7B (L=32, 32 heads, h=4096); 32k to 128k tokens. Two clusters: H20 nodes with
+GPT-2's vocabulary of 50257 padded to 50304 as Megatron pads it, which the paper does not
+state): 1.3B (L=24, 16 heads, h=2048), 3B (L=16, 32 heads, h=4096), 7B (L=32, 32 heads,
+h=4096); 32k to 128k tokens. Two clusters: H20 nodes with
 four 200 Gb/s HCAs and A800 nodes with four 100 Gb/s HCAs (one stage per node: 100 and 50 GB/s
 between two stages, 5 us latency).
 
 Model of a stage: 8 GPUs running Megatron's tensor and sequence parallelism (T = 8, SP), priced
 per GPU by the analytic model (``TransformerCost(tp=8, sp=True)``: sharded FLOPs, weights and
 activations, the all-gathers and reduce-scatters of each layer on NVLink, 450 GB/s on the H20 and
-200 GB/s on the A800; ZB-H1's split W gathers its column-parallel inputs again, as the ZB1P code the
-paper ran does: ``pipert.cost.tensor_parallel``). Each GPU talks to its counterpart in the next stage over its share of the
-node's HCAs (100 and 50 Gb/s); the prediction is max(makespan, busiest GPU's sent or received
-bytes / its share).
+200 GB/s on the A800; ZB-H1's split W gathers its column-parallel inputs again, as the ZB1P code
+the paper ran does: ``pipert.cost.tensor_parallel``). Each GPU talks to its counterpart in the
+next stage over its share of the node's HCAs (100 and 50 Gb/s); the prediction is
+max(makespan, busiest GPU's sent or received bytes / its share).
 
 Schedules: 1F1B and ZB-H1 with L/p layers per stage, with and without recomputation (a baseline
-is taken at its fastest setting that fits the GPU's memory); HelixPipe is ``helixpipe-2fold`` as
+is taken at its fastest setting that fits the GPU's memory; the paper's 1F1B launch line adds
+Megatron's selective recomputation, which recomputes nothing with FlashAttention on, so the 1F1B
+row recomputes nothing); HelixPipe is ``helixpipe-2fold`` as
 built by default, the paper's configuration (asynchronous two-fold, one group of pF = 16
 micro-batches, recomputation without attention, loss in backward), beside one opt-out each, with
 free links, and naive FILO (F=1, two groups) with recomputation. The loss is in the backward for
-the baselines too (the paper applied that optimisation to all methods). Memory per GPU: the
+the baselines too, and every method's learned position embeddings are split over the node's GPUs
+(section 4.6, which section 5.1 applies to all methods; the paper's scripts pass
+``--parallel-position-embedding`` to every method). Memory per GPU: the
 simulator's peak activation bytes plus model states (18 bytes per parameter of the GPU's shard:
 fp16 weight, fp32 gradient, fp32 master weight and two Adam moments).
 

@@ -60,8 +60,12 @@ def test_recompute_sentence_uses_the_96k_row():
     from _helix_paper import recompute_discussion
     rows = [{"cluster": c, "seq": q, "throughput_loss": loss} for c in ("H20", "A800")
             for q, loss in ((32768, 0.18), (65536, 0.15), (98304, 0.11))]
-    parts = [{"seq": 98304, "rerun_share": 0.09}, {"seq": 131072, "rerun_share": 0.08}]
+    # pre+post forward 1 + 1, backward 2 + 2, attention 2 + 4: rerun share 2 / 12
+    times = dict(pre_f_s=1.0, post_f_s=1.0, pre_b_s=2.0, post_b_s=2.0, attn_f_s=2.0, attn_b_s=4.0)
+    parts = [{"seq": 98304, "rerun_share": 0.09, **times}, {"seq": 131072, "rerun_share": 0.08, **times}]
     text = "\n".join(recompute_discussion(rows, parts))
     assert "at most 18% at 32k/64k" in text and "at 96k on the A800 it still costs 11%" in text
     assert "9% of a layer's forward and backward at 96k" in text and "8% at 128k" in text
+    # 2 / (6 + 6k) = 0.02  <=>  k = (100 - 6) / 6
+    assert f"attention would have to run {(100 - 6) / 6:.1f}x slower per FLOP" in text
     assert "still costs" not in "\n".join(recompute_discussion([r for r in rows if r["seq"] != 98304], parts))
