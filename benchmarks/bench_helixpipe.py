@@ -3,24 +3,30 @@
 Settings (paper section 5.1): p = 8 stages, one node of 8 GPUs per stage with sequence (and
 tensor) parallelism t = 8 inside the node, m = 2p = 16 micro-batches of one sequence, GPT-3
 style models (GeLU MLP with ffn = 4h, multi-head attention, causal FlashAttention, fp16;
-vocabulary 50257, which the paper does not state): 1.3B (L=24, 16 heads, h=2048), 3B (L=16,
-32 heads, h=4096), 7B (L=32, 32 heads, h=4096); 32k to 128k tokens. Two clusters: H20 nodes with
+GPT-2's vocabulary of 50257 padded to 50304 as Megatron pads it, which the paper does not
+state): 1.3B (L=24, 16 heads, h=2048), 3B (L=16, 32 heads, h=4096), 7B (L=32, 32 heads,
+h=4096); 32k to 128k tokens. Two clusters: H20 nodes with
 four 200 Gb/s HCAs and A800 nodes with four 100 Gb/s HCAs (one stage per node: 100 and 50 GB/s
 between two stages, 5 us latency).
 
 Model of a stage: 8 GPUs running Megatron's tensor and sequence parallelism (T = 8, SP), priced
 per GPU by the analytic model (``TransformerCost(tp=8, sp=True)``: sharded FLOPs, weights and
 activations, the all-gathers and reduce-scatters of each layer on NVLink, 450 GB/s on the H20 and
-200 GB/s on the A800). Each GPU talks to its counterpart in the next stage over its share of the
-node's HCAs (100 and 50 Gb/s); the prediction is max(makespan, busiest GPU's sent or received
-bytes / its share).
+200 GB/s on the A800; ZB-H1's split W gathers its column-parallel inputs again, as the ZB1P code
+the paper ran does: ``pipert.cost.tensor_parallel``). Each GPU talks to its counterpart in the
+next stage over its share of the node's HCAs (100 and 50 Gb/s); the prediction is
+max(makespan, busiest GPU's sent or received bytes / its share).
 
 Schedules: 1F1B and ZB-H1 with L/p layers per stage, with and without recomputation (a baseline
-is taken at its fastest setting that fits the GPU's memory); HelixPipe is ``helixpipe-2fold`` as
+is taken at its fastest setting that fits the GPU's memory; the paper's 1F1B launch line adds
+Megatron's selective recomputation, which recomputes nothing with FlashAttention on, so the 1F1B
+row recomputes nothing); HelixPipe is ``helixpipe-2fold`` as
 built by default, the paper's configuration (asynchronous two-fold, one group of pF = 16
 micro-batches, recomputation without attention, loss in backward), beside one opt-out each, with
 free links, and naive FILO (F=1, two groups) with recomputation. The loss is in the backward for
-the baselines too (the paper applied that optimisation to all methods). Memory per GPU: the
+the baselines too, and every method's learned position embeddings are split over the node's GPUs
+(section 4.6, which section 5.1 applies to all methods; the paper's scripts pass
+``--parallel-position-embedding`` to every method). Memory per GPU: the
 simulator's peak activation bytes plus model states (18 bytes per parameter of the GPU's shard:
 fp16 weight, fp32 gradient, fp32 master weight and two Adam moments).
 
@@ -30,18 +36,24 @@ activation hop (the paper's section 5.3 question: when does two-fold hide commun
 the paper's analysis model (``HelixPartsCost``: t_pre = 1, t_post = 2, t_attn in {1, 3, 6},
 P = 4, L = 8, M = 8, QKV weight messages free).
 
-Writes benchmarks/results/helixpipe.csv, helixpipe_bubble.csv, helixpipe_comm.csv and helixpipe.md.
+Two more tables (``_helix_paper.py``) put the paper's Figure 3 (a layer's parts on one A800) and
+Figure 11 (recomputation without attention, 3B, p = 4) in the same model.
+
+Writes benchmarks/results/helixpipe.csv, helixpipe_bubble.csv, helixpipe_comm.csv,
+helixpipe_parts.csv, helixpipe_recompute.csv and helixpipe.md.
 
     python benchmarks/bench_helixpipe.py [--quick]
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections import defaultdict
 
 from _common import RESULTS, context, read_csv, rebuild, report_header, write_csv, write_results
+from _helix_paper import layer_parts, parts_section, recompute_discussion, recompute_rows, recompute_section
 
 from pipert.cost.devices import GiB, DeviceSpec
 from pipert.cost.helix import HelixPartsCost, table2_bubble
@@ -71,6 +83,8 @@ BASELINES = ("1F1B", "ZB-H1", "1F1B recompute", "ZB-H1 recompute")
 PAPER_SPEEDUP = {("H20", "1.3B"): 0.28, ("H20", "3B"): 0.20, ("H20", "7B"): 0.26,
                  ("A800", "1.3B"): 0.16, ("A800", "3B"): 0.13, ("A800", "7B"): 0.13}
 GOAL_POINTS = 3.0
+FILL_SLACK = 1.1
+"""Exposed hops up to this multiple of the fill-and-drain count read as fill and drain only."""
 """Issue 22's goal: each 128k speedup within this many percentage points of the paper's."""
 # the schedule the paper finds best at the shortest sequence (32k), per cluster (section 5.2)
 PAPER_BEST_SHORTEST = {"A800": "1F1B"}
@@ -92,7 +106,7 @@ def cost_for(sched, m: ModelSpec, dev: DeviceSpec, recompute: str, loss_in_backw
              **tp) -> TransformerCost:
     """The schedule's units priced with the recomputation and loss placement its generator
     recorded (HelixPipe), else ``recompute`` and ``loss_in_backward`` (the baselines)."""
-    units = partition_helix(m) if sched.meta.get("cut") == "helix" else partition_layers(m, P)
+    units = partition_helix(m) if sched.meta.get("cut") == "helix" else partition_layers(m, len(sched.actions))
     return TransformerCost(m, dev, units, recompute=sched.meta.get("recompute", recompute),
                            loss_in_backward=sched.meta.get("loss_in_backward", loss_in_backward), **tp)
 
@@ -109,17 +123,37 @@ def nic_seconds(sched, cost, bandwidth: float) -> float:
 
 
 def state_bytes(sched, cost) -> list[float]:
-    return [sum(cost.params(u) for u in sched.units_owned(r)) * STATE_BYTES for r in range(P)]
+    return [sum(cost.params(u) for u in sched.units_owned(r)) * STATE_BYTES for r in range(len(sched.actions))]
+
+
+def cluster_setup(cluster: str, stages: int) -> tuple[DeviceSpec, Topology, Links, dict, float]:
+    """GPU, topology (one stage per node), inter-node links, TP keywords and one GPU's HCA share."""
+    preset, bw, nvlink = CLUSTERS[cluster]
+    topo = Topology(stages, ranks_per_node=1)
+    links = Links(topo, {"inter_node": LinkSpec(5e-6, bw)})
+    tp = dict(tp=T_SP, sp=True, tp_link=LinkSpec(default_link_specs()["intra_node"].latency, nvlink))
+    return DeviceSpec.preset(preset), topo, links, tp, bw
+
+
+def helix_variant(cluster: str, model: str, seq: int, stages: int, microbatches: int,
+                  recompute: str) -> tuple[float, float, float]:
+    """helixpipe-2fold (the paper's configuration, ``recompute`` as given) on ``stages`` nodes:
+    (seconds per step, peak GiB per GPU, the GPU's GiB)."""
+    gpu, topo, links, tp, bw = cluster_setup(cluster, stages)
+    m = spec(model, seq)
+    sched = build_schedule("helixpipe-2fold", stages=stages, microbatches=microbatches, chunks=m.layers // stages,
+                           recompute=recompute)
+    cost = cost_for(sched, m, gpu, recompute, True, **tp)
+    res = simulate(sched, cost, links=links, topology=topo)
+    mem = max(a + s for a, s in zip(res.peak_memory, state_bytes(sched, cost))) / GiB
+    return max(res.makespan, nic_seconds(sched, cost, bw)), mem, gpu.memory / GiB
 
 
 def run(quick: bool) -> tuple[list[dict], list[dict]]:
     rows, bubble_rows = [], []
     seqs = (SEQS[0], SEQS[-1]) if quick else SEQS
-    for cluster, (preset, bw, nvlink) in CLUSTERS.items():
-        gpu = DeviceSpec.preset(preset)
-        topo = Topology(P, ranks_per_node=1)
-        links = Links(topo, {"inter_node": LinkSpec(5e-6, bw)})
-        tp = dict(tp=T_SP, sp=True, tp_link=LinkSpec(default_link_specs()["intra_node"].latency, nvlink))
+    for cluster, (preset, _, _) in CLUSTERS.items():
+        gpu, topo, links, tp, bw = cluster_setup(cluster, P)
         for model in MODELS:
             for seq in seqs:
                 m = spec(model, seq)
@@ -138,7 +172,10 @@ def run(quick: bool) -> tuple[list[dict], list[dict]]:
                                  "act_peak_gib_per_gpu_max": max(res.peak_memory) / GiB,
                                  "act_peak_gib_per_gpu_min": min(res.peak_memory) / GiB,
                                  "mem_gib_per_gpu_max": max(mem), "mem_gib_per_gpu_min": min(mem),
-                                 "gpu_memory_gib": gpu.memory / GiB})
+                                 "gpu_memory_gib": gpu.memory / GiB,
+                                 # one activation hop on the link, and unit 1's forward (HelixPipe: A(0))
+                                 "hop_s": 5e-6 + cost.message_bytes("act", 0) / bw, "unit1_f_s": cost.unit_time(1, "F"),
+                                 "fill_hops": fill_hops(P, m.layers // P)})
                 if cluster == "H20":
                     bubble_rows += bubble_check(model, m, stage_device(preset))
     return rows, bubble_rows
@@ -167,6 +204,19 @@ def bubble_check(model: str, m: ModelSpec, dev: DeviceSpec) -> list[dict]:
                     "idle_mean_s": sum(res.idle) / P, "table2_bubble_s": formula,
                     "ratio_stage1": res.idle[1] / formula, "ratio_mean": sum(res.idle) / P / formula})
     return out
+
+
+@functools.cache
+def fill_hops(stages: int, chunks: int) -> float:
+    """Hops that asynchronous two-fold cannot hide even when a hop is tiny against every compute
+    (the pipeline's fill and drain): the time links add, per hop time, on the analysis model
+    (t_pre = 1, t_attn = 6, t_post = 2, a hop of 0.05, m = 2p)."""
+    topo, c = Topology(stages), 0.05
+    cost = HelixPartsCost(stages * chunks, 1.0, 6.0, 2.0, weight_bytes=0.0)
+    sched = build_schedule("helixpipe", stages=stages, microbatches=2 * stages, chunks=chunks, folds=2,
+                           asynchronous=True)
+    linked = simulate(sched, cost, links=Links(topo, {"intra_node": LinkSpec(0.0, 1.0 / c)}), topology=topo)
+    return (linked.makespan - simulate(sched, cost).makespan) / c
 
 
 def comm_sweep() -> list[dict]:
@@ -241,8 +291,15 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
             cells = [f"{r['added']:.2f} ({100 * r['added'] / r['makespan_no_comm']:.1f}%)" for r in sweep
                      if (r["t_attn"], r["schedule"]) == key]
             lines.append(f"| {key[0]:g} | {key[1]} | " + " | ".join(cells) + " |")
+    parts, rc = _optional_csv("helixpipe_parts.csv"), _optional_csv("helixpipe_recompute.csv")
+    lines += parts_section(parts) + recompute_section(rc)
     lines += ["", "## What the data says", ""] + discussion(rows, bubble, gaps) + (comm_discussion(sweep) if sweep else [])
+    lines += hops_discussion(by, max(seqs)) + recompute_discussion(rc, parts)
     return "\n".join(lines) + "\n"
+
+
+def _optional_csv(name: str) -> list[dict]:
+    return read_csv(RESULTS / name) if (RESULTS / name).exists() else []
 
 
 def best_baseline(by: dict, key: tuple) -> str:
@@ -263,7 +320,8 @@ def paper_terms(by: dict, key: tuple) -> dict[str, float]:
     return {"recompute": 100 * (_speedup(by, key, "HelixPipe no recompute") - sp),
             "communication": 100 * (_speedup(by, key, "HelixPipe free links") - sp),
             "loss in backward": 100 * (sp - _speedup(by, key, "HelixPipe loss in forward")),
-            "imbalance": 100 * (h["busy_max_s"] - h["busy_median_s"]) / h["seconds"]}
+            "imbalance": 100 * (h["busy_max_s"] - h["busy_median_s"]) / h["seconds"],
+            "baseline": 100 * (h["tokens_per_s"] / by[key + ("1F1B",)]["tokens_per_s"] - 1 - sp)}
 
 
 def paper_reason(by: dict, key: tuple, gap: float) -> str:
@@ -277,7 +335,16 @@ def paper_reason(by: dict, key: tuple, gap: float) -> str:
             f"{norc['gpu_memory_gib']:.0f} GiB: {'fits' if fits else 'does not fit'}); exposed communication "
             f"{t['communication']:.1f} points; stage 0 (embedding, head, loss) is busy {t['imbalance']:.1f}% of the "
             f"step longer than the median stage")
-    closing = [k for k in ("recompute", "communication", "imbalance") if t[k] >= gap - GOAL_POINTS]
+    best = best_baseline(by, key)
+    if best != "1F1B":
+        b, one = by[key + (best,)], by[key + ("1F1B",)]
+        text += (f"; the best baseline {best} is {100 * (b['tokens_per_s'] / one['tokens_per_s'] - 1):.1f}% faster than "
+                 f"1F1B (peak {b['mem_gib_per_gpu_max']:.1f} of {b['gpu_memory_gib']:.0f} GiB), and against 1F1B "
+                 f"HelixPipe gains {100 * _speedup(by, key, 'HelixPipe') + t['baseline']:+.0f}% "
+                 f"(the paper finds 1F1B 'the most stable' baseline and ZB1P 'the most unstable', section 5.2)")
+    closing = [k for k in ("recompute", "communication", "imbalance", "baseline") if t[k] >= gap - GOAL_POINTS]
+    names = {"baseline": "1F1B as the baseline"}
+    closing = [names.get(k, k) for k in closing]
     return text + (f"; {' or '.join(closing)} alone would bring it within {GOAL_POINTS:g} points" if closing else
                    f"; no single modelled effect is as large as the {gap:.1f}-point gap")
 
@@ -316,9 +383,13 @@ def discussion(rows: list[dict], bubble: list[dict], gaps: list[tuple]) -> list[
     head = [(by[k]["busy_max_s"] - by[k]["busy_median_s"]) / by[k]["seconds"] for k in long]
     rc = [by[k]["seconds"] / by[k[:3] + ("HelixPipe no recompute",)]["seconds"] - 1 for k in long]
     sync = [by[k[:3] + ("HelixPipe folds as one op",)]["seconds"] / by[k]["seconds"] - 1 for k in long]
+    base = [(by[k[:3] + ("1F1B",)]["busy_max_s"] - by[k[:3] + ("1F1B",)]["busy_median_s"]) /
+            by[k[:3] + ("1F1B",)]["seconds"] for k in long]
     out.append(f"- At the longest sequence, HelixPipe's busiest stage computes {_range(head)} of its step more than "
-               f"the median stage, and recomputation without attention costs {_range(rc)} against HelixPipe without "
-               f"it (the 1F1B and ZB-H1 rows recompute nothing).")
+               f"the median stage (1F1B's: {_range(base)}; the baselines carry the same LM head and loss, moved into the "
+               f"backward as for HelixPipe, since section 5.1 applies section 4.6 to all methods), and "
+               f"recomputation without attention costs {_range(rc)} against HelixPipe without it (the 1F1B and ZB-H1 "
+               f"rows recompute nothing).")
     out.append(f"- Running each fold's message as soon as its own compute ends (expand_folds, the paper's asynchronous "
                f"two-fold) instead of one message per fold pair saves {_range(sync)} of the step at the longest "
                f"sequence.")
@@ -363,6 +434,27 @@ def discussion(rows: list[dict], bubble: list[dict], gaps: list[tuple]) -> list[
                f"HelixPipe (mean over stages {min(b['ratio_mean'] for b in hxb):.2f}-"
                f"{max(b['ratio_mean'] for b in hxb):.2f}x) and {min(b['ratio_stage1'] for b in base):.2f}-"
                f"{max(b['ratio_stage1'] for b in base):.2f}x for 1F1B/ZB-H1.")
+    return out
+
+
+def hops_discussion(by: dict, seq: int) -> list[str]:
+    """Section 5.3 (two-fold FILO hides a hop behind attention at long sequences): the exposed
+    communication at ``seq`` in hop times, against the pipeline's fill and drain."""
+    out = []
+    for cluster in CLUSTERS:
+        hx = [by[(cluster, model, seq, "HelixPipe")] for model in MODELS]
+        free = [by[(cluster, model, seq, "HelixPipe free links")] for model in MODELS]
+        hops = [(h["seconds"] - f["seconds"]) / h["hop_s"] for h, f in zip(hx, free)]
+        ratio = [h["hop_s"] / h["unit1_f_s"] for h in hx]
+        fill = [h["fill_hops"] for h in hx]
+        within = all(n <= FILL_SLACK * f for n, f in zip(hops, fill))
+        reading = (f"no more than the pipeline's fill and drain (within {100 * (FILL_SLACK - 1):.0f}%), where no "
+                   f"attention runs beside a transfer: in steady state attention hides the hops, as section 5.3 says"
+                   if within and max(ratio) < 1 else "more than the fill and drain: hops are exposed in steady state too")
+        out.append(f"- {cluster}, {seq // 1024}k: links cost HelixPipe {', '.join(f'{n:.0f}' for n in hops)} hop times "
+                   f"({', '.join(MODELS)}) against {', '.join(f'{f:.0f}' for f in fill)} hops of fill and drain (the "
+                   f"analysis model with tiny hops); one hop takes {100 * min(ratio):.0f}-{100 * max(ratio):.0f}% of an "
+                   f"attention forward (QKV included): {reading}.")
     return out
 
 
@@ -417,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx["wall seconds"] = f"{time.perf_counter() - t0:.1f}"
     write_csv(RESULTS / "helixpipe_bubble.csv", bubble)
     write_csv(RESULTS / "helixpipe_comm.csv", comm_sweep())
+    seqs = (SEQS[0], SEQS[-1]) if args.quick else SEQS
+    write_csv(RESULTS / "helixpipe_parts.csv", layer_parts(seqs))
+    write_csv(RESULTS / "helixpipe_recompute.csv", recompute_rows(seqs, CLUSTERS, helix_variant))
     write_results("helixpipe", rows, ctx, report)
     print(f"wrote {RESULTS / 'helixpipe.csv'}, {RESULTS / 'helixpipe_bubble.csv'} and {RESULTS / 'helixpipe.md'}")
     return 0

@@ -25,8 +25,13 @@ under SP (backward: reduce-scatter, or all-reduce without SP) and its cross-entr
 all-reduces of ``b*s`` fp32 numbers (max, target logit, sum of exponentials).
 
 Phases: ``F`` (also a RECOMPUTE, and the forward a D reruns under recomputation), ``D`` (the
-input-gradient pass, also in B); W runs none (under SP it reads the gathered input kept from
-D, as Megatron's gradient-accumulation fusion does).
+input-gradient pass, also in B), ``W`` (a weight-gradient pass split from its D). Under SP a
+column-parallel linear (QKV, the MLP's first GEMM, the LM head) keeps only its sequence shard
+and needs the whole sequence for its weight gradient: a full backward (B) gathers it again while
+the input-gradient GEMM runs (Megatron's asynchronous all-gather, hidden: not priced), a split W
+gathers it again first and waits for it (the Zero Bubble code that HelixPipe's paper runs as
+ZB1P, sail-sg/zero-bubble-pipeline-parallelism@93af65c, ``execute_w_pass``: all-gather, wait,
+GEMM): one all-gather of ``b*s*h`` per column-parallel linear. Without SP, W runs none.
 
 Ring times (``pipert.cost.topology.Links.collective``): all-reduce ``2(T-1)/T * bytes / bw``,
 all-gather and reduce-scatter ``(T-1)/T * bytes / bw`` (plus ``2(T-1)`` or ``T-1`` link
@@ -41,7 +46,7 @@ from .topology import Links, LinkSpec, Topology, default_link_specs
 __all__ = ["PHASES", "piece_collectives", "layer_collectives", "collectives_time", "tp_problem", "tp_divisors",
            "CE_REDUCTIONS"]
 
-PHASES = ("F", "D")
+PHASES = ("F", "D", "W")
 CE_REDUCTIONS = 3
 """All-reduces of the vocabulary-parallel cross-entropy (max, target logit, sum of exponentials)."""
 _FP32 = 4
@@ -51,20 +56,21 @@ Collective = tuple[str, float]
 
 
 def piece_collectives(piece: str, model: Any, sp: bool) -> dict[str, list[Collective]]:
-    """The collectives one micro-batch of ``piece`` runs over its TP group, per phase (F, D).
+    """The collectives one micro-batch of ``piece`` runs over its TP group, per phase (F, D, W).
     ``model``: a ``ModelSpec``. Without TP (T = 1) a caller prices them at 0."""
     th = float(model.tokens * model.hidden * model.dtype_bytes)
     ar, ag, rs = ("allreduce", th), ("allgather", th), ("reducescatter", th)
+    regather = [ag] if sp else []                 # a split W's gather of a column-parallel input
     if piece in ("qkv", "pre_attn"):              # f before the QKV projection (g under SP)
-        return {"F": [ag] if sp else [], "D": [rs] if sp else [ar]}
+        return {"F": [ag] if sp else [], "D": [rs] if sp else [ar], "W": regather}
     if piece == "post_attn":                      # g after out-proj; f before the MLP; g after it
-        return {"F": [rs, ag, rs] if sp else [ar, ar], "D": [ag, rs, ag] if sp else [ar]}
+        return {"F": [rs, ag, rs] if sp else [ar, ar], "D": [ag, rs, ag] if sp else [ar], "W": regather}
     if piece == "embed":                          # vocabulary-parallel lookup, partial sums reduced
-        return {"F": [rs] if sp else [ar], "D": [ag] if sp else []}
+        return {"F": [rs] if sp else [ar], "D": [ag] if sp else [], "W": []}
     if piece == "head":                           # f (g under SP) before the LM head; cross-entropy
         ce = [("allreduce", float(model.tokens * _FP32))] * CE_REDUCTIONS
-        return {"F": ([ag] if sp else []) + ce, "D": [rs] if sp else [ar]}
-    return {"F": [], "D": []}                     # norm1, attn: nothing crosses the group
+        return {"F": ([ag] if sp else []) + ce, "D": [rs] if sp else [ar], "W": regather}
+    return {"F": [], "D": [], "W": []}            # norm1, attn: nothing crosses the group
 
 
 def layer_collectives(model: Any, sp: bool, parallel: bool = False) -> dict[str, list[Collective]]:

@@ -97,6 +97,10 @@ class ModelSpec:
     """SwiGLU MLP (three f x h matrices); False = GeLU MLP with two (GPT)."""
     dropout: bool = False
     """Dropout after attention softmax and both residual branches (GPT); LLaMA has none."""
+    positions: bool = False
+    """Learned absolute position embeddings (GPT; ``pipert.models.gpt``'s ``pos.weight``): a
+    ``[seq, h]`` table beside the token embedding, split over the TP group as the vocabulary is
+    (HelixPipe's section 4.6, applied to every method); LLaMA's rotary positions have none."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "seq", "micro_batch"):
@@ -132,7 +136,8 @@ class ModelSpec:
     def num_params(self) -> int:
         """Parameters of the whole model (a tied embedding counted once)."""
         emb = self.vocab * self.hidden
-        return self.layers * self.params_per_layer + emb + self.hidden + (0 if self.tied_embedding else emb)
+        pos = self.seq * self.hidden if self.positions else 0
+        return self.layers * self.params_per_layer + emb + pos + self.hidden + (0 if self.tied_embedding else emb)
 
     @classmethod
     def from_config(cls, cfg: Any, seq: int, micro_batch: int = 1, **overrides: Any) -> "ModelSpec":
@@ -170,11 +175,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # HelixPipe's GPT-3-style models (pipert.models.gpt presets of the same names: GeLU MLP of 4h,
     # multi-head attention, GPT-2's vocabulary padded to 50304 as Megatron pads it)
     "gpt-1.3b": ModelSpec(layers=24, hidden=2048, ffn=8192, heads=16, kv_heads=16, vocab=50304, seq=2048,
-                          gated_mlp=False),
+                          gated_mlp=False, positions=True),
     "gpt-3b": ModelSpec(layers=16, hidden=4096, ffn=16384, heads=32, kv_heads=32, vocab=50304, seq=2048,
-                        gated_mlp=False),
+                        gated_mlp=False, positions=True),
     "gpt-7b": ModelSpec(layers=32, hidden=4096, ffn=16384, heads=32, kv_heads=32, vocab=50304, seq=2048,
-                        gated_mlp=False),
+                        gated_mlp=False, positions=True),
     # PipeMesh's Table III models (pipert.planner.workload.PAPER_MODELS): GPT-3 with dropout; Llama2
     # with its 8h/3 MLP rounded up to a multiple of 256 (LLaMA's rule) so that T = 8 splits it
     "gpt3-58b": ModelSpec(layers=72, hidden=8192, ffn=32768, heads=64, kv_heads=64, vocab=50304, seq=3072,
@@ -380,8 +385,11 @@ def _pieces(m: ModelSpec, tp: int = 1, sp: bool = False) -> dict[str, _Piece]:
     post = _Piece(params=(_post_params(m) - h) * ks + h, mm=(2 * T * h * h + 2 * T * h * f * nmat) * ks, ew_f=ew,
                   ew_d=2 * ew, stash=th * ks + 2 * th * kr + act_saved * ks + 2 * drop_mask * kr,
                   stash_w=3 * th * kr + (th + T * f * B * nmat) * ks)
-    # the embedding's lookup writes a whole [T, h] (partial sums) on every device before the reduction
-    embed = _Piece(params=V * h * ks, ew_f=2 * th, ew_w=2 * th, stash=T * _ID_BYTES, stash_w=T * _ID_BYTES + th)
+    # the embedding's lookup writes a whole [T, h] (partial sums) on every device before the reduction;
+    # learned positions add their rows to it (read + write) and their gradient rows to the table in W
+    pos = 2 * th if m.positions else 0.0
+    embed = _Piece(params=(V + (s if m.positions else 0)) * h * ks, ew_f=2 * th + pos, ew_w=2 * th + pos,
+                   stash=T * _ID_BYTES, stash_w=T * _ID_BYTES + th)
     ew = 2 * th * kr + 2 * T * V * B * ks
     head = _Piece(params=h + V * h * ks, mm=2 * T * h * V * ks, ew_f=ew, ew_d=2 * ew,
                   stash=2 * th * kr + T * V * B * ks, stash_w=th * kr + T * V * B * ks)
@@ -564,8 +572,8 @@ class TransformerCost:
         return t + self.tp_comm_time(unit, op) if self.tp > 1 else t
 
     def collectives_of(self, spec: UnitSpec, phase: str) -> list[tuple[str, float]]:
-        """(op, bytes) of every TP collective one micro-batch of ``spec`` runs in ``phase`` (F or
-        D), in order (``pipert.cost.tensor_parallel.piece_collectives``); none when T = 1."""
+        """(op, bytes) of every TP collective one micro-batch of ``spec`` runs in ``phase`` (F, D
+        or W), in order (``pipert.cost.tensor_parallel.piece_collectives``); none when T = 1."""
         if self.tp == 1:
             return []
         return [c for p, _ in spec.parts() for c in piece_collectives(p, self.model, self.sp)[phase]]
@@ -573,14 +581,15 @@ class TransformerCost:
     def tp_comm_time(self, unit: int, op: Op | str) -> float:
         """Seconds of the TP collectives of ``op`` on ``unit`` for one micro-batch: F and
         RECOMPUTE run the forward's, D and B the backward's (plus the forward's when D reruns
-        the forward, ``recompute="no_attention"``), W and OPT none."""
+        the forward, ``recompute="no_attention"``), a split W under SP the gathers of its
+        column-parallel inputs (B hides them behind its input-gradient GEMMs), OPT none."""
         self._piece(unit)
         op, t = Op(op), self._tp_time[unit]
         if op in (Op.F, Op.RECOMPUTE):
             return t["F"]
         if op in (Op.D, Op.B):   # the head's forward collectives run here once under loss_in_backward
             return t["D"] + t["late"] + (t["F"] if self.recompute == "no_attention" else 0.0)
-        return 0.0
+        return t["W"] if op is Op.W else 0.0
 
     # --- CostModel protocol --------------------------------------------------------------
     def compute_time(self, action: Action, rank: int) -> float:

@@ -52,7 +52,10 @@ def test_collectives_per_layer_are_megatrons(t):
     for c in (tp_only, with_sp):
         assert c.tp_comm_time(MID, "RECOMPUTE") == c.tp_comm_time(MID, "F")
         assert c.tp_comm_time(MID, "B") == c.tp_comm_time(MID, "D")
-        assert c.tp_comm_time(MID, "W") == 0 and c.tp_comm_time(MID, "OPT") == 0
+        assert c.tp_comm_time(MID, "OPT") == 0
+    # a split W gathers the sequence shards of its two column-parallel inputs (QKV, MLP) under SP
+    assert tp_only.tp_comm_time(MID, "W") == 0
+    assert with_sp.tp_comm_time(MID, "W") == pytest.approx(2 * gather, rel=1e-12)
 
 
 def test_collective_latency_per_ring_step_and_no_tp_is_free():
@@ -141,3 +144,39 @@ def test_paper_presets_shard_by_eight(name, billions):
     m = ModelSpec.preset(name)
     assert abs(m.num_params / 1e9 - billions) / billions < 0.22
     TransformerCost(m, A100, tp=8, sp=True)
+
+
+def test_split_w_under_sp_regathers_its_inputs_and_b_does_not():
+    """The ZB1P code HelixPipe's paper runs (sail-sg@93af65c, ``execute_w_pass``) keeps each
+    column-parallel linear's sequence shard and all-gathers it again in the split W, waiting for
+    it; a full backward overlaps that gather with its input-gradient GEMM. So W's time grows by one
+    ring all-gather per column-parallel linear (QKV, MLP input, LM head), B's and D's do not."""
+    m, t = gpt(flash=True, dropout=False), 8
+    gather = (t - 1) / t * m.tokens * m.hidden * m.dtype_bytes / BW
+    plain, sp = cost(m, t), cost(m, t, sp=True)
+    last = m.layers - 1            # the unit that ends in the LM head
+    ops = [op for op, _ in sp.collectives_of(sp.units[last], "W")]
+    assert ops == ["allgather"] * 3
+    assert sp.tp_comm_time(last, "W") == pytest.approx(3 * gather, rel=1e-12)
+    for u in (0, MID, last):
+        assert sp.tp_comm_time(u, "B") == sp.tp_comm_time(u, "D")
+        assert plain.tp_comm_time(u, "W") == 0
+    # B = D + W in FLOPs, but B is cheaper than D + W by exactly the hidden gathers
+    assert sp.unit_time(MID, "D") + sp.unit_time(MID, "W") - sp.unit_time(MID, "B") == pytest.approx(
+        2 * gather, rel=1e-9)
+
+
+@pytest.mark.parametrize("t", [1, 8])
+def test_learned_positions_are_a_table_in_the_first_unit_split_like_the_vocabulary(t):
+    """GPT's learned position embeddings (``pipert.models.gpt``'s ``pos.weight``, [seq, h]); HelixPipe's
+    section 4.6 splits them over the TP group on the first stage, as the token embedding."""
+    m = gpt(flash=True, dropout=False)
+    with_pos = ModelSpec(**{**m.__dict__, "positions": True})
+    assert with_pos.num_params - m.num_params == m.seq * m.hidden
+    a, b = cost(m, t, sp=t > 1), cost(with_pos, t, sp=t > 1)
+    assert b.params(0) - a.params(0) == pytest.approx(m.seq * m.hidden / t, rel=1e-12)
+    assert all(b.params(u) == a.params(u) for u in range(1, m.layers))
+    assert b.unit_time(0, "F") > a.unit_time(0, "F") and b.unit_time(1, "F") == a.unit_time(1, "F")
+    assert b.unit_time(0, "OPT") > a.unit_time(0, "OPT")
+    assert all(ModelSpec.preset(n).positions for n in ("gpt-1.3b", "gpt-3b", "gpt-7b"))
+    assert not ModelSpec.preset("7b").positions
