@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import context, rebuild, report_header, write_results
+from _common import context, finish, rebuild, report_header, scheduling_group
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ["1f1b", "zb-h1", "crosspipe-greedy"]
@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps <= args.warmup:
         raise SystemExit(f"--steps {args.steps} must exceed --warmup {args.warmup}")
     t0 = time.time()
-    ctx = context({"processes": P, "steps": args.steps, "warmup": args.warmup})  # the commit and load at the start
+    ctx = context({"processes": P, "steps": args.steps, "warmup": args.warmup,  # the commit and load at the start
+                   "scheduling group of this run": scheduling_group()})
     schedules = SCHEDULES[:1] if args.quick else SCHEDULES
     rows = []
     for name in schedules:
@@ -108,10 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 flags += ["--dc-bandwidth", f"{bw:.0f}B/s"]
             rows.append(row(name, label, train(name, args.steps, flags, P), args.warmup, lat, bw, P))
         print(json.dumps(rows[-1]), flush=True)
-    ctx["run time"] = f"{time.time() - t0:.0f} s"
-    ctx["load average at the end (1, 5, 15 min)"] = context()["load average (1, 5, 15 min)"]
-    write_results(NAME, rows, ctx, report)
-    print(f"wrote results/{NAME}.md")
+    finish(NAME, rows, ctx, report, t0)
     return 0
 
 
@@ -128,7 +126,7 @@ def judged(r: dict) -> float:
 def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
     within = [r for r in rows if abs(judged(r)) <= TARGET]
     shared_rows = [r for r in rows if isinstance(r.get("rel_error_shared"), float)]
-    P = ctx["processes"]
+    P = rows[0]["processes"]
     lines = report_header("Training fidelity: measured step vs the simulator fed with the job's own measurements",
                           ctx, rebuilt)
     lines += ["",
