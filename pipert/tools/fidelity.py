@@ -10,6 +10,9 @@ weights, and the same link model the run emulates (``pipert.cost.Links``) make a
 ran is the predicted step time. Only times are measured here: memory sizes are left 0 (the
 makespan does not depend on them).
 
+Which prediction to read: with at most as many ranks as cores on each host (or a device per
+rank), :func:`predict_step`; with more ranks than cores, :func:`predict_step_shared`.
+
 Ranks that share a CPU host with fewer cores than ranks (several gloo processes on one machine)
 wait for a core, inside their computes and between them, which a simulator that gives every
 rank a device of its own cannot see. The shared prediction (:func:`predict_step_shared`) feeds
@@ -20,10 +23,11 @@ step (issuing actions, queue hand-offs, gloo calls, link timers: its CPU time mi
 computes') takes the same cores: it is spread evenly over the process's computes
 (``action_overhead`` CPU seconds each).
 
-Messages also cost more than the link model: the transport's own transit and the wake-ups of
-the threads that post, carry and read them. The step measures it (``StepResult.messages``):
-for each message whose reader was already waiting when the link model says it arrived
-(``arrive`` replays the link's FIFO from the sends' post times), the reader's wait ended
+Messages also cost more than the link model: the hand-off to the send thread, the transport's
+own transit and the wake-ups of the threads that post, carry and read them. The step measures it
+(``StepResult.messages``): for each message whose reader was already waiting when the link model
+says it arrived (``arrive`` replays the link's FIFO from the ends of the computes that made the
+messages, where the simulator starts them), the reader's wait ended
 ``completed - arrive`` later; the median of those (:func:`message_overhead`) is added to the
 latency of every link in both predictions (the simulator's own latency term). It needs the
 ranks' clocks to be one (processes of one host: ``time.perf_counter``); ranks on several hosts
@@ -37,9 +41,6 @@ measures it (``pipert.exec.executor.StepResult``, ``Pipeline.last_edges``):
   interpreter lock its send and receive threads also take, waits for a core. That time
   (``queue_overhead``) over the rank's computes is added to each of its computes in the
   prediction with a core per rank (``StepProfile.queue_overhead``);
-- a message leaves when the compute that made it ends (the link model's start), not when the send
-  thread posts it: :func:`message_overhead` replays the link from that end, so the send's hand-off
-  is in the measured overhead;
 - each OPT is its unit's own mean (the ranks' optimizer steps differ with their units' sizes);
 - the host's work before the program's first action (splitting the batch, clearing gradients,
   issuing) and after its last (the loss's reduction) is added to both predictions: the mean over
