@@ -6,7 +6,7 @@ measurements (``pipert.tools.fidelity``, the same as `pipert train --profile`).
 tiny model; without links and with two datacenters whose link adds 2 ms of latency, or carries
 32 MB/s. Each run is one `pipert emulate ... --real --json` (one warm-up step, then --steps
 measured steps, medians). The target, within 10 %, is judged on the prediction the command says to
-read: a core per rank when the ranks are at most the cores, else the ranks sharing the cores.
+read (``read``: a core per rank, with any number of ranks per core).
 
 Writes results/emulate_real.csv, .context.json and .md (hardware, date, commit, load at the start
 and the end); ``--from-csv`` rebuilds the report from the first two.
@@ -90,8 +90,7 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
     lines += ["", f"`pipert emulate SCHEDULE -P {ranks} -M {M} --real --real-model tiny --steps {ctx['steps']}` on "
                   f"{cores} cores: the ranks are threads of one process. Error: predicted less measured, over "
                   f"measured. The target, within {TARGET:.0%}, is judged on the prediction the command says to "
-                  f"read (`read`): a core per rank when the ranks are at most the cores, else the ranks sharing "
-                  f"the cores.", "",
+                  f"read (`read`).", "",
               "| schedule | link | measured s | predicted s | error | shared cores: predicted s | error | read | "
               "load (1 min) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -104,12 +104,11 @@ def _real(args: argparse.Namespace, sc, sched) -> int:
     units, x, y = _real_units(args, sched.num_units, {**sched.meta, "name": sched.name,
                                                       "microbatches": sched.num_microbatches})
     r = emulate_real(sched, units, x, y, sc.links, steps=args.steps or 5)
-    shared = r.predicted_shared is not None and sched.num_ranks > r.capacity
     out = {"schedule": sched.name, "measured_step_s": r.step_seconds, "predicted_step_s": r.predicted,
            "relative_error": r.error, "predicted_shared_step_s": r.predicted_shared,
            "relative_error_shared": r.error_shared, "shared_cores": r.capacity,
-           "read": "predicted_shared_step_s (more ranks than cores)" if shared else
-                   "predicted_step_s (a core or device per rank)",
+           "read": "predicted_step_s (any ranks per core: its times hold the waits for a core and for the "
+                   "interpreter lock the threads share, which the shared one does not see)",
            "compute": "real units, measured in each traced step (pipert.tools.fidelity); shared: the ranks "
                       "share this host's cores"}
     print(json.dumps(out) if args.json else "\n".join(f"{k:<18}{v}" for k, v in out.items()))

@@ -2,8 +2,10 @@
 threads of this process), every message delayed by a LinkEmulator. The prediction is the one
 ``pipert train --profile`` gives (``pipert.tools.fidelity``, the one place that computes it): the
 simulator fed with what each traced step measured, its computes, its messages and the time around
-them. Two predictions: a core per rank (read it when the ranks are at most the cores), and the
-ranks sharing this host's cores (read it when they outnumber the cores; None on a GPU)."""
+them. Two predictions: a core per rank, the one to read with any number of ranks per core (its
+compute times and queue overhead hold the waits for a core and for the interpreter lock the
+threads share), and the ranks sharing this host's cores from CPU seconds (a cross-check that does
+not see the interpreter lock; None on a GPU)."""
 from __future__ import annotations
 
 import statistics

@@ -10,8 +10,11 @@ weights, and the same link model the run emulates (``pipert.cost.Links``) make a
 ran is the predicted step time. Only times are measured here: memory sizes are left 0 (the
 makespan does not depend on them).
 
-Which prediction to read: with at most as many ranks as cores on each host (or a device per
-rank), :func:`predict_step`; with more ranks than cores, :func:`predict_step_shared`.
+Which prediction to read: :func:`predict_step`, with any number of ranks per core: its compute
+times and queue overhead are measured with the ranks as they share the cores (at P = 4 on 2 cores
+within 10 % for `train --profile` and `emulate --real`); :func:`predict_step_shared` is a
+cross-check from CPU seconds, blind to waits that take no CPU (the interpreter lock that the
+threads of `emulate --real` share).
 
 Ranks that share a CPU host with fewer cores than ranks (several gloo processes on one machine)
 wait for a core, inside their computes and between them, which a simulator that gives every

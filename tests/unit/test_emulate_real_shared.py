@@ -41,4 +41,4 @@ def test_cli_reports_both_predictions_and_which_to_read():
     assert d["shared_cores"] == cores
     assert d["predicted_shared_step_s"] > 0 and d["predicted_step_s"] > 0
     assert d["relative_error_shared"] == pytest.approx(d["measured_step_s"] / d["predicted_shared_step_s"] - 1)
-    assert d["read"].startswith("predicted_shared_step_s" if 2 > cores else "predicted_step_s")
+    assert d["read"].startswith("predicted_step_s")
