@@ -111,7 +111,8 @@ def _real(args: argparse.Namespace, sc, sched) -> int:
                    "interpreter lock the threads share, which the shared one does not see)",
            "compute": "real units, measured in each traced step (pipert.tools.fidelity); shared: the ranks "
                       "share this host's cores"}
-    print(json.dumps(out) if args.json else "\n".join(f"{k:<18}{v}" for k, v in out.items()))
+    width = max(map(len, out)) + 2
+    print(json.dumps(out) if args.json else "\n".join(f"{k:<{width}}{v}" for k, v in out.items()))
     return 0
 
 
