@@ -61,6 +61,15 @@ def current_commit() -> str:
     return f"{commit} {DIRTY}" if status.strip() else commit
 
 
+def scheduling_group() -> str:
+    """This session's scheduling group and its nice value (Linux autogroups: other sessions' nice
+    values do not lower them against this one; a measurement may raise its own group)."""
+    try:
+        return Path("/proc/self/autogroup").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
 def is_clean(ctx: dict[str, str]) -> bool:
     """The context was taken at a known commit with no uncommitted changes."""
     commit = ctx.get("commit", "unknown")
@@ -149,6 +158,16 @@ def write_results(name: str, rows: list[dict], ctx: dict[str, str], report: Repo
     write_csv(Path(folder) / f"{name}.csv", rows)
     save_context(name, ctx, folder)
     rebuild(name, report, folder, rebuilt=False)
+
+
+def finish(name: str, rows: list[dict], ctx: dict[str, str], report: Report, started: float) -> None:
+    """Adds the run time (since ``started``, a ``time.time()``) and the load at the end to ``ctx``,
+    then writes the results (:func:`write_results`)."""
+    import time
+    ctx["run time"] = f"{time.time() - started:.0f} s"
+    ctx["load average at the end (1, 5, 15 min)"] = load_average()
+    write_results(name, rows, ctx, report)
+    print(f"wrote results/{name}.md")
 
 
 def rebuild(name: str, report: Report, folder: Path = RESULTS, rebuilt: bool = True) -> Path:

@@ -124,7 +124,7 @@ def train_fidelity(rows: list[dict], ctx: dict) -> str:
     return (f"- Training fidelity (`pipert train --profile`, {rows[0]['processes']} gloo processes, "
             f"{', '.join(dict.fromkeys(r['schedule'] for r in rows))}, links: "
             f"{', '.join(dict.fromkeys(r['link'] for r in rows))}): measured step vs the simulator fed with the job's "
-            f"own compute times, errors {100 * errs[0]:+.1f} % to {100 * errs[-1]:+.1f} % (median "
+            f"own measurements (computes, messages, the time around them), errors {100 * errs[0]:+.1f} % to {100 * errs[-1]:+.1f} % (median "
             f"{100 * statistics.median(errs):+.1f} %), {sum(abs(e) <= 0.10 for e in errs)} of {len(errs)} within 10 %, "
             f"{under} under-predicted" + _shared_fidelity(rows) + f", load average {min(loads):.0f}-{max(loads):.0f} "
             f"on {rows[0]['cores']} cores " + _source("bench_train_fidelity.py", "train_fidelity", ctx) + ".")
@@ -137,6 +137,18 @@ def _shared_fidelity(rows: list[dict]) -> str:
     return (f"; with the ranks sharing the host's cores in the prediction: {100 * errs[0]:+.1f} % to "
             f"{100 * errs[-1]:+.1f} % (median {100 * statistics.median(errs):+.1f} %), "
             f"{sum(abs(e) <= 0.10 for e in errs)} of {len(errs)} within 10 %")
+
+
+def emulate_real(rows: list[dict], ctx: dict) -> str:
+    import bench_emulate_real
+    errs = sorted(bench_emulate_real.judged(r) for r in rows)
+    read = ", ".join(dict.fromkeys(r["read"] for r in rows))
+    return (f"- Emulation with real units (`pipert emulate --real`, {rows[0]['ranks']} ranks as threads on "
+            f"{rows[0]['cores']} cores, {', '.join(dict.fromkeys(r['schedule'] for r in rows))}, links: "
+            f"{', '.join(dict.fromkeys(r['link'] for r in rows))}): measured step vs the prediction it says to read "
+            f"({read}), errors {100 * errs[0]:+.1f} % to {100 * errs[-1]:+.1f} % (median "
+            f"{100 * statistics.median(errs):+.1f} %), {sum(abs(e) <= 0.10 for e in errs)} of {len(errs)} within 10 % "
+            + _source("bench_emulate_real.py", "emulate_real", ctx) + ".")
 
 
 def overlap_cpu(rows: list[dict], ctx: dict) -> str:
@@ -232,6 +244,7 @@ BLOCKS: dict[str, tuple[str, Callable[[list[dict], dict], str]]] = {
     "crosspipe_sweep": ("bench_crosspipe.py", crosspipe_sweep),
     "weight_passing": ("bench_weight_passing.py", weight_passing),
     "train_fidelity": ("bench_train_fidelity.py", train_fidelity),
+    "emulate_real": ("bench_emulate_real.py", emulate_real),
     "overlap_cpu": ("bench_overlap.py", overlap_cpu),
     "gpu_checks": ("gpu_checks.py", gpu_checks),
     "chunked_mlp": ("bench_chunked_mlp.py", chunked_mlp),

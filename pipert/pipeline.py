@@ -52,6 +52,16 @@ def default_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
 
 
+def _edges(results: dict, start: float, end: float) -> tuple[float, float]:
+    """(seconds from the step's start to its first action, from its last action to its end) of a
+    traced step on this process: the host's work around the program (splitting the batch,
+    clearing gradients, issuing; the loss's reduction, with any wait for other processes)."""
+    spans = [(t0, t1) for r in results.values() for _, t0, t1 in r.trace]
+    if not spans:
+        return 0.0, 0.0
+    return min(t0 for t0, _ in spans) - start, end - max(t1 for _, t1 in spans)
+
+
 def split_microbatches(t: torch.Tensor, num: int) -> tuple[torch.Tensor, ...]:
     if t.shape[0] % num != 0:
         raise ValueError(f"a batch of {t.shape[0]} samples is not divisible into {num} micro-batches; "
@@ -367,8 +377,12 @@ class Pipeline(TrainingLoop):
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         """One training step on the batch (forward, backward and the optimizer, as the program
         orders them); returns the mean loss over all micro-batches."""
+        t0 = time.perf_counter()
         results = self._execute(self._executors, *self._batch(inputs, targets))
-        return self._mean_loss(results, self._compute_device(inputs))
+        loss = self._mean_loss(results, self._compute_device(inputs))
+        if self.instrument.trace:
+            self.last_edges = _edges(results, t0, time.perf_counter())
+        return loss
 
     def _batch(self, inputs: torch.Tensor, targets: torch.Tensor | None, clear_grads: bool = True) -> tuple:
         """The batch as micro-batches, with the boundaries for their shape; gradients cleared

@@ -2,7 +2,8 @@
 
 Times are seconds per unit and micro-batch (a fold of k micro-batches takes k times as long, a
 sub-block ``sI/N`` 1/N of its op); sizes are bytes per micro-batch, measured as the executor
-accounts memory (docs/semantics.md, "Memory"). OPT takes ``t_opt`` seconds.
+accounts memory (docs/semantics.md, "Memory"). OPT takes its unit's "OPT" time where the profile
+has one (measured in a step: ``pipert.tools.fidelity``), else ``t_opt`` seconds.
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ class ProfiledCost:
 
     def compute_time(self, action: Action, rank: int) -> float:
         if action.op is Op.OPT:
-            return self.t_opt
+            own = self.profiles[action.unit].times.get("OPT") if action.unit is not None else None
+            return self.t_opt if own is None else own
         key = _TIMED.get(action.op)
         if key is None:
             return 0.0

@@ -106,9 +106,13 @@ def _real(args: argparse.Namespace, sc, sched) -> int:
     r = emulate_real(sched, units, x, y, sc.links, steps=args.steps or 5)
     out = {"schedule": sched.name, "measured_step_s": r.step_seconds, "predicted_step_s": r.predicted,
            "relative_error": r.error, "predicted_shared_step_s": r.predicted_shared,
-           "relative_error_shared": r.error_shared, "device_capacity": r.capacity,
-           "compute": "real units, profiled on this host; shared: the ranks share this device"}
-    print(json.dumps(out) if args.json else "\n".join(f"{k:<18}{v}" for k, v in out.items()))
+           "relative_error_shared": r.error_shared, "shared_cores": r.capacity,
+           "read": "predicted_step_s (any ranks per core: its times hold the waits for a core and for the "
+                   "interpreter lock the threads share, which the shared one does not see)",
+           "compute": "real units, measured in each traced step (pipert.tools.fidelity); shared: the ranks "
+                      "share this host's cores"}
+    width = max(map(len, out)) + 2
+    print(json.dumps(out) if args.json else "\n".join(f"{k:<{width}}{v}" for k, v in out.items()))
     return 0
 
 

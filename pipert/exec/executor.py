@@ -69,10 +69,18 @@ class StepResult:
     """If traced: (op, unit, seconds, CPU seconds of the computing thread) of every compute per
     micro-batch and of OPT, the unit's work alone (waits for received values excluded)."""
     messages: list[tuple] = field(default_factory=list)
-    """If traced: every point-to-point message of the step, ("send", peer, k, bytes, posted at) on
-    its sender and ("recv", peer, k, wait began, completed) on its receiver, k its index on its
-    directed link in the step (FIFO: the k-th send meets the k-th receive), times
+    """If traced: every point-to-point message of the step, ("send", peer, k, bytes, ready at) on
+    its sender (ready: the end of the compute-queue action the send waits for, where the link model
+    starts it; its post where it waits for none) and ("recv", peer, k, wait began, completed) on
+    its receiver, k its index on its directed link in the step (FIFO: the k-th send meets the k-th
+    receive), times
     ``time.perf_counter()`` (one clock for the processes of one host)."""
+    queue_overhead: float = 0.0
+    """If traced: seconds the compute queue spent on its computes and WAITs beyond the computes' own
+    work and the waits for communication, and between them (issuing, hand-offs between queue
+    threads, Python, the interpreter lock, waits for a core); the first action's start excluded."""
+    queue_computes: int = 0
+    """If traced: the compute actions that ``queue_overhead`` is spread over."""
     issue_s: float = 0.0
     """Host seconds from the start of the step until every action was issued, before the step's one
     wait for the queues: against the step's time, how far ahead of its queues the host ran."""
@@ -190,6 +198,10 @@ class RankExecutor:
             self.result = StepResult()
             self._link_index: dict[tuple[str, int], int] = {}  # (SEND|RECV, peer) -> messages posted
             self._recv_index: dict[int, int] = {}  # action index of a posted RECV -> its k on the link
+            self._ends: dict[int, float] = {}  # traced: compute-queue action index -> its end
+            self._ready_of: dict[int, int] = {}  # traced: SEND index -> the compute-queue action it waits for
+            self._queue_end: float | None = None  # traced: end of the compute queue's last action
+            self._work = self._waited = 0.0  # traced: compute seconds, seconds waiting for communication
         self._error: BaseException | None = None
         q = self.queues
         posted: dict[tuple, Any] = {}    # value key -> event of the post that brings it
@@ -197,6 +209,7 @@ class RankExecutor:
         taken: dict[int, Any] = {}       # unit -> event of the last post that read its weights or gradient
         lazy = [(i, c) for i, c in self._unconnected() if start <= i < stop]
         nxt, used = (lazy[0][0] if lazy else -1), 0
+        last_compute = -1
         for i in range(start, stop):
             a = self.program[i]
             if i == nxt:  # a communicator's first use: its creation blocks this (issuing) thread
@@ -215,7 +228,10 @@ class RankExecutor:
                     if u in taken:
                         waits.append(taken[u])
                 q.compute(item, waits)
+                last_compute = i
                 continue
+            if self.trace and last_compute >= 0:
+                self._ready_of[i] = last_compute
             ev = q.recv(item, waits) if qn is Queue.RECV else q.send(item, waits)
             at[i] = ev
             for k in wk:
@@ -265,6 +281,7 @@ class RankExecutor:
                 raise RuntimeError("skipped after an earlier failure")
             self.state.at(i)
             t0 = time.perf_counter() if self.trace else 0.0
+            work, waited = (self._work, self._waited) if self.trace else (0.0, 0.0)
             try:
                 verb(i, a, *args)
                 if self.sends:
@@ -274,11 +291,24 @@ class RankExecutor:
                     self._error = e
                 raise
             if self.trace:
-                self.result.trace.append((str(a), t0, time.perf_counter()))
+                t1 = time.perf_counter()
+                self.result.trace.append((str(a), t0, t1))
+                if self.plan[i][4] is Queue.COMPUTE:
+                    self._queue_time(i, a, t0, t1, self._work - work + self._waited - waited)
             if self.measure:
                 self.result.memory.append(self.held_bytes())
                 self.result.stashes.append(self.state.stash.live())
         return run
+
+    def _queue_time(self, i: int, a: Action, t0: float, t1: float, accounted: float) -> None:
+        """Adds compute-queue action i (from t0 to t1, ``accounted`` of it computing or waiting for
+        communication) to ``queue_overhead``: what it took beyond that, and the gap since the
+        queue's previous action, for computes and WAITs (other actions are timed as they are)."""
+        if a.is_compute or a.op is Op.WAIT:
+            gap = t0 - self._queue_end if self._queue_end is not None else 0.0
+            self.result.queue_overhead += gap + max(0.0, t1 - t0 - accounted)
+            self.result.queue_computes += a.is_compute
+        self._queue_end = self._ends[i] = t1
 
     def _trip(self) -> None:
         self.fault.trip(self._aborted, PipelineError)  # a hang lasts until the Pipeline gives up (abort)
@@ -296,15 +326,18 @@ class RankExecutor:
 
     def _complete(self, handle: Handle, i: int, a: Action) -> None:
         k = self._recv_index.pop(i, None) if self.trace and a.op is Op.RECV else None
-        t0 = time.perf_counter() if k is not None else 0.0
+        t0 = time.perf_counter() if self.trace else 0.0
         try:
             if stream_waits(handle):
                 handle.wait_stream()  # the current stream waits; no host wait, no timeout here
                 self._in_flight.append((handle, i, a))
             else:
                 handle.wait(self.timeout)
-            if k is not None:
-                self.result.messages.append(("recv", a.peer, k, t0, time.perf_counter()))
+            if self.trace:
+                t1 = time.perf_counter()
+                self._waited += t1 - t0
+                if k is not None:
+                    self.result.messages.append(("recv", a.peer, k, t0, t1))
         except CommTimeout as e:
             verb = "to" if a.op is Op.SEND or a.waits is Op.SEND else "from"
             detail = getattr(e, "detail", "")
@@ -334,7 +367,8 @@ class RankExecutor:
             k = self._link_index.get((a.op.value, a.peer), 0)
             self._link_index[(a.op.value, a.peer)] = k + 1
             if a.op is Op.SEND:
-                self.result.messages.append(("send", a.peer, k, nbytes, time.perf_counter()))
+                now = time.perf_counter()
+                self.result.messages.append(("send", a.peer, k, nbytes, self._ends.get(self._ready_of.get(i), now)))
             else:
                 self._recv_index[i] = k
         try:
@@ -384,8 +418,9 @@ class RankExecutor:
 
     def _timed(self, op: Op, u: int | None, t: tuple[float, float], pieces: int = 1) -> None:
         """One ``op_times`` entry since clocks ``t``; a piece of a split compute counts for all of them."""
-        self.result.op_times.append((op.value, u, (time.perf_counter() - t[0]) * pieces,
-                                     (time.thread_time() - t[1]) * pieces))
+        wall = time.perf_counter() - t[0]
+        self._work += wall
+        self.result.op_times.append((op.value, u, wall * pieces, (time.thread_time() - t[1]) * pieces))
 
     def _compute(self, i: int, a: Action, rd: list, wr: list, flag: bool | str | None) -> None:
         op, u = a.op, a.unit

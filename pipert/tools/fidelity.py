@@ -10,6 +10,12 @@ weights, and the same link model the run emulates (``pipert.cost.Links``) make a
 ran is the predicted step time. Only times are measured here: memory sizes are left 0 (the
 makespan does not depend on them).
 
+Which prediction to read: :func:`predict_step`, with any number of ranks per core: its compute
+times and queue overhead are measured with the ranks as they share the cores (at P = 4 on 2 cores
+within 10 % for `train --profile` and `emulate --real`); :func:`predict_step_shared` is a
+cross-check from CPU seconds, blind to waits that take no CPU (the interpreter lock that the
+threads of `emulate --real` share).
+
 Ranks that share a CPU host with fewer cores than ranks (several gloo processes on one machine)
 wait for a core, inside their computes and between them, which a simulator that gives every
 rank a device of its own cannot see. The shared prediction (:func:`predict_step_shared`) feeds
@@ -20,14 +26,29 @@ step (issuing actions, queue hand-offs, gloo calls, link timers: its CPU time mi
 computes') takes the same cores: it is spread evenly over the process's computes
 (``action_overhead`` CPU seconds each).
 
-Messages also cost more than the link model: the transport's own transit and the wake-ups of
-the threads that post, carry and read them. The step measures it (``StepResult.messages``):
-for each message whose reader was already waiting when the link model says it arrived
-(``arrive`` replays the link's FIFO from the sends' post times), the reader's wait ended
+Messages also cost more than the link model: the hand-off to the send thread, the transport's
+own transit and the wake-ups of the threads that post, carry and read them. The step measures it
+(``StepResult.messages``): for each message whose reader was already waiting when the link model
+says it arrived (``arrive`` replays the link's FIFO from the ends of the computes that made the
+messages, where the simulator starts them), the reader's wait ended
 ``completed - arrive`` later; the median of those (:func:`message_overhead`) is added to the
 latency of every link in both predictions (the simulator's own latency term). It needs the
 ranks' clocks to be one (processes of one host: ``time.perf_counter``); ranks on several hosts
 get none.
+
+The step also spends time the program's computes and messages do not show, and the step
+measures it (``pipert.exec.executor.StepResult``, ``Pipeline.last_edges``):
+
+- each rank's compute queue, beyond its computes' own work and its waits for communication, spends
+  time between and around them: issuing, the hand-offs between its queue threads, Python, the
+  interpreter lock its send and receive threads also take, waits for a core. That time
+  (``queue_overhead``) over the rank's computes is added to each of its computes in the
+  prediction with a core per rank (``StepProfile.queue_overhead``);
+- each OPT is its unit's own mean (the ranks' optimizer steps differ with their units' sizes);
+- the host's work before the program's first action (splitting the batch, clearing gradients,
+  issuing) and after its last (the loss's reduction) is added to both predictions: the mean over
+  the processes of the first (``StepProfile.head``), and the least over the processes of the
+  second (``StepProfile.tail``: the process that ends last waits least for the others).
 
 Under tensor parallelism T processes run each rank's computes together (their collectives keep
 them in step): each process measures the rank's computes, the means take every process's, the
@@ -76,6 +97,13 @@ class StepProfile:
     messages: list = field(default_factory=list)
     """Every rank's ``StepResult.messages`` with the rank in front (rank, kind, peer, k, ...);
     empty unless every rank ran on one host."""
+    queue_overhead: list[float] = field(default_factory=list)
+    """Per rank, seconds its compute queue spent per compute beyond computing and waiting (module
+    doc); empty: none measured."""
+    head: float = 0.0
+    """Seconds of host work before the program's first action (module doc)."""
+    tail: float = 0.0
+    """Seconds of host work after the program's last action (module doc)."""
 
     @property
     def max_forward(self) -> float:
@@ -95,7 +123,8 @@ def local_measurements(pipe: Any) -> dict:
               for mods in pipe.modules.values() for u, mod in mods.items()}
     messages = [(r, *m) for r, res in pipe.last_results.items() for m in res.messages]
     tp = getattr(pipe, "tp", 1)
-    return {"times": times, "act": act, "weight": weight, "ranks": list(pipe.ranks), "tp": tp,
+    queue = {r: (res.queue_overhead, res.queue_computes) for r, res in pipe.last_results.items()}
+    return {"queue": queue, "edges": getattr(pipe, "last_edges", (0.0, 0.0)), "times": times, "act": act, "weight": weight, "ranks": list(pipe.ranks), "tp": tp,
             "tp_rank": _tp_rank(pipe),
             "host": socket.gethostname() if on_cpu else None, "cores": len(os.sched_getaffinity(0)),
             "process_cpu": getattr(pipe, "last_process_cpu", 0.0), "messages": messages,
@@ -127,7 +156,7 @@ def profile_from_measurements(parts: Iterable[dict], num_units: int) -> StepProf
     def units(samples: dict) -> list[UnitProfile]:
         out = []
         for u in range(num_units):
-            times = {op: statistics.fmean(v) for (op, unit), v in samples.items() if unit == u and op != "OPT"}
+            times = {op: statistics.fmean(v) for (op, unit), v in samples.items() if unit == u}
             sizes = {"act": act.get(u, 0), "grad": act.get(u, 0), "weight": weight.get(u, 0),
                      "wgrad": weight.get(u, 0)}
             sizes.update({k: 0 for k in _MEMORY_KINDS})
@@ -148,7 +177,19 @@ def profile_from_measurements(parts: Iterable[dict], num_units: int) -> StepProf
     clocks = {p.get("clock_host") for p in parts}
     one_clock = len(clocks) == 1 and None not in clocks
     messages = [tuple(m) for p in parts if not p.get("tp_rank") for m in p.get("messages", ())] if one_clock else []
-    return StepProfile(units(wall), opt(wall), busy, units(cpu), opt(cpu), host_of, cores, overhead, messages)
+    queue: dict[int, list[float]] = {}
+    for part in parts:
+        for r, (seconds, n) in part.get("queue", {}).items():
+            queue.setdefault(int(r), [0.0, 0])
+            queue[int(r)][0] += seconds
+            queue[int(r)][1] += n
+    per_compute = [queue[r][0] / queue[r][1] if r in queue and queue[r][1] else 0.0 for r in range(max(queue) + 1)] \
+        if queue else []
+    edges = [p["edges"] for p in parts if "edges" in p]
+    head = statistics.fmean(e[0] for e in edges) if edges else 0.0
+    tail = min(e[1] for e in edges) if edges else 0.0
+    return StepProfile(units(wall), opt(wall), busy, units(cpu), opt(cpu), host_of, cores, overhead, messages,
+                       per_compute, head, tail)
 
 
 def message_overhead(messages: Iterable[tuple], links: Any = None) -> float:
@@ -166,8 +207,8 @@ def message_overhead(messages: Iterable[tuple], links: Any = None) -> float:
     for (src, dst), msgs in sends.items():
         spec = links.spec(src, dst) if links is not None else LinkSpec()
         free_at = -math.inf
-        for k, nbytes, posted in sorted(msgs):
-            free_at = max(posted, free_at) + spec.occupancy(nbytes)  # FIFO, as pipert.comm.links
+        for k, nbytes, ready in sorted(msgs):
+            free_at = max(ready, free_at) + spec.occupancy(nbytes)  # FIFO, as pipert.comm.links
             arrive = free_at + spec.latency
             got = recvs.get((src, dst, k))
             if got is not None and got[0] <= arrive:
@@ -201,14 +242,30 @@ def _hosts(parts: list[dict]) -> tuple[list[str], list[int], list[int]]:
     return names, cores, [by_rank[r] for r in sorted(by_rank)]
 
 
+class _QueueCost:
+    """A cost model whose computes on rank r take ``extra[r]`` seconds more (the queue's overhead)."""
+
+    def __init__(self, cost: Any, extra: list[float]) -> None:
+        self.cost, self.extra = cost, extra
+
+    def compute_time(self, action: Any, rank: int) -> float:
+        t = self.cost.compute_time(action, rank)
+        return t + self.extra[rank] if t > 0 and rank < len(self.extra) else t
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cost, name)
+
+
 def predict_step(program: Any, profile: StepProfile, links: Any = None) -> float:
-    """The simulator's step time of ``program`` with the measured costs and ``links`` (a
-    ``pipert.cost.Links``; None: messages are free), every link slower by the profile's
-    :func:`message_overhead`."""
+    """The step time of ``program``, a core (or device) per rank: the simulator's makespan with the
+    measured costs, each rank's queue overhead on its computes, and ``links`` (a
+    ``pipert.cost.Links``; None: messages are free) each slower by the profile's
+    :func:`message_overhead`; plus the host's work around the program (module doc)."""
     from ..cost.profiled import ProfiledCost
     from ..sim import simulate
     links = _slower(links, message_overhead(profile.messages, links), program.num_ranks)
-    return simulate(program, ProfiledCost(profile.profiles, profile.t_opt), links=links).makespan
+    cost = _QueueCost(ProfiledCost(profile.profiles, profile.t_opt), profile.queue_overhead)
+    return simulate(program, cost, links=links).makespan + profile.head + profile.tail
 
 
 def predict_step_shared(program: Any, profile: StepProfile, links: Any = None) -> float | None:
@@ -224,4 +281,4 @@ def predict_step_shared(program: Any, profile: StepProfile, links: Any = None) -
     cpu = [UnitProfile({op: t + extra for op, t in p.times.items()}, p.sizes) for p in profile.cpu_profiles]
     links = _slower(links, message_overhead(profile.messages, links), program.num_ranks)
     cost = ProfiledCost(cpu, profile.cpu_opt + extra if profile.cpu_opt else 0.0)
-    return shared_step(program, cost, links, profile.host_of_rank, profile.cores)
+    return shared_step(program, cost, links, profile.host_of_rank, profile.cores) + profile.head + profile.tail

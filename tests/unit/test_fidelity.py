@@ -134,3 +134,45 @@ def test_tensor_parallel_processes_measure_their_rank_once():
     want = profile_from_measurements(one, program.num_units)
     assert predict_step(program, prof) == pytest.approx(predict_step(program, want), rel=1e-12)
     assert predict_step_shared(program, prof) == pytest.approx(predict_step_shared(program, want), rel=1e-12)
+
+
+def test_queue_overhead_opt_per_unit_and_host_edges_reach_the_prediction():
+    """Each rank's queue overhead per compute lengthens its computes, each OPT is its unit's, and
+    the host's work before and after the program adds to both predictions."""
+    program = compile(build_schedule("1f1b", stages=2, microbatches=4))
+    parts = _parts(program, 1.0, 2.0, spread=0.0, cores=2)
+    for r, p in enumerate(parts):
+        p["times"] = [t for t in p["times"] if t[0] != "OPT"] + [("OPT", r, 0.5 * (r + 1), 0.5 * (r + 1))]
+        n = sum(a.is_compute for a in program.actions[r])
+        p["queue"] = {r: ((0.1 + 0.1 * r) * n, n)}   # rank 0: 0.1 s per compute, rank 1: 0.2 s
+        p["edges"] = (0.2 + r, 0.3 + r)               # head: mean 0.7; tail: least 0.3
+    prof = profile_from_measurements(parts, program.num_units)
+    assert prof.queue_overhead == pytest.approx([0.1, 0.2]) and (prof.head, prof.tail) == pytest.approx((0.7, 0.3))
+    assert [p.times["OPT"] for p in prof.profiles] == [0.5, 1.0]
+
+    class PerRank(UniformCost):
+        def compute_time(self, action, rank):
+            if action.op.value == "OPT":
+                return 0.5 * (rank + 1) + 0.1 * (rank + 1)
+            return super().compute_time(action, rank) + 0.1 * (rank + 1)
+    want = simulate(program, PerRank(tf=1.0, tb=2.0, act_bytes=1000)).makespan + 1.0
+    assert predict_step(program, prof) == pytest.approx(want, rel=1e-12)
+    plain = simulate(program, UniformCost(tf=1.0, tb=2.0, act_bytes=1000)).makespan
+    assert predict_step(program, prof) > plain + 1.0 + 8 * 0.2  # the old prediction had none of these
+
+
+def test_a_traced_step_measures_its_queue_overhead_and_edges_and_sends_from_their_producers_end():
+    from pipert.pipeline import Pipeline
+    from pipert.testing import make_batch, sgd, tiny_units
+    pipe = Pipeline(tiny_units(2, "float64"), build_schedule("1f1b", stages=2, microbatches=4), optimizer=sgd,
+                    instrument=Instrumentation(trace=True))
+    pipe.step(*make_batch(4))
+    head, tail = pipe.last_edges
+    assert head > 0 and tail > 0
+    for r, res in pipe.last_results.items():
+        computes = [a for a in pipe.program.actions[r] if a.is_compute]
+        assert res.queue_computes == len(computes) and res.queue_overhead > 0
+        ends = {text: t1 for text, _, t1 in res.trace}
+        producer = "F u0" if r == 0 else "B u1"
+        for _, peer, k, _, ready in (m for m in res.messages if m[0] == "send"):
+            assert ready == ends[f"{producer} m{k}"]  # the k-th message leaves when its value was made

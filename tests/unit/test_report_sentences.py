@@ -74,10 +74,10 @@ def test_the_clock_counts_what_it_wraps_until_taken():
     assert clock.take()["backward"] == 0.0
 
 
-def _fidelity_row(load: float, shared_error: float, processes: int = 4, cores: int = 2) -> dict:
+def _fidelity_row(load: float, error: float, processes: int = 4, cores: int = 2) -> dict:
     return {"schedule": "1f1b", "link": "none", "dc_latency_s": 0.0, "dc_bandwidth_Bps": "", "steps": 6,
-            "measured_s": 0.1, "predicted_s": 0.06, "rel_error": -0.4, "predicted_shared_s": 0.1 * (1 + shared_error),
-            "rel_error_shared": shared_error, "max_forward_s": 0.002, "compute_s_all_ranks": 0.15, "cpu_share": 0.75,
+            "measured_s": 0.1, "predicted_s": 0.1 * (1 + error), "rel_error": error, "predicted_shared_s": 0.06,
+            "rel_error_shared": -0.4, "max_forward_s": 0.002, "compute_s_all_ranks": 0.15, "cpu_share": 0.75,
             "message_overhead_s": 1e-4, "action_overhead_s": 5e-4, "actions_per_rank": 40.0, "load_1min": load,
             "processes": processes, "cores": cores}
 
