@@ -83,13 +83,12 @@ class Builder(OpRules, CommState):
         for r in range(self.P):
             acts = s.actions[r]
             self.r = r
-            self.have = self._initial(r)
+            have, live = self.have, self.live = native.value_maps()
+            self._initial(r, have)
             self._plan_cache = {}
             self.ends = {}
             self._compute_plans: dict[tuple, tuple] = {}
             messages = self.message_plans = {}
-            live = self.live = {}
-            have = self.have
             self.wg: dict[tuple[int, int], list] = {}
             self.open_sub: dict[tuple, tuple] = {}
             self.wait_index = None
@@ -210,10 +209,10 @@ class Builder(OpRules, CommState):
         """The rank's running memory first exceeds its limit at action i."""
         self.error(r, i, a, "memory", f"memory {peak:g} exceeds the limit {limit:g}")
 
-    def _initial(self, r: int) -> dict[int, int]:
-        """What the rank holds at the start of a step (the semantics' initial holdings)."""
-        return {(u << 32 | sl) << SHIFT | _WEIGHT | (SHARD if shard else 0): INITIAL
-                for u, sl, shard in self.sem.initial(r)}
+    def _initial(self, r: int, have: Any) -> None:
+        """What the rank holds at the start of a step (the semantics' initial holdings), into ``have``."""
+        for u, sl, shard in self.sem.initial(r):
+            have[(u << 32 | sl) << SHIFT | _WEIGHT | (SHARD if shard else 0)] = INITIAL
 
     def _bad_class(self, r: int, i: int, a: Action) -> bool:
         """An action's ZeRO class or side the placement does not allow (Semantics.field_error)."""

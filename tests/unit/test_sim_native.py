@@ -249,3 +249,52 @@ def test_compiled_node_arrays_read_and_grow_as_lists(ops: list[tuple]) -> None:
             arr[len(arr)]
     with pytest.raises(TypeError):
         got[0].append("x")
+
+
+_MAP_OPS = st.lists(st.tuples(st.sampled_from(["set", "del", "get", "pop", "pop1", "in", "item"]),
+                              st.one_of(st.sampled_from([0, 1, 5, 1 << 40 | 3, -4, 2 ** 63 - 1, -2 ** 63]),
+                                        st.integers(0, 300).map(lambda j: (j % 7 << 32 | j) << 5 | j % 3)),
+                              st.integers(-2, 90)), max_size=300)
+
+
+@needs_simc
+@settings(max_examples=100, deadline=None)
+@given(_MAP_OPS, st.booleans())
+def test_compiled_value_maps_read_and_change_as_dicts(ops: list[tuple], floats: bool) -> None:
+    """native.value_maps(): the C-owned (have, live) after the walk's operations ([k] = x, del,
+    get, pop with and without a default, in, [k]) give what dicts give, and raise where they raise."""
+    with _loops(True):
+        got = native.value_maps()[floats]
+    want: dict = {}
+    assert type(got) is (native.SIMC.FloatMap if floats else native.SIMC.IntMap)
+    for op, k, x in ops:
+        v = x / 4 if floats else x
+
+        def run(m: object) -> object:
+            try:
+                if op == "set":
+                    m[k] = v
+                elif op == "del":
+                    del m[k]
+                elif op == "get":
+                    return m.get(k), m.get(k, -2)
+                elif op == "pop":
+                    return m.pop(k, None)
+                elif op == "pop1":
+                    return m.pop(k)
+                elif op == "in":
+                    return k in m
+                else:
+                    return m[k]
+            except KeyError as e:
+                return ("KeyError", e.args)
+            return None
+
+        assert run(got) == run(want)
+        assert len(got) == len(want)
+    assert got.todict() == dict(sorted(want.items()))
+    with pytest.raises(TypeError):
+        got["x"] = 1
+    with pytest.raises(OverflowError):
+        got[2 ** 64] = 1
+    assert got.get(2 ** 64, "absent") == "absent" and 2 ** 64 not in got
