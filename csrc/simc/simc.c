@@ -633,6 +633,79 @@ out:
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* survey: Builder.run's scans of one rank's actions before its walk                          */
+
+/* a's field j where a is exactly an Action (borrowed), else NULL */
+static PyObject *slot_of(PyObject *a, int j) {
+    return Py_TYPE(a) == action_type ? *(PyObject **)((char *)a + slots[j]->offset) : NULL;
+}
+
+/* x >= bound for an int x (1, 0; -1: not an exact int); ``zero``: whether x is 0 */
+static int at_least(PyObject *x, long long bound, int *zero) {
+    if (!PyLong_CheckExact(x)) return -1;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+    if (v == -1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
+    *zero = !overflow && v == 0;
+    return overflow ? overflow > 0 : v >= bound;
+}
+
+/* survey(acts, num_units, num_microbatches, unit_payloads, qname, recompute) -> (out of range,
+ * names classes, has recompute, queues), or None where an action is not exactly an Action with int
+ * fields (the caller then scans in Python): values.py's _out_of_range(acts, ...),
+ * _names_classes(acts), ``recompute in ops`` and ``[qname[op] for op in ops]`` in one pass. */
+static PyObject *survey(PyObject *mod, PyObject *args) {
+    PyObject *acts, *payloads, *qname, *recompute;
+    long long U, M;
+    if (!PyArg_ParseTuple(args, "O!LLO!O!O", &PyList_Type, &acts, &U, &M, &PyTuple_Type, &payloads, &PyDict_Type,
+                          &qname, &recompute))
+        return NULL;
+    if (!action_type) Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(acts);
+    int bad = 0, unit_payload = 0, named = 0, has_rec = 0;
+    PyObject *queues = PyList_New(n), *last_op = NULL, *last_q = NULL;
+    if (!queues) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyList_GET_ITEM(acts, i), *op = slot_of(a, F_OP), *u = slot_of(a, F_UNIT);
+        PyObject *mb = slot_of(a, F_MB), *payload = slot_of(a, F_PAYLOAD), *zc = slot_of(a, F_ZCLASS);
+        PyObject *side = slot_of(a, F_SIDE);
+        /* ops and payloads of their enums, whose members equal only themselves: compared by identity */
+        if (!op || !u || !mb || !payload || !zc || !side || !PyTuple_CheckExact(mb) ||
+            Py_TYPE(op) != Py_TYPE(recompute) || (payload != Py_None && PyTuple_GET_SIZE(payloads) &&
+                                                  Py_TYPE(payload) != Py_TYPE(PyTuple_GET_ITEM(payloads, 0))))
+            goto pure;
+        if (op != last_op) {   /* qname[op]: an Op hashes as its text, looked up once per run of one op */
+            if (!(last_q = PyDict_GetItemWithError(qname, op))) { if (PyErr_Occurred()) goto fail; goto pure; }
+            last_op = op;
+        }
+        PyList_SET_ITEM(queues, i, Py_NewRef(last_q));
+        has_rec |= op == recompute;
+        if (u != Py_None) {   /* a unit that is not 0 (filter(None, ...)) beyond the schedule's */
+            int zero, over = at_least(u, U, &zero);
+            if (over < 0) goto pure;
+            bad |= over && !zero;
+        }
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(mb); j++) {
+            int zero, over = at_least(PyTuple_GET_ITEM(mb, j), M, &zero);
+            if (over < 0) goto pure;
+            bad |= over;
+        }
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(payloads); j++)
+            unit_payload |= payload == PyTuple_GET_ITEM(payloads, j);
+        named |= zc != Py_None || side != Py_None;
+    }
+    PyObject *res = Py_BuildValue("(OOON)", bad ? Py_True : Py_False, unit_payload && named ? Py_True : Py_False,
+                                  has_rec ? Py_True : Py_False, queues);
+    return res;
+pure:
+    Py_DECREF(queues);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(queues);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* message_action(op, unit, mb, payload, peer): pipert/ir/action.py:message_action in C        */
 
 /* The values message_action gives Action's slots after op, unit, mb, payload and peer: group (),
@@ -850,6 +923,9 @@ static PyMethodDef methods[] = {
      "message_action(op, unit, mb, payload, peer) -> Action: pipert.ir.action.message_action without Python"},
     {"longest_path", longest_path, METH_VARARGS,
      "longest_path(dur, lat, succ, indeg) -> (start, end0, end1, order, indeg left): run_timing's sweep"},
+    {"survey", survey, METH_VARARGS,
+     "survey(acts, num_units, num_microbatches, unit_payloads, qname, recompute) -> (out of range, names classes, "
+     "has recompute, queues) or None: Builder.run's scans of one rank's actions in one pass"},
     {"walk", walk, METH_VARARGS,
      "walk(builder, r, acts, i, busy, peak, over, limit, nodes_r, cq, trace, ctx) -> (i, busy, peak, over): "
      "Builder.run's common case from action i to the first action it does not cover"},

@@ -93,8 +93,14 @@ class Builder(OpRules, CommState):
             self.open_sub: dict[tuple, tuple] = {}
             self.wait_index = None
             self.opt_count: dict[int, int] = {}
-            ops = list(map(_OP, acts))
-            self.recomputed = recomputed(acts) if _RECOMPUTE in ops else set()
+            # the scans of the rank's actions: in one pass where pipert._simc is loaded
+            got = simc.survey(acts, U, M, _UNIT_PAYLOAD_TUPLE, qname, _RECOMPUTE) \
+                if simc is not None and type(acts) is list else None
+            if got is None:
+                ops = list(map(_OP, acts))
+                got = (_out_of_range(acts, U, M), None, _RECOMPUTE in ops, list(map(qname.__getitem__, ops)))
+            check, names_classes, has_recompute, queues = got
+            self.recomputed = recomputed(acts) if has_recompute else set()
             self.host = -1
             self.mem = 0.0
             nodes_r = self.nodes_r = [-1] * len(acts)
@@ -102,8 +108,8 @@ class Builder(OpRules, CommState):
             trace: list[float] = []
             peak = busy = 0.0
             limit, over = self.limits[r], False
-            check = _out_of_range(acts, U, M)   # indices are checked per action only where one is bad
-            classes = placed or _names_classes(acts)  # likewise ZeRO classes
+            # indices are checked per action only where one is bad (check); likewise ZeRO classes
+            classes = placed or (_names_classes(acts) if names_classes is None else names_classes)
             # the compiled walk (pipert._simc) runs the actions it covers, from i up to the next one
             # it leaves to this loop (``nxt``); only where no per-action check applies
             walk = simc.walk if simc is not None and fast and type(acts) is list and \
@@ -201,7 +207,7 @@ class Builder(OpRules, CommState):
             self.compute_nodes.append(cq)
             self.busy.append(busy)
             self.peaks.append(peak)
-            self.queues.append(list(map(qname.__getitem__, ops)))
+            self.queues.append(queues)
             self.memory_trace.append(trace)
         self.finish()
 
@@ -531,6 +537,7 @@ _OP, _UNIT, _MB = attrgetter("op"), attrgetter("unit"), attrgetter("mb")
 _NONE = frozenset({None})
 _ZCLASS, _SIDE, _PAYLOAD = attrgetter("zclass"), attrgetter("side"), attrgetter("payload")
 _UNIT_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD})
+_UNIT_PAYLOAD_TUPLE = tuple(_UNIT_PAYLOADS)
 _P_ACT, _P_GRAD = Payload.ACT, Payload.GRAD
 
 

@@ -32,6 +32,7 @@ from pipert import native
 from pipert.sim import simulate
 from pipert.sim.engine import analyze
 from pipert.sim.errors import ScheduleError
+from pipert.sim import values
 from pipert.sim.metrics import exposed_comm
 
 BUILT_HERE = bool(glob.glob(str(Path(pipert.__file__).parent / "_C*.so")))   # setup.py builds both
@@ -298,3 +299,33 @@ def test_compiled_value_maps_read_and_change_as_dicts(ops: list[tuple], floats: 
     with pytest.raises(OverflowError):
         got[2 ** 64] = 1
     assert got.get(2 ** 64, "absent") == "absent" and 2 ** 64 not in got
+
+
+@needs_simc
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(FAMILIES), st.integers(2, 4), st.integers(0, 3), st.integers(0, 3), st.booleans(),
+       st.booleans())
+def test_compiled_survey_equals_the_pure_scans(name: str, P: int, du: int, dm: int, recompute: bool,
+                                               zclass: bool) -> None:
+    """survey(): the walk's scans of one rank's actions (indices beyond the schedule's, a ZeRO class
+    or side named beside a unit's weights or gradient, a RECOMPUTE, each action's queue) as the
+    pure ones give them; None (the pure scans) where an action is not exactly an Action."""
+    s = build_schedule(name, stages=P, microbatches=2 * P)
+    if recompute:
+        s = PASSES["recompute"](s)
+    U, M = max(1, s.num_units - du), max(1, s.num_microbatches - dm)
+    qname = {op: f"q{j % 4}" for j, op in enumerate(Op)}
+    for acts in s.actions:
+        acts = list(acts)
+        weights = [j for j, a in enumerate(acts) if a.payload is Payload.WEIGHT]
+        if zclass and weights:
+            acts[weights[-1]] = dataclasses.replace(acts[weights[-1]], zclass=0)
+        ops = [a.op for a in acts]
+        want = (values._out_of_range(acts, U, M), values._names_classes(acts), Op.RECOMPUTE in ops,
+                [qname[op] for op in ops])
+        assert native.SIMC.survey(acts, U, M, values._UNIT_PAYLOAD_TUPLE, qname, Op.RECOMPUTE) == want
+    assert native.SIMC.survey([_Other(Op.F, 0, (0,))], U, M, values._UNIT_PAYLOAD_TUPLE, qname, Op.RECOMPUTE) is None
+
+
+class _Other(Action):
+    """An Action by another type: survey leaves it to the pure scans."""
