@@ -126,7 +126,8 @@ typedef struct {
     struct { PyObject *payload; long long unit, peer_side; long q; PyObject *end, *one; } mcache[CACHE];
     struct { PyObject *op; long long unit; PyObject *plan; } ccache[CACHE];
     struct { PyObject *op; long q; int plain; } ocache[CACHE];   /* q_of[op], op in plain_ops */
-    int mnext, cnext, onext;
+    struct { PyObject *op, *dur; } dcache[CACHE];                  /* ctime[op] where ctime is a dict */
+    int mnext, cnext, onext, dnext;
     long long host;   /* Builder.host, written back before any callback and at the end */
     double mem;       /* Builder.mem, likewise (a callback may change it: re-read after) */
     double busy;
@@ -356,8 +357,13 @@ static int compute(Walk *w, PyObject *a, PyObject *op, Py_ssize_t i) {
         int c = w->cnext++ % CACHE;
         w->ccache[c].op = op, w->ccache[c].unit = uv, w->ccache[c].plan = plan;
     }
-    if (PyDict_CheckExact(w->ctime)) {   /* {op: duration} (UniformCost.op_times) */
-        if (!(d = PyDict_GetItemWithError(w->ctime, op))) { if (PyErr_Occurred()) goto fail; goto out; }
+    if (PyDict_CheckExact(w->ctime)) {   /* {op: duration} (UniformCost.op_times), each op looked up once */
+        for (int c = 0; c < w->dnext && !d; c++)
+            if (w->dcache[c].op == op) d = w->dcache[c].dur;
+        if (!d) {
+            if (!(d = PyDict_GetItemWithError(w->ctime, op))) { if (PyErr_Occurred()) goto fail; goto out; }
+            if (w->dnext < CACHE) w->dcache[w->dnext].op = op, w->dcache[w->dnext++].dur = d;
+        }
         Py_INCREF(d);
     } else if (!(d = PyObject_CallFunctionObjArgs(w->ctime, a, w->r_obj, NULL))) {
         goto fail;
@@ -754,11 +760,14 @@ static PyObject *bind_action(PyObject *mod, PyObject *args) {
 
 static PyObject *message_action(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     if (!action_type) { PyErr_SetString(PyExc_RuntimeError, "message_action before bind_action"); return NULL; }
-    if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "message_action(op, unit, mb, payload, peer)"); return NULL; }
+    if (nargs != 5 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "message_action(op, unit, mb, payload, peer) or (op, unit, mb)");
+        return NULL;
+    }
     PyObject *a = action_type->tp_alloc(action_type, 0);
     if (!a) return NULL;
     for (int j = 0; j < N_SLOTS; j++)   /* PyMember_SetOne of a fresh object's T_OBJECT_EX slot */
-        *(PyObject **)((char *)a + slots[j]->offset) = Py_NewRef(j < 5 ? args[j] : slot_defaults[j]);
+        *(PyObject **)((char *)a + slots[j]->offset) = Py_NewRef(j < nargs ? args[j] : j < 5 ? Py_None : slot_defaults[j]);
     return a;
 }
 
@@ -832,6 +841,9 @@ static PyObject *lower_rank(PyObject *mod, PyObject *args) {
     if (ERR_LL(r)) return NULL;
     Py_ssize_t at = 0;   /* with ahead: where the next receive goes (just before the previous compute) */
     Made seen = {.n = 0, .next = 0};
+    /* cross's entries seen in this call by (op, payload, unit, no micro-batch): borrowed, as made's;
+     * the key's objects are compared by identity, so an entry is found again only through the same objects */
+    struct { struct { PyObject *op, *payload, *u, *got; int no_mb; } at[CACHE]; int n, next; } seen_x = {.n = 0, .next = 0};
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(acts); i++) {
         PyObject *a = PyList_GET_ITEM(acts, i);
         PyObject *u = NULL, *mbs = NULL, *sub = NULL, *op = NULL, *payload = NULL, *key = NULL, *got = NULL;
@@ -853,10 +865,25 @@ static PyObject *lower_rank(PyObject *mod, PyObject *args) {
             first_piece = j == 0, last_piece = j == n - 1;
         }
         int no_mb = PyObject_Not(mbs);
-        if (no_mb < 0 || !(key = PyTuple_Pack(4, op, payload, u, no_mb ? Py_True : Py_False))) goto next;
-        got = PyDict_GetItemWithError(cross, key);   /* _crossing_of's cache, read without its call */
-        if (got) Py_INCREF(got);
-        else if (PyErr_Occurred() || !(got = PyObject_CallOneArg(crossing, a))) goto next;
+        if (no_mb < 0) goto next;
+        for (int c = 0; c < seen_x.n; c++)   /* this call's lookups of cross, by identity (cross only grows) */
+            if (seen_x.at[c].op == op && seen_x.at[c].payload == payload && seen_x.at[c].u == u &&
+                seen_x.at[c].no_mb == no_mb) {
+                got = Py_NewRef(seen_x.at[c].got);
+                break;
+            }
+        if (!got) {
+            if (!(key = PyTuple_Pack(4, op, payload, u, no_mb ? Py_True : Py_False))) goto next;
+            got = PyDict_GetItemWithError(cross, key);   /* _crossing_of's cache, read without its call */
+            if (got) Py_INCREF(got);
+            else if (PyErr_Occurred() || !(got = PyObject_CallOneArg(crossing, a))) goto next;
+            if (PyTuple_Check(got) && PyDict_GetItemWithError(cross, key) == got) {   /* held by cross */
+                int c = seen_x.n < CACHE ? seen_x.n++ : seen_x.next++ % CACHE;
+                seen_x.at[c].op = op, seen_x.at[c].payload = payload, seen_x.at[c].u = u, seen_x.at[c].no_mb = no_mb;
+                seen_x.at[c].got = got;
+            }
+            if (PyErr_Occurred()) goto next;
+        }
         if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 2) {
             PyErr_SetString(PyExc_TypeError, "lower_rank: crossing() returns (incoming, outgoing)");
             goto next;
@@ -920,7 +947,8 @@ static PyMethodDef methods[] = {
     {"bind_action", bind_action, METH_VARARGS,
      "bind_action(Action, field names): the class message_action builds (its slots, in field order)"},
     {"message_action", (PyCFunction)(void (*)(void))message_action, METH_FASTCALL,
-     "message_action(op, unit, mb, payload, peer) -> Action: pipert.ir.action.message_action without Python"},
+     "message_action(op, unit, mb, payload, peer) -> Action: pipert.ir.action.message_action without Python; "
+     "(op, unit, mb): compute_action's, payload and peer None"},
     {"longest_path", longest_path, METH_VARARGS,
      "longest_path(dur, lat, succ, indeg) -> (start, end0, end1, order, indeg left): run_timing's sweep"},
     {"survey", survey, METH_VARARGS,

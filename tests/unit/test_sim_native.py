@@ -156,6 +156,11 @@ def test_compiled_message_action_builds_the_pure_ones_action(kind: tuple, unit: 
     assert [getattr(got, f.name) for f in dataclasses.fields(Action)] == \
         [getattr(want, f.name) for f in dataclasses.fields(Action)]
     assert (got, hash(got), str(got)) == (want, hash(want), str(want))
+    if payload is None:   # a compute: compute_action, in C the three-argument message_action
+        assert action.compute_action is native.SIMC.message_action
+        got, want = action.compute_action(op, unit, tuple(mb)), action._message_action_py(op, unit, tuple(mb), None, None)
+        assert type(got) is Action and [getattr(got, f.name) for f in dataclasses.fields(Action)] == \
+            [getattr(want, f.name) for f in dataclasses.fields(Action)]
 
 
 @needs_simc
