@@ -12,7 +12,7 @@ import os
 from types import ModuleType
 from typing import Any
 
-__all__ = ["SIMC", "load_error", "node_arrays", "value_maps"]
+__all__ = ["SIMC", "load_error", "node_arrays", "value_maps", "int_map"]
 
 SIMC: ModuleType | None = None
 load_error: str | None = None
@@ -44,3 +44,9 @@ def value_maps() -> tuple[Any, Any]:
     if SIMC is None:
         return {}, {}
     return SIMC.IntMap(), SIMC.FloatMap()
+
+
+def int_map() -> Any:
+    """An empty int -> int map: pipert._simc's IntMap where it is loaded (as value_maps; it
+    iterates in key order), else a dict."""
+    return {} if SIMC is None else SIMC.IntMap()

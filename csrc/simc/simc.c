@@ -287,24 +287,33 @@ static int plain_compute(Walk *w, PyObject *a, Py_ssize_t i, long long n, PyObje
     if (table != Py_None) {   /* once per (unit, micro-batch): the first run's location */
         long long u = as_ll(u_obj);
         if (ERR_LL(u)) return -1;
-        PyObject *fk = PyLong_FromLongLong(u << 32 | m);
-        if (!fk) return -1;
-        int in = PyDict_Contains(table, fk), rc;
-        if (in < 0) rc = -1;
-        else if (in) rc = callback(w, s_mark_done, Py_BuildValue("(OOn)", a, w->r_obj, i));
-        else {
-            long long loc = (long long)w->r << 32 | i;
-            if (d_bit != Py_None) {
-                long long bit = as_ll(d_bit);
-                if (ERR_LL(bit)) { Py_DECREF(fk); return -1; }
-                loc = loc << 1 | bit;
-            }
-            PyObject *v = PyLong_FromLongLong(loc);
-            rc = (!v || PyDict_SetItem(table, fk, v)) ? -1 : 0;
-            Py_XDECREF(v);
+        long long loc = (long long)w->r << 32 | i;
+        if (d_bit != Py_None) {
+            long long bit = as_ll(d_bit);
+            if (ERR_LL(bit)) return -1;
+            loc = loc << 1 | bit;
         }
-        Py_DECREF(fk);
-        if (rc) return -1;
+        if (Py_IS_TYPE(table, &IntMap_Type)) {   /* the Builder's table as a value map (valmap.h) */
+            VMap *t = (VMap *)table;
+            if (vm_find(t, u << 32 | m) < 0) {
+                if (vm_set_i(t, u << 32 | m, loc)) return -1;
+            } else if (callback(w, s_mark_done, Py_BuildValue("(OOn)", a, w->r_obj, i))) {
+                return -1;
+            }
+        } else {   /* a dict */
+            PyObject *fk = PyLong_FromLongLong(u << 32 | m);
+            if (!fk) return -1;
+            int in = PyDict_Contains(table, fk), rc;
+            if (in < 0) rc = -1;
+            else if (in) rc = callback(w, s_mark_done, Py_BuildValue("(OOn)", a, w->r_obj, i));
+            else {
+                PyObject *v = PyLong_FromLongLong(loc);
+                rc = (!v || PyDict_SetItem(table, fk, v)) ? -1 : 0;
+                Py_XDECREF(v);
+            }
+            Py_DECREF(fk);
+            if (rc) return -1;
+        }
     }
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(writes); j++) {   /* (key, per micro-batch, size) */
         PyObject *ref = PyTuple_GET_ITEM(writes, j);

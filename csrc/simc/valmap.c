@@ -157,6 +157,46 @@ static PyObject *vm_todict(VMap *m, PyObject *unused) {
     return out;
 }
 
+/* [key, ...] in key order (iteration order, so that values() follows it) */
+static PyObject *sorted_keys(VMap *m) {
+    PyObject *keys = PyList_New(0);
+    for (Py_ssize_t j = 0; keys && j < m->cap; j++) {
+        if (!m->used[j]) continue;
+        PyObject *k = PyLong_FromLongLong(m->keys[j]);
+        if (!k || PyList_Append(keys, k)) Py_CLEAR(keys);
+        Py_XDECREF(k);
+    }
+    if (keys && PyList_Sort(keys)) Py_CLEAR(keys);
+    return keys;
+}
+
+static PyObject *vm_iter(VMap *m) {
+    PyObject *keys = sorted_keys(m), *it = keys ? PyObject_GetIter(keys) : NULL;
+    Py_XDECREF(keys);
+    return it;
+}
+
+static PyObject *vm_values(VMap *m, PyObject *unused) {
+    PyObject *keys = sorted_keys(m), *out = keys ? PyList_New(PyList_GET_SIZE(keys)) : NULL;
+    for (Py_ssize_t j = 0; out && j < PyList_GET_SIZE(keys); j++) {
+        PyObject *v = vm_getitem(m, PyList_GET_ITEM(keys, j));
+        if (!v) { Py_CLEAR(out); break; }
+        PyList_SET_ITEM(out, j, v);
+    }
+    Py_XDECREF(keys);
+    return out;
+}
+
+/* == and != against a value map or a dict: as dicts (todict) */
+static PyObject *vm_richcompare(PyObject *self, PyObject *other, int op) {
+    int mine = Py_IS_TYPE(other, &IntMap_Type) || Py_IS_TYPE(other, &FloatMap_Type);
+    if ((op != Py_EQ && op != Py_NE) || !(mine || PyDict_Check(other))) Py_RETURN_NOTIMPLEMENTED;
+    PyObject *x = vm_todict((VMap *)self, NULL), *y = mine ? vm_todict((VMap *)other, NULL) : Py_NewRef(other);
+    PyObject *res = x && y ? PyObject_RichCompare(x, y, op) : NULL;
+    Py_XDECREF(x); Py_XDECREF(y);
+    return res;
+}
+
 static PyObject *vm_repr(VMap *m) {
     PyObject *d = vm_todict(m, NULL), *r = d ? PyUnicode_FromFormat("%s(%R)", Py_TYPE(m)->tp_name, d) : NULL;
     Py_XDECREF(d);
@@ -167,6 +207,7 @@ static PyMethodDef vm_methods[] = {
     {"get", (PyCFunction)(void (*)(void))vm_get, METH_FASTCALL, "get(key, default=None)"},
     {"pop", (PyCFunction)(void (*)(void))vm_pop, METH_FASTCALL, "pop(key[, default]): the value, removed"},
     {"todict", (PyCFunction)vm_todict, METH_NOARGS, "the entries as a dict, in key order"},
+    {"values", (PyCFunction)vm_values, METH_NOARGS, "the values as a list, in key order (as iteration)"},
     {NULL, NULL, 0, NULL}};
 
 static PyMappingMethods vm_mapping = {.mp_length = (lenfunc)vm_len, .mp_subscript = (binaryfunc)vm_getitem,
@@ -176,7 +217,8 @@ static PySequenceMethods vm_seq = {.sq_contains = (objobjproc)vm_contains};
 #define VM_TYPE(NAME, DOC) {PyVarObject_HEAD_INIT(NULL, 0) .tp_name = "pipert._simc." NAME, \
     .tp_basicsize = sizeof(VMap), .tp_flags = Py_TPFLAGS_DEFAULT, .tp_doc = DOC, .tp_new = vm_new, \
     .tp_dealloc = (destructor)vm_dealloc, .tp_as_mapping = &vm_mapping, .tp_as_sequence = &vm_seq, \
-    .tp_methods = vm_methods, .tp_repr = (reprfunc)vm_repr, .tp_hash = PyObject_HashNotImplemented}
+    .tp_methods = vm_methods, .tp_repr = (reprfunc)vm_repr, .tp_hash = PyObject_HashNotImplemented, \
+    .tp_iter = (getiterfunc)vm_iter, .tp_richcompare = vm_richcompare}
 PyTypeObject IntMap_Type = VM_TYPE("IntMap", "int64 key -> int64, read and changed as a dict (the walk's have).");
 PyTypeObject FloatMap_Type = VM_TYPE("FloatMap", "int64 key -> double, read and changed as a dict (the walk's live).");
 

@@ -47,9 +47,10 @@ class Builder(OpRules, CommState):
         self.size_of = [self.sz[MEMORY_KIND[Value(k)]] for k in range(7)]
         self.q_of = {op: QUEUES.index(sem.queue(op).value) for op in Op}
         self._plan_cache: dict[tuple, tuple] = {}
-        self.fwd: dict[int, int] = {}   # u << 32 | m -> r << 32 | i of its F
-        self.bwd: dict[int, int] = {}   # -> (r << 32 | i) << 1 | is_D
-        self.wdone: dict[int, int] = {}
+        # (native.int_map: dicts, or C-owned maps the compiled walk fills directly)
+        self.fwd = native.int_map()     # u << 32 | m -> r << 32 | i of its F
+        self.bwd = native.int_map()     # -> (r << 32 | i) << 1 | is_D
+        self.wdone = native.int_map()
         self.wg_parts: dict[int, list] = {}
         self.opt_checks: list[tuple] = []
         self.node_of: list[list[int]] = []

@@ -268,7 +268,8 @@ _MAP_OPS = st.lists(st.tuples(st.sampled_from(["set", "del", "get", "pop", "pop1
 @given(_MAP_OPS, st.booleans())
 def test_compiled_value_maps_read_and_change_as_dicts(ops: list[tuple], floats: bool) -> None:
     """native.value_maps(): the C-owned (have, live) after the walk's operations ([k] = x, del,
-    get, pop with and without a default, in, [k]) give what dicts give, and raise where they raise."""
+    get, pop with and without a default, in, [k]) give what dicts give, and raise where they raise;
+    they compare equal to those dicts and iterate (as the checks read the Builder's tables) in key order."""
     with _loops(True):
         got = native.value_maps()[floats]
     want: dict = {}
@@ -298,7 +299,8 @@ def test_compiled_value_maps_read_and_change_as_dicts(ops: list[tuple], floats: 
 
         assert run(got) == run(want)
         assert len(got) == len(want)
-    assert got.todict() == dict(sorted(want.items()))
+    assert got.todict() == dict(sorted(want.items())) and got == want and not got != want
+    assert list(got) == sorted(want) and got.values() == [want[k] for k in sorted(want)]   # key order
     with pytest.raises(TypeError):
         got["x"] = 1
     with pytest.raises(OverflowError):
