@@ -528,10 +528,15 @@ static int message(Walk *w, PyObject *a, PyObject *op, long q, Py_ssize_t i) {
             bad = write_value(w, k, n, size);
         } else {   /* comm_reads of one per-micro-batch value */
             p = have_get(w, k);
-            if (p >= 0) {
-                PyObject *pv = PyLong_FromLongLong(p);
-                bad = !pv || (p != w->host && (edge(w, p, n, 1) || bump(w, n))) || PyDict_SetItem(w->tx_prod, n_obj, pv);
-                Py_XDECREF(pv);
+            if (p >= 0) {   /* tx_prod[n] = p: a value map (valmap.h) or a dict */
+                bad = p != w->host && (edge(w, p, n, 1) || bump(w, n));
+                if (!bad && Py_IS_TYPE(w->tx_prod, &IntMap_Type)) {
+                    bad = vm_set_i((VMap *)w->tx_prod, n, p);
+                } else if (!bad) {
+                    PyObject *pv = PyLong_FromLongLong(p);
+                    bad = !pv || PyDict_SetItem(w->tx_prod, n_obj, pv);
+                    Py_XDECREF(pv);
+                }
                 if (!bad && rel) bad = release(w, k);
             } else if (p == MISSING) {
                 bad = use(w, i, k, n, 0);
@@ -597,7 +602,8 @@ static PyObject *walk(PyObject *mod, PyObject *args) {
     for (size_t j = 0; j < sizeof names / sizeof *names; j++)
         if (!(*own[j] = attr(w.b, names[j]))) goto out;
     if (!Py_IS_TYPE(w.kind, &Ints_Type) || !Py_IS_TYPE(w.dur, &Floats_Type) || !Py_IS_TYPE(w.lat, &Floats_Type) ||
-        !Py_IS_TYPE(w.succ, &Succ_Type) || !Py_IS_TYPE(w.indeg, &Ints_Type) || !PyList_Check(w.comm_in) || !PyDict_Check(w.tx_prod) || !Py_IS_TYPE(w.have, &IntMap_Type) ||
+        !Py_IS_TYPE(w.succ, &Succ_Type) || !Py_IS_TYPE(w.indeg, &Ints_Type) || !PyList_Check(w.comm_in) ||
+        !(PyDict_Check(w.tx_prod) || Py_IS_TYPE(w.tx_prod, &IntMap_Type)) || !Py_IS_TYPE(w.have, &IntMap_Type) ||
         !Py_IS_TYPE(w.live, &FloatMap_Type) || !PyDict_Check(w.wg) || !PyDict_Check(w.ends) || !PyDict_Check(w.messages) ||
         !PyDict_Check(w.cplans)) {
         PyErr_SetString(PyExc_TypeError, "walk: the Builder's node arrays or value maps are not "

@@ -197,6 +197,15 @@ static PyObject *vm_richcompare(PyObject *self, PyObject *other, int op) {
     return res;
 }
 
+/* pickled and copied as an empty map of its type, then its items set (as a dict's subclass is) */
+static PyObject *vm_reduce(VMap *m, PyObject *unused) {
+    PyObject *d = vm_todict(m, NULL), *items = d ? PyObject_CallMethod(d, "items", NULL) : NULL;
+    PyObject *it = items ? PyObject_GetIter(items) : NULL, *res = NULL;
+    if (it) res = Py_BuildValue("(O()OOO)", (PyObject *)Py_TYPE(m), Py_None, Py_None, it);
+    Py_XDECREF(d); Py_XDECREF(items); Py_XDECREF(it);
+    return res;
+}
+
 static PyObject *vm_repr(VMap *m) {
     PyObject *d = vm_todict(m, NULL), *r = d ? PyUnicode_FromFormat("%s(%R)", Py_TYPE(m)->tp_name, d) : NULL;
     Py_XDECREF(d);
@@ -208,6 +217,7 @@ static PyMethodDef vm_methods[] = {
     {"pop", (PyCFunction)(void (*)(void))vm_pop, METH_FASTCALL, "pop(key[, default]): the value, removed"},
     {"todict", (PyCFunction)vm_todict, METH_NOARGS, "the entries as a dict, in key order"},
     {"values", (PyCFunction)vm_values, METH_NOARGS, "the values as a list, in key order (as iteration)"},
+    {"__reduce__", (PyCFunction)vm_reduce, METH_NOARGS, "pickled as its items"},
     {NULL, NULL, 0, NULL}};
 
 static PyMappingMethods vm_mapping = {.mp_length = (lenfunc)vm_len, .mp_subscript = (binaryfunc)vm_getitem,

@@ -2,8 +2,9 @@
  *   IntMap    have   value key -> node that produced it (int64 -> int64)
  *   FloatMap  live   counted value key -> its size (int64 -> double)
  *   IntMap    fwd, bwd, wdone   (unit, micro-batch) -> where its F, B/D, W ran (the Builder's tables)
+ *   IntMap    tx_prod           transfer node -> node that produced the value it sends (Graph.tx_prod)
  * Each reads and changes like the dict the pure path uses (len, [k], [k] = x, del [k], k in m,
- * get, pop, ==), so the Builder's Python code runs on either; ``walk`` (simc.c) uses them directly,
+ * get, pop, ==, pickling), so the Builder's Python code and a Graph's readers run on either; ``walk`` (simc.c) uses them directly,
  * without an int object per key. Iteration and values() go in key order, not insertion order.
  * Open addressing, linear probing, at most half full, deletion by backward shift (no tombstones). */
 #ifndef PIPERT_SIMC_VALMAP_H

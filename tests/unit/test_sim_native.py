@@ -301,6 +301,8 @@ def test_compiled_value_maps_read_and_change_as_dicts(ops: list[tuple], floats: 
         assert len(got) == len(want)
     assert got.todict() == dict(sorted(want.items())) and got == want and not got != want
     assert list(got) == sorted(want) and got.values() == [want[k] for k in sorted(want)]   # key order
+    again = pickle.loads(pickle.dumps(got))
+    assert type(again) is type(got) and again == want and copy.deepcopy(got) == want
     with pytest.raises(TypeError):
         got["x"] = 1
     with pytest.raises(OverflowError):
