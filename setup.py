@@ -13,7 +13,8 @@ import os
 from setuptools import Extension, find_packages, setup
 
 # C11 named explicitly: torch's build_ext otherwise adds its C++ standard to every source
-SIMC = Extension("pipert._simc", ["csrc/simc/simc.c", "csrc/simc/nodes.c"], depends=["csrc/simc/nodes.h"],
+SIMC = Extension("pipert._simc", ["csrc/simc/simc.c", "csrc/simc/nodes.c", "csrc/simc/valmap.c"],
+                 depends=["csrc/simc/nodes.h", "csrc/simc/valmap.h"],
                  extra_compile_args=["-O2", "-std=c11"])
 
 

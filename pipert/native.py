@@ -12,7 +12,7 @@ import os
 from types import ModuleType
 from typing import Any
 
-__all__ = ["SIMC", "load_error", "node_arrays"]
+__all__ = ["SIMC", "load_error", "node_arrays", "value_maps", "int_map"]
 
 SIMC: ModuleType | None = None
 load_error: str | None = None
@@ -34,3 +34,19 @@ def node_arrays() -> tuple[Any, Any, Any, Any, Any]:
     if SIMC is None:
         return [], [], [], [], []
     return SIMC.Ints(), SIMC.Floats(), SIMC.Floats(), SIMC.Succ(), SIMC.Ints()
+
+
+def value_maps() -> tuple[Any, Any]:
+    """Empty (have, live) for the walk of one rank (pipert.sim.values): pipert._simc's IntMap and
+    FloatMap where it is loaded (``walk`` reads and changes them without an int object per key),
+    else dicts. Both read and change alike ([k], [k] = x, del, in, get, pop, len); nothing
+    iterates them."""
+    if SIMC is None:
+        return {}, {}
+    return SIMC.IntMap(), SIMC.FloatMap()
+
+
+def int_map() -> Any:
+    """An empty int -> int map: pipert._simc's IntMap where it is loaded (as value_maps; it
+    iterates in key order), else a dict."""
+    return {} if SIMC is None else SIMC.IntMap()

@@ -203,7 +203,7 @@ HELIX_OPT_OUTS = {"sync_folds": ("asynchronous", False), "loss_in_forward": ("lo
 def add_helix_args(p: argparse.ArgumentParser) -> None:
     """The units' recomputation and the opt-outs of helixpipe-2fold's paper defaults
     (``pipert.schedules.helixpipe.PAPER_DEFAULTS``); all default to None/False (not given)."""
-    from .cost.transformer import RECOMPUTE_MODES
+    from .cost.modes import RECOMPUTE_MODES
     g = p.add_argument_group("recomputation and HelixPipe's paper defaults (helixpipe-2fold runs asynchronously, "
                              "recomputes without attention and computes the loss in backward)")
     g.add_argument("--recompute", default=None, choices=RECOMPUTE_MODES,

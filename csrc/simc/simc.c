@@ -6,8 +6,9 @@
  *   message_action builds an Action as pipert/ir/action.py:message_action does (lowering's
  *                 hundreds of thousands of messages).
  *
- * The node arrays (kind, dur, lat, succ, indeg) are C-owned where this module is loaded (nodes.h,
- * pipert.native.node_arrays): both loops use them directly. Everything else they read and write is
+ * The node arrays (kind, dur, lat, succ, indeg) and the walk's value maps (have, live) are C-owned
+ * where this module is loaded (nodes.h, valmap.h, pipert.native.node_arrays and value_maps): the
+ * loops use them directly. Everything else they read and write is
  * the Python objects the Python code uses, in the same order, with the same IEEE double
  * arithmetic, so their results are identical to the pure path's. ``walk`` stops
  * BEFORE changing anything at the first action it does not cover and returns its index; the
@@ -21,6 +22,7 @@
 #include <structmember.h>
 
 #include "nodes.h"
+#include "valmap.h"
 
 #define SHIFT 5        /* pipert/sim/keys.py */
 #define MISSING (-2)
@@ -115,6 +117,7 @@ typedef struct {
     PyObject *kind, *dur, *lat, *succ, *indeg, *comm_in, *tx_prod;   /* CommState's arrays */
     Arr *kinds, *durs, *lats, *indegs;   /* the node arrays (nodes.h): kind, dur, lat, indeg */
     Succ *edges;                         /* and succ */
+    VMap *haves, *lives;                 /* have and live (valmap.h) */
     PyObject *have, *live, *wg, *ends, *messages, *cplans;          /* the rank's walk state */
     PyObject *q_of, *plain_ops, *send_op, *ctime;                    /* constants (walk's ctx) */
     PyObject *nodes_r, *cq;
@@ -123,7 +126,8 @@ typedef struct {
     struct { PyObject *payload; long long unit, peer_side; long q; PyObject *end, *one; } mcache[CACHE];
     struct { PyObject *op; long long unit; PyObject *plan; } ccache[CACHE];
     struct { PyObject *op; long q; int plain; } ocache[CACHE];   /* q_of[op], op in plain_ops */
-    int mnext, cnext, onext;
+    struct { PyObject *op, *dur; } dcache[CACHE];                  /* ctime[op] where ctime is a dict */
+    int mnext, cnext, onext, dnext;
     long long host;   /* Builder.host, written back before any callback and at the end */
     double mem;       /* Builder.mem, likewise (a callback may change it: re-read after) */
     double busy;
@@ -217,34 +221,36 @@ static PyObject *pack_ll2(long long x, long long y) {
 }
 
 /* have.get(k, MISSING) */
-static int have_get(Walk *w, PyObject *key, long long *p) {
-    PyObject *v = PyDict_GetItemWithError(w->have, key);
-    if (!v) { *p = MISSING; return PyErr_Occurred() ? -1 : 0; }
-    *p = as_ll(v);
-    return ERR_LL(*p) ? -1 : 0;
+static long long have_get(Walk *w, long long k) {
+    Py_ssize_t j = vm_find(w->haves, k);
+    return j < 0 ? MISSING : w->haves->vals[j].i;
 }
 
 /* del have[k]; mem -= live.pop(k, 0.0) */
-static int release(Walk *w, PyObject *key) {
-    if (PyDict_DelItem(w->have, key)) return -1;
-    PyObject *v = PyDict_GetItemWithError(w->live, key);
-    if (!v) return PyErr_Occurred() ? -1 : 0;
-    double x = PyFloat_AsDouble(v);
-    if (x == -1.0 && PyErr_Occurred()) return -1;
-    w->mem -= x;
-    return PyDict_DelItem(w->live, key);
+static int release(Walk *w, long long k) {
+    Py_ssize_t j = vm_find(w->haves, k);
+    if (j < 0) {
+        PyObject *key = PyLong_FromLongLong(k);
+        if (key) PyErr_SetObject(PyExc_KeyError, key);
+        Py_XDECREF(key);
+        return -1;
+    }
+    vm_remove_at(w->haves, j);
+    if ((j = vm_find(w->lives, k)) >= 0) {
+        w->mem -= w->lives->vals[j].d;
+        vm_remove_at(w->lives, j);
+    }
+    return 0;
 }
 
 /* have[k] = n; a counted size (not None) joins the running sum once: live[k] = size */
-static int write_value(Walk *w, PyObject *key, PyObject *n_obj, PyObject *size) {
-    if (PyDict_SetItem(w->have, key, n_obj)) return -1;
-    if (size == Py_None) return 0;
-    int in = PyDict_Contains(w->live, key);
-    if (in) return in < 0 ? -1 : 0;
+static int write_value(Walk *w, long long k, long long n, PyObject *size) {
+    if (vm_set_i(w->haves, k, n)) return -1;
+    if (size == Py_None || vm_find(w->lives, k) >= 0) return 0;
     double x = PyFloat_AsDouble(size);
     if (x == -1.0 && PyErr_Occurred()) return -1;
     w->mem += x;
-    return PyDict_SetItem(w->live, key, size);
+    return vm_set_d(w->lives, k, x);
 }
 
 /* Builder.plain_compute's body from its compiled plan (reads, writes, wgrads, table, d_bit). */
@@ -261,8 +267,7 @@ static int plain_compute(Walk *w, PyObject *a, Py_ssize_t i, long long n, PyObje
         long long kb = as_ll(PyTuple_GET_ITEM(ref, 0)), p;
         if (ERR_LL(kb)) return -1;
         long long k = PyObject_IsTrue(PyTuple_GET_ITEM(ref, 1)) ? kb | mk : kb;
-        PyObject *key = PyLong_FromLongLong(k);
-        if (!key || have_get(w, key, &p)) { Py_XDECREF(key); return -1; }
+        p = have_get(w, k);
         int rc = 0;
         if (p == MISSING) {
             rc = use(w, i, k, n, 1);
@@ -275,41 +280,47 @@ static int plain_compute(Walk *w, PyObject *a, Py_ssize_t i, long long n, PyObje
                     Py_XDECREF(pair);
                 }
             }
-            if (!rc && PyObject_IsTrue(PyTuple_GET_ITEM(ref, 2))) rc = release(w, key);
+            if (!rc && PyObject_IsTrue(PyTuple_GET_ITEM(ref, 2))) rc = release(w, k);
         }
-        Py_DECREF(key);
         if (rc) return -1;
     }
     if (table != Py_None) {   /* once per (unit, micro-batch): the first run's location */
         long long u = as_ll(u_obj);
         if (ERR_LL(u)) return -1;
-        PyObject *fk = PyLong_FromLongLong(u << 32 | m);
-        if (!fk) return -1;
-        int in = PyDict_Contains(table, fk), rc;
-        if (in < 0) rc = -1;
-        else if (in) rc = callback(w, s_mark_done, Py_BuildValue("(OOn)", a, w->r_obj, i));
-        else {
-            long long loc = (long long)w->r << 32 | i;
-            if (d_bit != Py_None) {
-                long long bit = as_ll(d_bit);
-                if (ERR_LL(bit)) { Py_DECREF(fk); return -1; }
-                loc = loc << 1 | bit;
-            }
-            PyObject *v = PyLong_FromLongLong(loc);
-            rc = (!v || PyDict_SetItem(table, fk, v)) ? -1 : 0;
-            Py_XDECREF(v);
+        long long loc = (long long)w->r << 32 | i;
+        if (d_bit != Py_None) {
+            long long bit = as_ll(d_bit);
+            if (ERR_LL(bit)) return -1;
+            loc = loc << 1 | bit;
         }
-        Py_DECREF(fk);
-        if (rc) return -1;
+        if (Py_IS_TYPE(table, &IntMap_Type)) {   /* the Builder's table as a value map (valmap.h) */
+            VMap *t = (VMap *)table;
+            if (vm_find(t, u << 32 | m) < 0) {
+                if (vm_set_i(t, u << 32 | m, loc)) return -1;
+            } else if (callback(w, s_mark_done, Py_BuildValue("(OOn)", a, w->r_obj, i))) {
+                return -1;
+            }
+        } else {   /* a dict */
+            PyObject *fk = PyLong_FromLongLong(u << 32 | m);
+            if (!fk) return -1;
+            int in = PyDict_Contains(table, fk), rc;
+            if (in < 0) rc = -1;
+            else if (in) rc = callback(w, s_mark_done, Py_BuildValue("(OOn)", a, w->r_obj, i));
+            else {
+                PyObject *v = PyLong_FromLongLong(loc);
+                rc = (!v || PyDict_SetItem(table, fk, v)) ? -1 : 0;
+                Py_XDECREF(v);
+            }
+            Py_DECREF(fk);
+            if (rc) return -1;
+        }
     }
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(writes); j++) {   /* (key, per micro-batch, size) */
         PyObject *ref = PyTuple_GET_ITEM(writes, j);
         long long kb = as_ll(PyTuple_GET_ITEM(ref, 0));
         if (ERR_LL(kb)) return -1;
-        PyObject *key = PyLong_FromLongLong(PyObject_IsTrue(PyTuple_GET_ITEM(ref, 1)) ? kb | mk : kb);
-        int rc = !key || write_value(w, key, n_obj, PyTuple_GET_ITEM(ref, 2));
-        Py_XDECREF(key);
-        if (rc) return -1;
+        if (write_value(w, PyObject_IsTrue(PyTuple_GET_ITEM(ref, 1)) ? kb | mk : kb, n, PyTuple_GET_ITEM(ref, 2)))
+            return -1;
     }
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(wgrads); j++) {   /* (unit, shard, slot) */
         PyObject *key = PyTuple_GET_ITEM(wgrads, j);
@@ -355,8 +366,13 @@ static int compute(Walk *w, PyObject *a, PyObject *op, Py_ssize_t i) {
         int c = w->cnext++ % CACHE;
         w->ccache[c].op = op, w->ccache[c].unit = uv, w->ccache[c].plan = plan;
     }
-    if (PyDict_CheckExact(w->ctime)) {   /* {op: duration} (UniformCost.op_times) */
-        if (!(d = PyDict_GetItemWithError(w->ctime, op))) { if (PyErr_Occurred()) goto fail; goto out; }
+    if (PyDict_CheckExact(w->ctime)) {   /* {op: duration} (UniformCost.op_times), each op looked up once */
+        for (int c = 0; c < w->dnext && !d; c++)
+            if (w->dcache[c].op == op) d = w->dcache[c].dur;
+        if (!d) {
+            if (!(d = PyDict_GetItemWithError(w->ctime, op))) { if (PyErr_Occurred()) goto fail; goto out; }
+            if (w->dnext < CACHE) w->dcache[w->dnext].op = op, w->dcache[w->dnext++].dur = d;
+        }
         Py_INCREF(d);
     } else if (!(d = PyObject_CallFunctionObjArgs(w->ctime, a, w->r_obj, NULL))) {
         goto fail;
@@ -507,24 +523,27 @@ static int message(Walk *w, PyObject *a, PyObject *op, long q, Py_ssize_t i) {
         long long m = as_ll(PyTuple_GET_ITEM(mb, j)), p;
         if (ERR_LL(m)) goto out;
         long long k = ku | m << SHIFT;
-        PyObject *key = PyLong_FromLongLong(k);
-        if (!key) goto out;
-        int bad;
+        int bad = 0;
         if (!is_read) {   /* apply_writes of one per-micro-batch value */
-            bad = write_value(w, key, n_obj, size);
-        } else if ((bad = have_get(w, key, &p)) == 0) {   /* comm_reads of one per-micro-batch value */
-            if (p >= 0) {
-                PyObject *pv = PyLong_FromLongLong(p);
-                bad = !pv || (p != w->host && (edge(w, p, n, 1) || bump(w, n))) || PyDict_SetItem(w->tx_prod, n_obj, pv);
-                Py_XDECREF(pv);
-                if (!bad && rel) bad = release(w, key);
+            bad = write_value(w, k, n, size);
+        } else {   /* comm_reads of one per-micro-batch value */
+            p = have_get(w, k);
+            if (p >= 0) {   /* tx_prod[n] = p: a value map (valmap.h) or a dict */
+                bad = p != w->host && (edge(w, p, n, 1) || bump(w, n));
+                if (!bad && Py_IS_TYPE(w->tx_prod, &IntMap_Type)) {
+                    bad = vm_set_i((VMap *)w->tx_prod, n, p);
+                } else if (!bad) {
+                    PyObject *pv = PyLong_FromLongLong(p);
+                    bad = !pv || PyDict_SetItem(w->tx_prod, n_obj, pv);
+                    Py_XDECREF(pv);
+                }
+                if (!bad && rel) bad = release(w, k);
             } else if (p == MISSING) {
                 bad = use(w, i, k, n, 0);
             } else if (rel) {
-                bad = release(w, key);
+                bad = release(w, k);
             }
         }
-        Py_DECREF(key);
         if (bad) goto out;
     }
     rc = DONE;
@@ -583,15 +602,17 @@ static PyObject *walk(PyObject *mod, PyObject *args) {
     for (size_t j = 0; j < sizeof names / sizeof *names; j++)
         if (!(*own[j] = attr(w.b, names[j]))) goto out;
     if (!Py_IS_TYPE(w.kind, &Ints_Type) || !Py_IS_TYPE(w.dur, &Floats_Type) || !Py_IS_TYPE(w.lat, &Floats_Type) ||
-        !Py_IS_TYPE(w.succ, &Succ_Type) || !Py_IS_TYPE(w.indeg, &Ints_Type) || !PyList_Check(w.comm_in) || !PyDict_Check(w.tx_prod) || !PyDict_Check(w.have) ||
-        !PyDict_Check(w.live) || !PyDict_Check(w.wg) || !PyDict_Check(w.ends) || !PyDict_Check(w.messages) ||
+        !Py_IS_TYPE(w.succ, &Succ_Type) || !Py_IS_TYPE(w.indeg, &Ints_Type) || !PyList_Check(w.comm_in) ||
+        !(PyDict_Check(w.tx_prod) || Py_IS_TYPE(w.tx_prod, &IntMap_Type)) || !Py_IS_TYPE(w.have, &IntMap_Type) ||
+        !Py_IS_TYPE(w.live, &FloatMap_Type) || !PyDict_Check(w.wg) || !PyDict_Check(w.ends) || !PyDict_Check(w.messages) ||
         !PyDict_Check(w.cplans)) {
-        PyErr_SetString(PyExc_TypeError, "walk: the Builder's node arrays are not pipert._simc's, or its "
-                        "state not lists and dicts");
+        PyErr_SetString(PyExc_TypeError, "walk: the Builder's node arrays or value maps are not "
+                        "pipert._simc's, or its state not lists and dicts");
         goto out;
     }
     w.kinds = (Arr *)w.kind, w.durs = (Arr *)w.dur, w.lats = (Arr *)w.lat, w.indegs = (Arr *)w.indeg;
     w.edges = (Succ *)w.succ;
+    w.haves = (VMap *)w.have, w.lives = (VMap *)w.live;
     if (w.kinds->n != w.durs->n || w.kinds->n != w.lats->n || w.kinds->n != w.indegs->n || w.kinds->n != w.edges->n) {
         PyErr_SetString(PyExc_ValueError, "walk: the node arrays differ in length");
         goto out;
@@ -633,6 +654,79 @@ out:
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* survey: Builder.run's scans of one rank's actions before its walk                          */
+
+/* a's field j where a is exactly an Action (borrowed), else NULL */
+static PyObject *slot_of(PyObject *a, int j) {
+    return Py_TYPE(a) == action_type ? *(PyObject **)((char *)a + slots[j]->offset) : NULL;
+}
+
+/* x >= bound for an int x (1, 0; -1: not an exact int); ``zero``: whether x is 0 */
+static int at_least(PyObject *x, long long bound, int *zero) {
+    if (!PyLong_CheckExact(x)) return -1;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+    if (v == -1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
+    *zero = !overflow && v == 0;
+    return overflow ? overflow > 0 : v >= bound;
+}
+
+/* survey(acts, num_units, num_microbatches, unit_payloads, qname, recompute) -> (out of range,
+ * names classes, has recompute, queues), or None where an action is not exactly an Action with int
+ * fields (the caller then scans in Python): values.py's _out_of_range(acts, ...),
+ * _names_classes(acts), ``recompute in ops`` and ``[qname[op] for op in ops]`` in one pass. */
+static PyObject *survey(PyObject *mod, PyObject *args) {
+    PyObject *acts, *payloads, *qname, *recompute;
+    long long U, M;
+    if (!PyArg_ParseTuple(args, "O!LLO!O!O", &PyList_Type, &acts, &U, &M, &PyTuple_Type, &payloads, &PyDict_Type,
+                          &qname, &recompute))
+        return NULL;
+    if (!action_type) Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(acts);
+    int bad = 0, unit_payload = 0, named = 0, has_rec = 0;
+    PyObject *queues = PyList_New(n), *last_op = NULL, *last_q = NULL;
+    if (!queues) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyList_GET_ITEM(acts, i), *op = slot_of(a, F_OP), *u = slot_of(a, F_UNIT);
+        PyObject *mb = slot_of(a, F_MB), *payload = slot_of(a, F_PAYLOAD), *zc = slot_of(a, F_ZCLASS);
+        PyObject *side = slot_of(a, F_SIDE);
+        /* ops and payloads of their enums, whose members equal only themselves: compared by identity */
+        if (!op || !u || !mb || !payload || !zc || !side || !PyTuple_CheckExact(mb) ||
+            Py_TYPE(op) != Py_TYPE(recompute) || (payload != Py_None && PyTuple_GET_SIZE(payloads) &&
+                                                  Py_TYPE(payload) != Py_TYPE(PyTuple_GET_ITEM(payloads, 0))))
+            goto pure;
+        if (op != last_op) {   /* qname[op]: an Op hashes as its text, looked up once per run of one op */
+            if (!(last_q = PyDict_GetItemWithError(qname, op))) { if (PyErr_Occurred()) goto fail; goto pure; }
+            last_op = op;
+        }
+        PyList_SET_ITEM(queues, i, Py_NewRef(last_q));
+        has_rec |= op == recompute;
+        if (u != Py_None) {   /* a unit that is not 0 (filter(None, ...)) beyond the schedule's */
+            int zero, over = at_least(u, U, &zero);
+            if (over < 0) goto pure;
+            bad |= over && !zero;
+        }
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(mb); j++) {
+            int zero, over = at_least(PyTuple_GET_ITEM(mb, j), M, &zero);
+            if (over < 0) goto pure;
+            bad |= over;
+        }
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(payloads); j++)
+            unit_payload |= payload == PyTuple_GET_ITEM(payloads, j);
+        named |= zc != Py_None || side != Py_None;
+    }
+    PyObject *res = Py_BuildValue("(OOON)", bad ? Py_True : Py_False, unit_payload && named ? Py_True : Py_False,
+                                  has_rec ? Py_True : Py_False, queues);
+    return res;
+pure:
+    Py_DECREF(queues);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(queues);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* message_action(op, unit, mb, payload, peer): pipert/ir/action.py:message_action in C        */
 
 /* The values message_action gives Action's slots after op, unit, mb, payload and peer: group (),
@@ -661,7 +755,11 @@ static PyObject *bind_action(PyObject *mod, PyObject *args) {
         int ok = Py_IS_TYPE(d, &PyMemberDescr_Type);
         if (ok) slots[j] = ((PyMemberDescrObject *)d)->d_member;   /* the type keeps its descriptors */
         Py_DECREF(d);
-        if (!ok) { PyErr_SetString(PyExc_TypeError, "bind_action: a field that is not a slot"); return NULL; }
+        /* message_action writes the slots of a new Action directly: writable object slots only */
+        if (!ok || slots[j]->type != T_OBJECT_EX || (slots[j]->flags & READONLY)) {
+            PyErr_SetString(PyExc_TypeError, "bind_action: a field that is not a writable object slot");
+            return NULL;
+        }
     }
     PyObject *tag0 = PyLong_FromLong(0), *h0 = PyLong_FromLong(0), *group = PyTuple_New(0);
     if (!tag0 || !h0 || !group) return NULL;
@@ -677,11 +775,14 @@ static PyObject *bind_action(PyObject *mod, PyObject *args) {
 
 static PyObject *message_action(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     if (!action_type) { PyErr_SetString(PyExc_RuntimeError, "message_action before bind_action"); return NULL; }
-    if (nargs != 5) { PyErr_SetString(PyExc_TypeError, "message_action(op, unit, mb, payload, peer)"); return NULL; }
+    if (nargs != 5 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "message_action(op, unit, mb, payload, peer) or (op, unit, mb)");
+        return NULL;
+    }
     PyObject *a = action_type->tp_alloc(action_type, 0);
     if (!a) return NULL;
-    for (int j = 0; j < N_SLOTS; j++)
-        if (PyMember_SetOne((char *)a, slots[j], j < 5 ? args[j] : slot_defaults[j])) { Py_DECREF(a); return NULL; }
+    for (int j = 0; j < N_SLOTS; j++)   /* PyMember_SetOne of a fresh object's T_OBJECT_EX slot */
+        *(PyObject **)((char *)a + slots[j]->offset) = Py_NewRef(j < nargs ? args[j] : j < 5 ? Py_None : slot_defaults[j]);
     return a;
 }
 
@@ -689,28 +790,40 @@ static PyObject *message_action(PyObject *mod, PyObject *const *args, Py_ssize_t
 /* lower_rank: one rank of pipert/ir/lowering.py:_programs without weight transfers, placement  */
 /* by unit                                                                                     */
 
-/* made.setdefault((src, dst), ([], []))[side].append((payload, v, mbs)) */
-static int record(PyObject *made, PyObject *src, PyObject *dst, int side, PyObject *payload, PyObject *v,
-                  PyObject *mbs) {
-    PyObject *key = PyTuple_Pack(2, src, dst);
-    if (!key) return -1;
-    PyObject *got = PyDict_GetItemWithError(made, key);
-    int rc = -1;
+/* made's entries of this call, by the other rank and side: an entry is added, never replaced or
+ * removed, while lower_rank runs, so one seen holds for the rest of the call (borrowed) */
+typedef struct {
+    struct { long long other; int side; PyObject *got; } at[CACHE];
+    int n, next;
+} Made;
+
+/* made.setdefault((src, dst), ([], []))[side].append((payload, v, mbs)); ``other``: the rank
+ * that is not this one (src for a receive, dst for a send) */
+static int record(PyObject *made, Made *seen, long long other, PyObject *src, PyObject *dst, int side,
+                  PyObject *payload, PyObject *v, PyObject *mbs) {
+    PyObject *got = NULL;
+    for (int c = 0; c < seen->n; c++)
+        if (seen->at[c].other == other && seen->at[c].side == side) { got = seen->at[c].got; break; }
     if (!got) {
-        if (PyErr_Occurred()) goto out;
-        PyObject *sends = PyList_New(0), *recvs = PyList_New(0);
-        got = (sends && recvs) ? PyTuple_Pack(2, sends, recvs) : NULL;
-        Py_XDECREF(sends); Py_XDECREF(recvs);
-        if (!got) goto out;
-        int bad = PyDict_SetItem(made, key, got);
-        Py_DECREF(got);   /* made holds it */
-        if (bad) goto out;
+        PyObject *key = PyTuple_Pack(2, src, dst);
+        if (!key) return -1;
+        got = PyDict_GetItemWithError(made, key);
+        if (!got) {
+            PyObject *sends = PyErr_Occurred() ? NULL : PyList_New(0), *recvs = sends ? PyList_New(0) : NULL;
+            got = (sends && recvs) ? PyTuple_Pack(2, sends, recvs) : NULL;
+            Py_XDECREF(sends); Py_XDECREF(recvs);
+            int bad = !got || PyDict_SetItem(made, key, got);
+            Py_XDECREF(got);   /* made holds it */
+            if (bad) got = NULL;
+        }
+        Py_DECREF(key);
+        if (!got) return -1;
+        int c = seen->n < CACHE ? seen->n++ : seen->next++ % CACHE;
+        seen->at[c].other = other, seen->at[c].side = side, seen->at[c].got = got;
     }
     PyObject *msg = PyTuple_Pack(3, payload, v, mbs);
-    rc = msg ? PyList_Append(PyTuple_GET_ITEM(got, side), msg) : -1;
+    int rc = msg ? PyList_Append(PyTuple_GET_ITEM(got, side), msg) : -1;
     Py_XDECREF(msg);
-out:
-    Py_DECREF(key);
     return rc;
 }
 
@@ -742,19 +855,23 @@ static PyObject *lower_rank(PyObject *mod, PyObject *args) {
     long long r = as_ll(r_obj);
     if (ERR_LL(r)) return NULL;
     Py_ssize_t at = 0;   /* with ahead: where the next receive goes (just before the previous compute) */
+    Made seen = {.n = 0, .next = 0};
+    /* cross's entries seen in this call by (op, payload, unit, no micro-batch): borrowed, as made's;
+     * the key's objects are compared by identity, so an entry is found again only through the same objects */
+    struct { struct { PyObject *op, *payload, *u, *got; int no_mb; } at[CACHE]; int n, next; } seen_x = {.n = 0, .next = 0};
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(acts); i++) {
         PyObject *a = PyList_GET_ITEM(acts, i);
         PyObject *u = NULL, *mbs = NULL, *sub = NULL, *op = NULL, *payload = NULL, *key = NULL, *got = NULL;
         long long *sources = NULL;   /* the ranks this compute receives from (with ahead) */
         int nsrc = 0, rc = -1;
-        if (!(u = PyObject_GetAttr(a, s_unit)) || !(mbs = PyObject_GetAttr(a, s_mb))) goto next;
+        if (!(u = field(a, F_UNIT, s_unit)) || !(mbs = field(a, F_MB, s_mb))) goto next;
         if (u == Py_None) {
             at = PyList_GET_SIZE(prog);
             rc = PyList_Append(prog, a);
             goto next;
         }
-        if (!(sub = PyObject_GetAttr(a, s_sub)) || !(op = PyObject_GetAttr(a, s_op)) ||
-            !(payload = PyObject_GetAttr(a, s_payload)))
+        if (!(sub = field(a, F_SUB, s_sub)) || !(op = field(a, F_OP, s_op)) ||
+            !(payload = field(a, F_PAYLOAD, s_payload)))
             goto next;
         int first_piece = 1, last_piece = 1;
         if (sub != Py_None) {
@@ -763,10 +880,25 @@ static PyObject *lower_rank(PyObject *mod, PyObject *args) {
             first_piece = j == 0, last_piece = j == n - 1;
         }
         int no_mb = PyObject_Not(mbs);
-        if (no_mb < 0 || !(key = PyTuple_Pack(4, op, payload, u, no_mb ? Py_True : Py_False))) goto next;
-        got = PyDict_GetItemWithError(cross, key);   /* _crossing_of's cache, read without its call */
-        if (got) Py_INCREF(got);
-        else if (PyErr_Occurred() || !(got = PyObject_CallOneArg(crossing, a))) goto next;
+        if (no_mb < 0) goto next;
+        for (int c = 0; c < seen_x.n; c++)   /* this call's lookups of cross, by identity (cross only grows) */
+            if (seen_x.at[c].op == op && seen_x.at[c].payload == payload && seen_x.at[c].u == u &&
+                seen_x.at[c].no_mb == no_mb) {
+                got = Py_NewRef(seen_x.at[c].got);
+                break;
+            }
+        if (!got) {
+            if (!(key = PyTuple_Pack(4, op, payload, u, no_mb ? Py_True : Py_False))) goto next;
+            got = PyDict_GetItemWithError(cross, key);   /* _crossing_of's cache, read without its call */
+            if (got) Py_INCREF(got);
+            else if (PyErr_Occurred() || !(got = PyObject_CallOneArg(crossing, a))) goto next;
+            if (PyTuple_Check(got) && PyDict_GetItemWithError(cross, key) == got) {   /* held by cross */
+                int c = seen_x.n < CACHE ? seen_x.n++ : seen_x.next++ % CACHE;
+                seen_x.at[c].op = op, seen_x.at[c].payload = payload, seen_x.at[c].u = u, seen_x.at[c].no_mb = no_mb;
+                seen_x.at[c].got = got;
+            }
+            if (PyErr_Occurred()) goto next;
+        }
         if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 2) {
             PyErr_SetString(PyExc_TypeError, "lower_rank: crossing() returns (incoming, outgoing)");
             goto next;
@@ -794,7 +926,7 @@ static PyObject *lower_rank(PyObject *mod, PyObject *args) {
                     }
                 sources[nsrc++] = sv;
                 bad = PyList_Insert(prog, at++, msg) ||
-                      record(made, src, r_obj, 1, PyTuple_GET_ITEM(in, 0), PyTuple_GET_ITEM(in, 1), mbs);
+                      record(made, &seen, sv, src, r_obj, 1, PyTuple_GET_ITEM(in, 0), PyTuple_GET_ITEM(in, 1), mbs);
             }
             Py_XDECREF(msg);
             Py_DECREF(src);
@@ -807,7 +939,8 @@ static PyObject *lower_rank(PyObject *mod, PyObject *args) {
             long long dv;
             if (crossing_message(o, unit_rank, send_op, mbs, r, &dst, &dv, &msg)) goto next;
             int bad = msg && (PyList_Append(prog, msg) ||
-                              record(made, r_obj, dst, 0, PyTuple_GET_ITEM(o, 0), PyTuple_GET_ITEM(o, 1), mbs));
+                              record(made, &seen, dv, r_obj, dst, 0, PyTuple_GET_ITEM(o, 0), PyTuple_GET_ITEM(o, 1),
+                                     mbs));
             Py_XDECREF(msg);
             Py_DECREF(dst);
             if (bad) goto next;
@@ -829,9 +962,13 @@ static PyMethodDef methods[] = {
     {"bind_action", bind_action, METH_VARARGS,
      "bind_action(Action, field names): the class message_action builds (its slots, in field order)"},
     {"message_action", (PyCFunction)(void (*)(void))message_action, METH_FASTCALL,
-     "message_action(op, unit, mb, payload, peer) -> Action: pipert.ir.action.message_action without Python"},
+     "message_action(op, unit, mb, payload, peer) -> Action: pipert.ir.action.message_action without Python; "
+     "(op, unit, mb): compute_action's, payload and peer None"},
     {"longest_path", longest_path, METH_VARARGS,
      "longest_path(dur, lat, succ, indeg) -> (start, end0, end1, order, indeg left): run_timing's sweep"},
+    {"survey", survey, METH_VARARGS,
+     "survey(acts, num_units, num_microbatches, unit_payloads, qname, recompute) -> (out of range, names classes, "
+     "has recompute, queues) or None: Builder.run's scans of one rank's actions in one pass"},
     {"walk", walk, METH_VARARGS,
      "walk(builder, r, acts, i, busy, peak, over, limit, nodes_r, cq, trace, ctx) -> (i, busy, peak, over): "
      "Builder.run's common case from action i to the first action it does not cover"},
@@ -852,6 +989,6 @@ PyMODINIT_FUNC PyInit__simc(void) {
     for (size_t j = 0; j < sizeof names / sizeof *names; j++)
         if (!(*names[j] = PyUnicode_InternFromString(text[j]))) return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m && nodes_add_types(m)) Py_CLEAR(m);
+    if (m && (nodes_add_types(m) || valmap_add_types(m))) Py_CLEAR(m);
     return m;
 }

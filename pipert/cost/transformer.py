@@ -37,6 +37,7 @@ from typing import Any, Mapping, Sequence
 
 from ..ir.action import Action, Op, Payload
 from .devices import DeviceSpec, _replace
+from .modes import RECOMPUTE_MODES
 from .tensor_parallel import PHASES, collectives_time, piece_collectives, tp_divisors, tp_problem
 from .topology import LinkSpec
 
@@ -48,7 +49,6 @@ __all__ = [
 UNIT_KINDS = ("layers", "pre_attn", "attn", "post_attn", "helix_c", "helix_a")
 _PARTS = ("pre_attn", "attn", "post_attn")
 _FINE = {"pre_attn": ("norm1", "qkv")}   # a piece that is the sum of finer pieces (chain checks)
-RECOMPUTE_MODES = ("none", "no_attention")
 _LSE_BYTES = 4     # flash attention's log-sum-exp is fp32, one per (token, head)
 _ID_BYTES = 8      # token ids are int64
 

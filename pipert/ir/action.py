@@ -226,6 +226,10 @@ def compute_action(op: Op, unit: int, mb: tuple[int, ...]) -> Action:
     return message_action(op, unit, mb, None, None)
 
 
+if native.SIMC is not None:   # message_action in C with three arguments: payload and peer None
+    compute_action = native.SIMC.message_action  # noqa: F811
+
+
 def _ints(text: str, token: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(","))

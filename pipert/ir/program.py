@@ -16,7 +16,6 @@ transform, which must be compiled again to run.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -51,6 +50,7 @@ def schedule_digest(schedule: ScheduleQueries, rules: str) -> str:
     d = {k: d[k] for k in ("num_ranks", "num_units", "num_microbatches", "placement", "actions")}
     d["meta"] = {k: schedule.meta.get(k) for k in DIGEST_META}
     d["rules"] = rules
+    import hashlib   # here: importing its OpenSSL binding is a cost to commands that digest nothing (simulate)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 

@@ -52,10 +52,12 @@ def one_f_one_b(config: PipelineConfig) -> Schedule:
     orders = []
     for i in range(p):
         warm = min(p - 1 - i, m)
-        acts = [compute_action(F, i, (k,)) for k in range(warm)]
-        for k in range(m - warm):
-            acts += [compute_action(F, i, (warm + k,)), compute_action(B, i, (k,))]
-        acts += [compute_action(B, i, (k,)) for k in range(m - warm, m)]
+        fwd = [compute_action(F, i, (k,)) for k in range(m)]
+        bwd = [compute_action(B, i, (k,)) for k in range(m)]
+        steady = m - warm
+        acts = fwd[:warm] + [None] * (2 * steady) + bwd[steady:]
+        acts[warm:warm + 2 * steady:2] = fwd[warm:]    # F of micro-batch warm + k, then B of k
+        acts[warm + 1:warm + 2 * steady:2] = bwd[:steady]
         orders.append(acts)
     return assemble("1f1b", config, list(range(p)), orders, split_backward=False)
 

@@ -34,7 +34,7 @@ class CommState:
         self.errors: list = []
         self.missing: list[tuple[int, int, int]] = []
         self.comm_in: list[tuple[int, int]] = []
-        self.tx_prod: dict[int, int] = {}
+        self.tx_prod = native.int_map()   # a dict, or the C-owned map the compiled walk fills
         # per directed link src * P + dst: [SENDs posted, RECVs posted, transfer nodes in FIFO
         # order, first-posted side (action, rank, index) per transfer (None once matched),
         # bytes sent, (payload, unit, #mbs) of the last message costed, its (bytes, occ, lat), the

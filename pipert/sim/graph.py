@@ -56,7 +56,8 @@ class Graph:
     comm_in: list[tuple[int, int]]
     """(compute-queue node, transfer/collective node whose data it consumes)."""
     tx_prod: dict[int, int]
-    """Transfer node -> node that produced the value it sends."""
+    """Transfer node -> node that produced the value it sends (a dict, or where pipert._simc is
+    loaded its IntMap, which reads alike and compares equal: :func:`pipert.native.int_map`)."""
     link_bytes: dict[tuple[int, int], float]
     """Bytes sent per directed link (src, dst)."""
     collectives: list[tuple[int, Action, float]]

@@ -8,7 +8,6 @@ without warm-up, a start-up that blocks some host forever is a deadlock.
 """
 from __future__ import annotations
 
-from ..comm.nccl import Comm, comm_of, describe_hang, startup_hang
 from ..ir.action import COLLECTIVE_OPS, P2P_OPS
 from .errors import ScheduleError
 from .graph import Graph
@@ -22,10 +21,12 @@ TRANSPORTS = ("gloo", "nccl")
 def apply_nccl_rules(g: Graph, warmup: bool) -> list[ScheduleError]:
     """Add each communicator's stream order to ``g``; the start-up deadlock, if any and
     ``warmup`` is off (communicators created at first use)."""
+    # here, not at the top: analyze() imports this module for TRANSPORTS under every transport
+    from ..comm.nccl import comm_of, describe_hang, startup_hang
     comm_ops = P2P_OPS | COLLECTIVE_OPS
     succ, indeg = g.succ, g.indeg
     for r, acts in enumerate(g.schedule.actions):
-        last: dict[Comm, int] = {}
+        last: dict = {}   # communicator (pipert.comm.nccl.Comm) -> its last node
         nodes = g.node_of[r]
         for i, a in enumerate(acts):
             if a.op not in comm_ops or nodes[i] < 0:

@@ -47,9 +47,10 @@ class Builder(OpRules, CommState):
         self.size_of = [self.sz[MEMORY_KIND[Value(k)]] for k in range(7)]
         self.q_of = {op: QUEUES.index(sem.queue(op).value) for op in Op}
         self._plan_cache: dict[tuple, tuple] = {}
-        self.fwd: dict[int, int] = {}   # u << 32 | m -> r << 32 | i of its F
-        self.bwd: dict[int, int] = {}   # -> (r << 32 | i) << 1 | is_D
-        self.wdone: dict[int, int] = {}
+        # (native.int_map: dicts, or C-owned maps the compiled walk fills directly)
+        self.fwd = native.int_map()     # u << 32 | m -> r << 32 | i of its F
+        self.bwd = native.int_map()     # -> (r << 32 | i) << 1 | is_D
+        self.wdone = native.int_map()
         self.wg_parts: dict[int, list] = {}
         self.opt_checks: list[tuple] = []
         self.node_of: list[list[int]] = []
@@ -83,19 +84,24 @@ class Builder(OpRules, CommState):
         for r in range(self.P):
             acts = s.actions[r]
             self.r = r
-            self.have = self._initial(r)
+            have, live = self.have, self.live = native.value_maps()
+            self._initial(r, have)
             self._plan_cache = {}
             self.ends = {}
             self._compute_plans: dict[tuple, tuple] = {}
             messages = self.message_plans = {}
-            live = self.live = {}
-            have = self.have
             self.wg: dict[tuple[int, int], list] = {}
             self.open_sub: dict[tuple, tuple] = {}
             self.wait_index = None
             self.opt_count: dict[int, int] = {}
-            ops = list(map(_OP, acts))
-            self.recomputed = recomputed(acts) if _RECOMPUTE in ops else set()
+            # the scans of the rank's actions: in one pass where pipert._simc is loaded
+            got = simc.survey(acts, U, M, _UNIT_PAYLOAD_TUPLE, qname, _RECOMPUTE) \
+                if simc is not None and type(acts) is list else None
+            if got is None:
+                ops = list(map(_OP, acts))
+                got = (_out_of_range(acts, U, M), None, _RECOMPUTE in ops, list(map(qname.__getitem__, ops)))
+            check, names_classes, has_recompute, queues = got
+            self.recomputed = recomputed(acts) if has_recompute else set()
             self.host = -1
             self.mem = 0.0
             nodes_r = self.nodes_r = [-1] * len(acts)
@@ -103,8 +109,8 @@ class Builder(OpRules, CommState):
             trace: list[float] = []
             peak = busy = 0.0
             limit, over = self.limits[r], False
-            check = _out_of_range(acts, U, M)   # indices are checked per action only where one is bad
-            classes = placed or _names_classes(acts)  # likewise ZeRO classes
+            # indices are checked per action only where one is bad (check); likewise ZeRO classes
+            classes = placed or (_names_classes(acts) if names_classes is None else names_classes)
             # the compiled walk (pipert._simc) runs the actions it covers, from i up to the next one
             # it leaves to this loop (``nxt``); only where no per-action check applies
             walk = simc.walk if simc is not None and fast and type(acts) is list and \
@@ -202,7 +208,7 @@ class Builder(OpRules, CommState):
             self.compute_nodes.append(cq)
             self.busy.append(busy)
             self.peaks.append(peak)
-            self.queues.append(list(map(qname.__getitem__, ops)))
+            self.queues.append(queues)
             self.memory_trace.append(trace)
         self.finish()
 
@@ -210,10 +216,10 @@ class Builder(OpRules, CommState):
         """The rank's running memory first exceeds its limit at action i."""
         self.error(r, i, a, "memory", f"memory {peak:g} exceeds the limit {limit:g}")
 
-    def _initial(self, r: int) -> dict[int, int]:
-        """What the rank holds at the start of a step (the semantics' initial holdings)."""
-        return {(u << 32 | sl) << SHIFT | _WEIGHT | (SHARD if shard else 0): INITIAL
-                for u, sl, shard in self.sem.initial(r)}
+    def _initial(self, r: int, have: Any) -> None:
+        """What the rank holds at the start of a step (the semantics' initial holdings), into ``have``."""
+        for u, sl, shard in self.sem.initial(r):
+            have[(u << 32 | sl) << SHIFT | _WEIGHT | (SHARD if shard else 0)] = INITIAL
 
     def _bad_class(self, r: int, i: int, a: Action) -> bool:
         """An action's ZeRO class or side the placement does not allow (Semantics.field_error)."""
@@ -532,6 +538,7 @@ _OP, _UNIT, _MB = attrgetter("op"), attrgetter("unit"), attrgetter("mb")
 _NONE = frozenset({None})
 _ZCLASS, _SIDE, _PAYLOAD = attrgetter("zclass"), attrgetter("side"), attrgetter("payload")
 _UNIT_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD})
+_UNIT_PAYLOAD_TUPLE = tuple(_UNIT_PAYLOADS)
 _P_ACT, _P_GRAD = Payload.ACT, Payload.GRAD
 
 

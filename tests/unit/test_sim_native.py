@@ -32,6 +32,7 @@ from pipert import native
 from pipert.sim import simulate
 from pipert.sim.engine import analyze
 from pipert.sim.errors import ScheduleError
+from pipert.sim import values
 from pipert.sim.metrics import exposed_comm
 
 BUILT_HERE = bool(glob.glob(str(Path(pipert.__file__).parent / "_C*.so")))   # setup.py builds both
@@ -155,6 +156,11 @@ def test_compiled_message_action_builds_the_pure_ones_action(kind: tuple, unit: 
     assert [getattr(got, f.name) for f in dataclasses.fields(Action)] == \
         [getattr(want, f.name) for f in dataclasses.fields(Action)]
     assert (got, hash(got), str(got)) == (want, hash(want), str(want))
+    if payload is None:   # a compute: compute_action, in C the three-argument message_action
+        assert action.compute_action is native.SIMC.message_action
+        got, want = action.compute_action(op, unit, tuple(mb)), action._message_action_py(op, unit, tuple(mb), None, None)
+        assert type(got) is Action and [getattr(got, f.name) for f in dataclasses.fields(Action)] == \
+            [getattr(want, f.name) for f in dataclasses.fields(Action)]
 
 
 @needs_simc
@@ -249,3 +255,86 @@ def test_compiled_node_arrays_read_and_grow_as_lists(ops: list[tuple]) -> None:
             arr[len(arr)]
     with pytest.raises(TypeError):
         got[0].append("x")
+
+
+_MAP_OPS = st.lists(st.tuples(st.sampled_from(["set", "del", "get", "pop", "pop1", "in", "item"]),
+                              st.one_of(st.sampled_from([0, 1, 5, 1 << 40 | 3, -4, 2 ** 63 - 1, -2 ** 63]),
+                                        st.integers(0, 300).map(lambda j: (j % 7 << 32 | j) << 5 | j % 3)),
+                              st.integers(-2, 90)), max_size=300)
+
+
+@needs_simc
+@settings(max_examples=100, deadline=None)
+@given(_MAP_OPS, st.booleans())
+def test_compiled_value_maps_read_and_change_as_dicts(ops: list[tuple], floats: bool) -> None:
+    """native.value_maps(): the C-owned (have, live) after the walk's operations ([k] = x, del,
+    get, pop with and without a default, in, [k]) give what dicts give, and raise where they raise;
+    they compare equal to those dicts and iterate (as the checks read the Builder's tables) in key order."""
+    with _loops(True):
+        got = native.value_maps()[floats]
+    want: dict = {}
+    assert type(got) is (native.SIMC.FloatMap if floats else native.SIMC.IntMap)
+    for op, k, x in ops:
+        v = x / 4 if floats else x
+
+        def run(m: object) -> object:
+            try:
+                if op == "set":
+                    m[k] = v
+                elif op == "del":
+                    del m[k]
+                elif op == "get":
+                    return m.get(k), m.get(k, -2)
+                elif op == "pop":
+                    return m.pop(k, None)
+                elif op == "pop1":
+                    return m.pop(k)
+                elif op == "in":
+                    return k in m
+                else:
+                    return m[k]
+            except KeyError as e:
+                return ("KeyError", e.args)
+            return None
+
+        assert run(got) == run(want)
+        assert len(got) == len(want)
+    assert got.todict() == dict(sorted(want.items())) and got == want and not got != want
+    assert list(got) == sorted(want) and got.values() == [want[k] for k in sorted(want)]   # key order
+    again = pickle.loads(pickle.dumps(got))
+    assert type(again) is type(got) and again == want and copy.deepcopy(got) == want
+    with pytest.raises(TypeError):
+        got["x"] = 1
+    with pytest.raises(OverflowError):
+        got[2 ** 64] = 1
+    assert got.get(2 ** 64, "absent") == "absent" and 2 ** 64 not in got
+
+
+@needs_simc
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(FAMILIES), st.integers(2, 4), st.integers(0, 3), st.integers(0, 3), st.booleans(),
+       st.booleans())
+def test_compiled_survey_equals_the_pure_scans(name: str, P: int, du: int, dm: int, recompute: bool,
+                                               zclass: bool) -> None:
+    """survey(): the walk's scans of one rank's actions (indices beyond the schedule's, a ZeRO class
+    or side named beside a unit's weights or gradient, a RECOMPUTE, each action's queue) as the
+    pure ones give them; None (the pure scans) where an action is not exactly an Action."""
+    s = build_schedule(name, stages=P, microbatches=2 * P)
+    if recompute:
+        s = PASSES["recompute"](s)
+    U, M = max(1, s.num_units - du), max(1, s.num_microbatches - dm)
+    qname = {op: f"q{j % 4}" for j, op in enumerate(Op)}
+    for acts in s.actions:
+        acts = list(acts)
+        weights = [j for j, a in enumerate(acts) if a.payload is Payload.WEIGHT]
+        if zclass and weights:
+            acts[weights[-1]] = dataclasses.replace(acts[weights[-1]], zclass=0)
+        ops = [a.op for a in acts]
+        want = (values._out_of_range(acts, U, M), values._names_classes(acts), Op.RECOMPUTE in ops,
+                [qname[op] for op in ops])
+        assert native.SIMC.survey(acts, U, M, values._UNIT_PAYLOAD_TUPLE, qname, Op.RECOMPUTE) == want
+    assert native.SIMC.survey([_Other(Op.F, 0, (0,))], U, M, values._UNIT_PAYLOAD_TUPLE, qname, Op.RECOMPUTE) is None
+
+
+class _Other(Action):
+    """An Action by another type: survey leaves it to the pure scans."""
