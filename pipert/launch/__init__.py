@@ -53,6 +53,7 @@ def env_rank() -> EnvRank | None:
 def check_gpus(needed: int, local_rank: int | None = None) -> None:
     """ValueError naming the GPUs this process sees unless there are ``needed`` of them (or,
     with ``local_rank``, one with that index)."""
+    import torch
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if (n > local_rank) if local_rank is not None else (n >= needed):
         return

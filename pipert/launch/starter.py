@@ -19,7 +19,7 @@ import multiprocessing
 import os
 from typing import Any
 
-__all__ = ["Inherited", "adopt", "inherited", "start_method", "warm"]
+__all__ = ["Inherited", "adopt", "inherited", "start_method", "stop_server", "warm"]
 
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.distributed.elastic.multiprocessing.errors"]
 """Modules the server imports before it forks ranks."""
@@ -45,6 +45,16 @@ def start_method() -> str:
         forkserver.set_forkserver_preload(PRELOAD)
         _server_state = state
     return "forkserver"
+
+
+def stop_server() -> None:
+    """Stop the fork server (it ends once the ranks it forked have ended); the next launch
+    starts a new one."""
+    global _server_state
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        from multiprocessing import forkserver
+        forkserver._forkserver._stop()
+        _server_state = None
 
 
 def warm() -> None:

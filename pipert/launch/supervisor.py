@@ -25,7 +25,7 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 from torch.distributed.elastic.utils.process_state import read_proc_state
 
 from .failures import LaunchError, LaunchInterrupted, RankEnd, root_cause_order
-from .starter import start_method
+from .starter import start_method, stop_server
 
 __all__ = ["run_local"]
 
@@ -132,6 +132,7 @@ def run_local(entry: Callable[..., None], nprocs: int, args: tuple, grace: float
                 order = root_cause_order(ends)
                 raise LaunchError({r: ends[r].text for r in order}, order, {r: ends[r].message for r in order})
         except SignalException as e:
+            stop_server()  # this process is going down: so is the ranks' fork server, before it
             raise LaunchInterrupted(e.sigval) from None
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)

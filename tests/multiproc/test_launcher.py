@@ -87,6 +87,13 @@ def _comm(pid: int) -> str:
         return ""
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return ""
+
+
 def _assert_nothing_left(proc: subprocess.Popen, procs: list[int], tmp_path: Path, deadline: float) -> None:
     """By ``deadline`` (time.monotonic()): the launcher has exited, none of its processes runs and
     the job's temporary directory is empty."""
@@ -96,7 +103,8 @@ def _assert_nothing_left(proc: subprocess.Popen, procs: list[int], tmp_path: Pat
         files = os.listdir(tmp_path / "tmp")
         if not running and not files:
             return
-        assert time.monotonic() < deadline, (running, files, (tmp_path / "stderr").read_text()[-3000:])
+        assert time.monotonic() < deadline, ([(p, _comm(p), _cmdline(p)) for p in running], files,
+                                             (tmp_path / "stderr").read_text()[-3000:])
         time.sleep(0.1)
 
 
