@@ -79,7 +79,7 @@ setup(
     install_requires=["torch>=2.4", "numpy", "matplotlib", "tqdm", "ortools>=9.10"],
     extras_require={
         "kernels": ["triton>=3.0"],
-        "test": ["pytest", "hypothesis", "triton>=3.0"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "triton>=3.0"],
     },
     entry_points={"console_scripts": ["pipert=pipert.cli:main"]},
     **_extension_args(),

@@ -8,7 +8,10 @@
 //   call and destruction take the GIL; nothing else in the core touches Python.
 // - Calls that can wait (synchronize, close, drain) release the GIL, so stream
 //   workers can run Python callables meanwhile.
-#include <ATen/ATen.h>
+// Only the ATen headers used here (Tensor, from_blob): <ATen/ATen.h> would double the
+// compile time of this file.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/utils/pybind.h>
 

@@ -195,8 +195,10 @@ def test_solver_on_seconds_and_bytes_scales():
 
 
 def test_solver_respects_a_tighter_memory_limit_and_device0_objective():
-    cost, links, limit, pr = _setup("ud", 4, 6, 2, 1.0, 1.0)
+    # P=4, M=4 proves each optimum in seconds (M=6 took minutes for the device-0 objective)
+    cost, links, limit, pr = _setup("ud", 4, 4, 2, 2.0, 0.5)
     loose = solve(pr, SolverConfig(**EXACT, sub_blocks=1))
+    assert max(validate(loose.schedule(pr), cost).peak_memory) > 3.0     # so the limit below binds
     tight_pr = pr.with_limit(3.0)
     tight = solve(tight_pr, SolverConfig(**EXACT, sub_blocks=1))
     s = tight.schedule(tight_pr)
