@@ -1,20 +1,15 @@
 """`pipert train --save/--resume` on gloo processes (P=2, float64): a resumed run gives the
 losses of an uninterrupted one, with the same schedule or another over the same units."""
-import json
-import subprocess
-import sys
-
 import pytest
+
+from pipert.tools.clirun import run_cli
 
 ARGS = ("--stages", "2", "--microbatches", "4", "--batch-size", "8", "--seq", "16", "--dtype", "float64",
         "--backend", "gloo", "--json", "--steps", "4")
 
 
 def _train(*args: str) -> list[dict]:
-    out = subprocess.run([sys.executable, "-m", "pipert.cli", "train", *ARGS, *args], capture_output=True,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return run_cli("train", *ARGS, *args).rows()
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,5 @@
 """``nccl-sim`` on gloo processes: every registered family trains exactly under NCCL's rules;
 without warm-up the programs the validator calls start-up deadlocks hang and are reported."""
-import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -11,6 +8,7 @@ from pipert.launch import LaunchError
 from pipert.exec.instrument import Instrumentation
 from pipert.launch import launch
 from pipert.sim import validate
+from pipert.tools.clirun import run_cli
 from pipert.testing import Case, assert_exact, build_case_program, family_cases, fault_worker
 
 TIMEOUT = 5.0
@@ -41,10 +39,7 @@ def test_without_warmup_weipipe_hangs_at_start_and_every_rank_names_its_communic
 
 
 def test_train_cli_runs_under_ncclsim_with_check():
-    out = subprocess.run([sys.executable, "-m", "pipert.cli", "train", "--backend", "nccl-sim", "--schedule",
-                          "zb-h1", "--stages", "2", "--microbatches", "4", "--batch-size", "8", "--steps", "2",
-                          "--dtype", "float64", "--check", "--json"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    rows = run_cli("train", "--backend", "nccl-sim", "--schedule", "zb-h1", "--stages", "2", "--microbatches", "4",
+                   "--batch-size", "8", "--steps", "2", "--dtype", "float64", "--check", "--json").rows()
     assert len(rows) == 2
     assert all(r["max_grad_rel_err"] <= 1e-10 and r["max_param_rel_err"] <= 1e-10 for r in rows), rows

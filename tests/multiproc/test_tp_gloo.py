@@ -2,13 +2,12 @@
 `pipert train --tp 2 [--sp] --check` against the single-process reference (float64, 1e-10)."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from pipert.launch import launch
+from pipert.tools.clirun import run_cli
 from pipert.tools.tpcheck import check_ranks
 
 TOL = 1e-10
@@ -40,10 +39,7 @@ def test_tp_layers_equal_the_whole_model(tmp_path):
 
 
 def _train(*args: str) -> list[dict]:
-    out = subprocess.run([sys.executable, "-m", "pipert.cli", "train", *SHAPE, *args], capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return run_cli("train", *SHAPE, *args).rows()
 
 
 CASES = {

@@ -1,17 +1,13 @@
 """`pipert train` on gloo processes with emulated cross-DC links and --profile."""
-import json
 import os
-import subprocess
-import sys
+
+from pipert.tools.clirun import run_cli
 
 
 def test_gloo_train_with_links_is_exact_and_reports_the_prediction():
-    out = subprocess.run([sys.executable, "-m", "pipert.cli", "train", "--backend", "gloo", "--stages", "2",
-                          "--microbatches", "4", "--batch-size", "4", "--seq", "16", "--steps", "2", "--dtype",
-                          "float64", "--json", "--check", "--profile", "--dcs", "2", "--dc-latency", "2ms",
-                          "--dc-bandwidth", "1Gbps"], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    steps = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    steps = run_cli("train", "--backend", "gloo", "--stages", "2", "--microbatches", "4", "--batch-size", "4",
+                    "--seq", "16", "--steps", "2", "--dtype", "float64", "--json", "--check", "--profile", "--dcs",
+                    "2", "--dc-latency", "2ms", "--dc-bandwidth", "1Gbps").rows()
     assert [s["step"] for s in steps] == [0, 1]
     assert steps[0]["links"]["text"] == "2 DCs: 2 ms, 1 Gbit/s between them"
     for s in steps:
@@ -30,11 +26,8 @@ def test_gloo_train_with_replicas_across_datacenters_holds_each_reduction_for_it
     from pipert.testing import train_collective_seconds
     flags = dict(stages=2, dp=2, microbatches=4, batch_size=4, seq=16, steps=1, dtype="float64", dcs=2,
                  dc_latency="2ms", dc_bandwidth="1Gbps")
-    out = subprocess.run([sys.executable, "-m", "pipert.cli", "train", "--backend", "gloo", "--json", "--check",
-                          *[f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    (step,) = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    (step,) = run_cli("train", "--backend", "gloo", "--json", "--check",
+                      *[f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]).rows()
     assert step["max_grad_rel_err"] <= 1e-10 and step["max_param_rel_err"] <= 1e-10, step
     want = train_collective_seconds(**flags)
     assert min(want) > 2 * 2e-3
