@@ -2,7 +2,7 @@
 losses of an uninterrupted one, with the same schedule or another over the same units."""
 import pytest
 
-from pipert.tools.clirun import run_cli
+from pipert.clirun import run_cli
 
 ARGS = ("--stages", "2", "--microbatches", "4", "--batch-size", "8", "--seq", "16", "--dtype", "float64",
         "--backend", "gloo", "--json", "--steps", "4")

@@ -8,7 +8,7 @@ from pipert.launch import LaunchError
 from pipert.exec.instrument import Instrumentation
 from pipert.launch import launch
 from pipert.sim import validate
-from pipert.tools.clirun import run_cli
+from pipert.clirun import run_cli
 from pipert.testing import Case, assert_exact, build_case_program, family_cases, fault_worker
 
 TIMEOUT = 5.0

@@ -1,14 +1,14 @@
 """The command ``pipert plan --auto`` prints for a tiny model on a small CPU "cluster" runs under
 ``pipert train`` on gloo processes (two steps). The printed command runs as a user runs it, in its
 own ``python -m pipert`` process (this suite's one such train run; the others call
-``pipert.cli.main`` in the test's process: pipert.tools.clirun)."""
+``pipert.cli.main`` in the test's process: pipert.clirun)."""
 import json
 import math
 import shlex
 import subprocess
 import sys
 
-from pipert.tools.clirun import run_cli
+from pipert.clirun import run_cli
 
 
 def test_the_printed_command_runs_two_steps():

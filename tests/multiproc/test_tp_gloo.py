@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipert.launch import launch
-from pipert.tools.clirun import run_cli
+from pipert.clirun import run_cli
 from pipert.tools.tpcheck import check_ranks
 
 TOL = 1e-10

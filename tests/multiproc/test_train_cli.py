@@ -1,13 +1,13 @@
 """`pipert train`: the main job, on gloo processes.
 
-The command runs in the test's process (pipert.tools.clirun; its ranks are gloo processes of the
+The command runs in the test's process (pipert.clirun; its ranks are gloo processes of the
 shared fork server): nothing here tests what a separate ``python -m pipert`` process adds (that
 is test_plan_auto_runs's printed command and test_launcher's)."""
 import json
 
 import pytest
 
-from pipert.tools.clirun import CliRun, run_cli
+from pipert.clirun import CliRun, run_cli
 
 
 def train(*args: str) -> CliRun:

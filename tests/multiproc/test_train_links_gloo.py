@@ -1,7 +1,7 @@
 """`pipert train` on gloo processes with emulated cross-DC links and --profile."""
 import os
 
-from pipert.tools.clirun import run_cli
+from pipert.clirun import run_cli
 
 
 def test_gloo_train_with_links_is_exact_and_reports_the_prediction():

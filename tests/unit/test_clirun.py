@@ -1,10 +1,10 @@
-"""pipert.tools.clirun.run_cli: a command's status and output, and this process's streams put back."""
+"""pipert.clirun.run_cli: a command's status and output, and this process's streams put back."""
 import os
 import sys
 
 import pytest
 
-from pipert.tools.clirun import run_cli
+from pipert.clirun import run_cli
 
 
 def _streams() -> tuple:

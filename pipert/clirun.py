@@ -34,7 +34,7 @@ class CliRun:
 
 def run_cli(*argv: str) -> CliRun:
     """``pipert argv`` in this process; argparse's refusals give their status (2), as on the command line."""
-    from ..cli import main
+    from .cli import main
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         sys.stdout.flush()
         sys.stderr.flush()
