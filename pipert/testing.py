@@ -353,11 +353,9 @@ def simulated_collective_prices(program: Any, links: Any, weight_bytes: Sequence
     from .ir.semantics import COLLECTIVE_OPS
     from .sim import simulate
     g = simulate(program, SizedCost(weight_bytes), links).graph
-    price: dict[tuple, float] = {}
-    for n, a, _ in g.collectives:  # one node per collective, in each group's order
-        gk = tuple(sorted(a.group))
-        k = sum(1 for key in price if key[0] == gk)
-        price[(gk, k)] = g.dur[n]
+    price: dict[tuple, list[float]] = {}  # group -> its collectives' prices, in the group's order
+    for n, a, _ in g.collectives:  # one node per collective
+        price.setdefault(tuple(sorted(a.group)), []).append(g.dur[n])
     out: dict[int, list[tuple]] = {}
     for r, actions in enumerate(program.actions):
         seen: dict[tuple, int] = {}
@@ -366,7 +364,7 @@ def simulated_collective_prices(program: Any, links: Any, weight_bytes: Sequence
             if a.op in COLLECTIVE_OPS:
                 gk = tuple(sorted(a.group))
                 seen[gk] = seen.get(gk, -1) + 1
-                out[r].append((a.op.value, price[(gk, seen[gk])]))
+                out[r].append((a.op.value, price[gk][seen[gk]]))
     return out
 
 

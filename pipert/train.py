@@ -479,7 +479,7 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
     # (AdamW state evolves across steps); each step it starts from the pipeline's current weights.
     ref_units = _rank_units(cfg, program, device) if cfg.check and rank == 0 else None
     ref_opt = opt([p for u in ref_units for p in u.parameters()]) if ref_units else None
-    sizes = _per_rank(backend, rank, _param_bytes(units))
+    sizes = _per_rank(backend, _param_bytes(units))
     whole = units if tp is None else _rank_units(cfg, program, torch.device("meta"), keep=[])  # unsharded shapes
     start = {"rank_param_bytes": sizes, "model_param_bytes": _param_bytes(whole, materialized_only=False)}
     if backend != "local":
@@ -549,12 +549,8 @@ def _collective_link_s(pipe, backend: str, held_from: dict[int, int]) -> list[fl
     """Per program rank, the seconds its collectives of this step were held on the emulated links
     (the simulator's price of each; every rank of a dist job must call this)."""
     mine = {r: sum(h.delay for h in held) for r, held in pipe.held_collectives(held_from).items()}
-    if backend != "local":
-        import torch.distributed as dist
-        parts: list = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, mine)
-        mine = {r: v for part in parts for r, v in part.items()}
-    return [mine.get(r, 0.0) for r in range(pipe.program.num_ranks)]
+    every = {r: v for part in _per_rank(backend, mine) for r, v in part.items()}
+    return [every.get(r, 0.0) for r in range(pipe.program.num_ranks)]
 
 
 def _print_fidelity(predicted: list[dict], measured: list[float]) -> None:
@@ -623,7 +619,7 @@ def _gather(pipe, fn, tp=None) -> dict:
     return gather_to_zero({k: v.cpu() for k, v in local.items()})
 
 
-def _per_rank(backend: str, rank: int, value: int) -> list[int]:
+def _per_rank(backend: str, value: Any) -> list[Any]:
     """``value`` of every process, in rank order (every rank of a dist job must call this)."""
     if backend == "local":
         return [value]

@@ -201,7 +201,7 @@ class RankExecutor:
             self._ends: dict[int, float] = {}  # traced: compute-queue action index -> its end
             self._ready_of: dict[int, int] = {}  # traced: SEND index -> the compute-queue action it waits for
             self._queue_end: float | None = None  # traced: end of the compute queue's last action
-            self._work = self._waited = 0.0  # traced: compute seconds, seconds waiting for communication
+            self._accounted = 0.0  # traced: seconds computing or waiting for communication so far
         self._error: BaseException | None = None
         q = self.queues
         posted: dict[tuple, Any] = {}    # value key -> event of the post that brings it
@@ -280,8 +280,7 @@ class RankExecutor:
             if self._error is not None:
                 raise RuntimeError("skipped after an earlier failure")
             self.state.at(i)
-            t0 = time.perf_counter() if self.trace else 0.0
-            work, waited = (self._work, self._waited) if self.trace else (0.0, 0.0)
+            t0, accounted = (time.perf_counter(), self._accounted) if self.trace else (0.0, 0.0)
             try:
                 verb(i, a, *args)
                 if self.sends:
@@ -294,7 +293,7 @@ class RankExecutor:
                 t1 = time.perf_counter()
                 self.result.trace.append((str(a), t0, t1))
                 if self.plan[i][4] is Queue.COMPUTE:
-                    self._queue_time(i, a, t0, t1, self._work - work + self._waited - waited)
+                    self._queue_time(i, a, t0, t1, self._accounted - accounted)
             if self.measure:
                 self.result.memory.append(self.held_bytes())
                 self.result.stashes.append(self.state.stash.live())
@@ -335,7 +334,7 @@ class RankExecutor:
                 handle.wait(self.timeout)
             if self.trace:
                 t1 = time.perf_counter()
-                self._waited += t1 - t0
+                self._accounted += t1 - t0
                 if k is not None:
                     self.result.messages.append(("recv", a.peer, k, t0, t1))
         except CommTimeout as e:
@@ -419,7 +418,7 @@ class RankExecutor:
     def _timed(self, op: Op, u: int | None, t: tuple[float, float], pieces: int = 1) -> None:
         """One ``op_times`` entry since clocks ``t``; a piece of a split compute counts for all of them."""
         wall = time.perf_counter() - t[0]
-        self._work += wall
+        self._accounted += wall
         self.result.op_times.append((op.value, u, wall * pieces, (time.thread_time() - t[1]) * pieces))
 
     def _compute(self, i: int, a: Action, rd: list, wr: list, flag: bool | str | None) -> None:
