@@ -111,6 +111,11 @@ def recompute_discussion(rows: list[dict], parts: list[dict]) -> list[str]:
                    f"{100 * NEAR_ZERO:.0f}% at 96k, attention would have to run {k:.1f}x slower per FLOP than the GEMMs; "
                    f"neither the paper's text (Figure 3 has no numbers in it) nor a datasheet gives such a ratio, so the "
                    f"model keeps one efficiency.")
+    out.append("- Where the rerun sits: the authors' code (code-tunnel/Megatron-LM, branch dev, "
+               "megatron/model/flatten_transformer_layer.py) wraps pre-attention in an autograd checkpoint "
+               "function and post-attention in Megatron's checkpoint, so the rerun runs inside autograd's "
+               "backward, after the gradient has arrived, as in pipert's units (a unit's backward carries it); "
+               "it cannot hide in a wait for the gradient.")
     return out
 
 
