@@ -14,6 +14,11 @@ tokens per iteration), 8 GPUs per node, NVLink (200 GB/s per direction) inside a
 (``simulate(..., nic_bandwidth=)``, pipert/sim/nic.py). Recomputation for 1F1B, WeiPipe and
 TawPipe (B costs F + B), none for ZB-H1 (as TawPipe states). WeiPipe runs the paper's ring
 (``weipipe-interleave``) and pipert's direct variant (``weipipe-interleave-direct``) beside it.
+Both papers ran 1F1B through Megatron-LM, whose boundary transfers block the next compute:
+``1f1b-megatron`` is 1F1B with that blocking (benchmarks/_megatron_p2p.py), beside pipert's 1F1B
+whose transfers overlap. For the activation-passing schedules a row also records the fullest
+rank's memory: the simulator's running peak plus the static model state of its unit at
+BYTES_PER_PARAM (against the papers' 80 GB A800).
 The claims with a number of their own (bubble, chunks per turn, TawPipe's bubble formula)
 are simulated on their small settings.
 
@@ -32,6 +37,7 @@ import time
 from typing import Any
 
 from _common import RESULTS, context, read_csv, rebuild, write_csv, write_results
+from _megatron_p2p import blocking_p2p
 from _weight_passing_claims import claims, report
 
 from pipert.cost.devices import DeviceSpec
@@ -48,11 +54,15 @@ GPN = 8
 NVLINK = LinkSpec(5e-6, 200e9)
 ETH = LinkSpec(50e-6, 1.25e9)
 HS = [(h, s) for h in (1024, 2048, 4096) for s in (4096, 8192, 16384)]
+MEGATRON = "1f1b-megatron"
+BYTES_PER_PARAM = 18
+"""Static model state per parameter in Megatron-LM's mixed precision without the distributed
+optimizer: fp16/bf16 weight 2 + fp32 main gradient 4 + fp32 master weight 4 + Adam moments 8."""
 T4_HS = [(h, s) for h in (1024, 2048, 4096) for s in (4096, 16384)]
 TABLES = {  # table -> (GPUs, layers, sequences per iteration or None for 64 micro-batches, schedules, rows)
-    "weipipe-t2": (16, 32, None, ("1f1b", "weipipe-interleave", "weipipe-interleave-direct"), HS),
-    "weipipe-t4": (8, 16, None, ("1f1b", "weipipe-interleave", "weipipe-interleave-direct"), T4_HS),
-    "tawpipe-t2": (24, 48, 1536, ("1f1b", "zb-h1", "weipipe-interleave", "weipipe-interleave-direct", "tawpipe"),
+    "weipipe-t2": (16, 32, None, ("1f1b", MEGATRON, "weipipe-interleave", "weipipe-interleave-direct"), HS),
+    "weipipe-t4": (8, 16, None, ("1f1b", MEGATRON, "weipipe-interleave", "weipipe-interleave-direct"), T4_HS),
+    "tawpipe-t2": (24, 48, 1536, ("1f1b", MEGATRON, "zb-h1", "weipipe-interleave", "weipipe-interleave-direct", "tawpipe"),
                    HS),
 }
 
@@ -95,7 +105,9 @@ def run_one(table: str, h: int, s: int, name: str, device: DeviceSpec, quick: bo
     links = Links(topo, {"intra_node": NVLINK, "inter_node": eth})
     opts = {"ranks_per_node": GPN} if name == "tawpipe" else {}
     t0 = time.perf_counter()
-    sched = build_schedule(name, stages=gpus, microbatches=n, **opts)
+    sched = build_schedule("1f1b" if name == MEGATRON else name, stages=gpus, microbatches=n, **opts)
+    if name == MEGATRON:
+        sched = blocking_p2p(sched)
     res = simulate(sched, cost, links=links, topology=topo, nic_bandwidth=eth.bandwidth)
     def time_of(op: Op, u: int) -> float:
         return cost.compute_time(Action(op, u, (0,)), 0)
@@ -108,7 +120,13 @@ def run_one(table: str, h: int, s: int, name: str, device: DeviceSpec, quick: bo
             "inter_node_GB": res.comm_bytes["inter_node"] / 1e9, "intra_node_GB": res.comm_bytes["intra_node"] / 1e9,
             "turn_compute_s": turn, "head_turn_s": time_of(Op.B, gpus - 1) + time_of(Op.F, 0),
             "stage_max_s": max(time_of(Op.F, u) + time_of(Op.B, u) for u in range(gpus)), "chunk_GB": chunk / 1e9, "act_GB": cost.message_bytes("act", mid) / 1e9, "link_GBps": (eth if gpus > GPN else NVLINK).bandwidth / 1e9,
+            "peak_GB": _peak_gb(res, base) if name in ("1f1b", MEGATRON, "zb-h1") else "",
             "sim_wall_s": time.perf_counter() - t0}
+
+
+def _peak_gb(res: Any, base: TransformerCost) -> float:
+    """The fullest rank's memory in GB when rank r holds unit r: running peak + static state."""
+    return max(p + BYTES_PER_PARAM * base.params(r) for r, p in enumerate(res.peak_memory)) / 1e9
 
 
 def small_rows() -> list[dict]:
