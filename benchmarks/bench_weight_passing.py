@@ -18,7 +18,8 @@ Both papers ran 1F1B through Megatron-LM, whose boundary transfers block the nex
 ``1f1b-megatron`` is 1F1B with that blocking (benchmarks/_megatron_p2p.py), beside pipert's 1F1B
 whose transfers overlap. For the activation-passing schedules a row also records the fullest
 rank's memory: the simulator's running peak plus the static model state of its unit at
-BYTES_PER_PARAM (against the papers' 80 GB A800).
+BYTES_PER_PARAM (against the papers' 80 GB A800), and 1F1B's rows on several nodes the makespan
+with no NIC shared (every link its own bandwidth), which shows what the shared NIC costs.
 The claims with a number of their own (bubble, chunks per turn, TawPipe's bubble formula)
 are simulated on their small settings.
 
@@ -109,6 +110,8 @@ def run_one(table: str, h: int, s: int, name: str, device: DeviceSpec, quick: bo
     if name == MEGATRON:
         sched = blocking_p2p(sched)
     res = simulate(sched, cost, links=links, topology=topo, nic_bandwidth=eth.bandwidth)
+    own = (simulate(sched, cost, links=links, topology=topo).makespan
+           if name in ("1f1b", MEGATRON) and gpus > GPN else "")   # every link its own bandwidth: no NIC shared
     def time_of(op: Op, u: int) -> float:
         return cost.compute_time(Action(op, u, (0,)), 0)
 
@@ -120,7 +123,7 @@ def run_one(table: str, h: int, s: int, name: str, device: DeviceSpec, quick: bo
             "inter_node_GB": res.comm_bytes["inter_node"] / 1e9, "intra_node_GB": res.comm_bytes["intra_node"] / 1e9,
             "turn_compute_s": turn, "head_turn_s": time_of(Op.B, gpus - 1) + time_of(Op.F, 0),
             "stage_max_s": max(time_of(Op.F, u) + time_of(Op.B, u) for u in range(gpus)), "chunk_GB": chunk / 1e9, "act_GB": cost.message_bytes("act", mid) / 1e9, "link_GBps": (eth if gpus > GPN else NVLINK).bandwidth / 1e9,
-            "peak_GB": _peak_gb(res, base) if name in ("1f1b", MEGATRON, "zb-h1") else "",
+            "own_links_makespan_s": own, "peak_GB": _peak_gb(res, base) if name in ("1f1b", MEGATRON, "zb-h1") else "",
             "sim_wall_s": time.perf_counter() - t0}
 
 
