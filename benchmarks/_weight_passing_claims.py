@@ -11,11 +11,13 @@ from typing import Any
 
 from _common import report_header
 
-__all__ = ["claims", "report", "PUBLISHED"]
+__all__ = ["claims", "report", "PUBLISHED", "implied_bandwidth"]
 
 WEI, DIRECT, TAW, MEG = "weipipe-interleave", "weipipe-interleave-direct", "tawpipe", "1f1b-megatron"
 NAMES = {"1f1b": "1F1B", "zb-h1": "ZB-H1", WEI: "WeiPipe", DIRECT: "WeiPipe-direct", TAW: "TawPipe",
          MEG: "1F1B (Megatron-LM)"}
+SLOW = "weipipe-t2-implied"
+"""WeiPipe's Table 2 rows rerun at the boundary bandwidth the published 1F1B implies (implied_bandwidth)."""
 GPU_GB = 80.0
 """The papers' A800 memory: a row whose fullest rank needs more is out of memory in pipert's model."""
 
@@ -111,24 +113,44 @@ def weipipe_claims(rows: list[dict]) -> list[dict]:
             eff = {c: got[c]["tok_s_gpu"] / (pub["1f1b" if c == MEG else c] * unit) for c in ("1f1b", MEG, WEI)}
             reason = (f"pipert/published throughput: 1F1B {eff['1f1b']:.2f} (as Megatron-LM runs it {eff[MEG]:.2f}), "
                       f"WeiPipe {eff[WEI]:.2f}; " + _blocking_reason(got, meg, paper, ok_m) + "; "
-                      + (_implied_link(got[MEG], got["1f1b"], pub["1f1b"]) + "; " if table == "weipipe-t2" else "")
+                      + (_implied_link(got, grid.get((SLOW, h, s)), pub) + "; " if table == "weipipe-t2" else "")
                       + _ring_reason(got[WEI]))
             out.append(_megatron(_claim("WeiPipe", f"WeiPipe/1F1B throughput, {label}, H={h} S={s}", paper, ours,
                                         f"within {TOL:.0%}", ok, reason, direct=direct), meg, ok_m, reason))
     return out
 
 
-def _implied_link(blk: dict, one: dict, published: float) -> str:
-    """What the published 1F1B's throughput implies per micro-batch beyond pipert's blocking 1F1B,
-    and the boundary bandwidth that would explain it alone (its blocked period then paces)."""
-    slower = blk["tok_s_gpu"] / published
-    extra = blk["makespan_s"] * (slower - 1) / blk["microbatches"]
+def implied_bandwidth(blk: dict, one: dict, published: float) -> tuple[float, float]:
+    """(seconds per micro-batch the published 1F1B takes beyond pipert's blocking 1F1B ``blk``,
+    the boundary bandwidth in GB/s at which a boundary stage's blocked period would pace it so):
+    from the rows of ``blk`` and pipert's 1F1B ``one`` and the published tokens/s/GPU. Where the
+    published 1F1B is not slower, no slower link is implied: the bandwidth is the modelled one."""
+    extra = blk["makespan_s"] * (blk["tok_s_gpu"] / published - 1) / blk["microbatches"]
+    if extra <= 0:
+        return extra, one["link_GBps"]
+    period = max(one["stage_max_s"], one["turn_compute_s"] + one["act_GB"] / one["link_GBps"]) + extra
+    return extra, one["act_GB"] / (period - one["turn_compute_s"])
+
+
+def _implied_link(got: dict[str, dict], slow: dict[str, dict] | None, pub: dict) -> str:
+    """What the published 1F1B implies beyond pipert's blocking 1F1B, and what pipert gives at the
+    boundary bandwidth that would explain it alone (the runs ``slow``, if made)."""
+    blk, one = got[MEG], got["1f1b"]
+    extra, gbs = implied_bandwidth(blk, one, pub["1f1b"])
     xfer = one["act_GB"] / one["link_GBps"]
-    period = max(one["stage_max_s"], one["turn_compute_s"] + xfer) + extra
-    return (f"the published 1F1B's iteration is {slower:.2f}x as long as the blocking one's, {extra:.2f} s more per "
-            f"micro-batch ({extra / xfer:.1f} boundary transfers); were the boundary link the only cause, its "
-            f"effective bandwidth would be about {one['act_GB'] / (period - one['turn_compute_s']):.2f} GB/s "
-            f"against the modelled {one['link_GBps']:g}")
+    if extra <= 0:
+        return f"the published 1F1B is {pub['1f1b'] / blk['tok_s_gpu']:.2f}x as fast as the blocking one: no slower link is implied"
+    text = (f"the published 1F1B's iteration is {blk['tok_s_gpu'] / pub['1f1b']:.2f}x as long as the blocking one's, "
+            f"{extra:.2f} s more per micro-batch ({extra / xfer:.1f} boundary transfers); were the boundary link the "
+            f"only cause, its effective bandwidth would be about {gbs:.2f} GB/s against the modelled "
+            f"{one['link_GBps']:g}")
+    if slow and MEG in slow and WEI in slow:
+        m, w = slow[MEG]["tok_s_gpu"] / pub["1f1b"], slow[WEI]["tok_s_gpu"] / pub[WEI]
+        both = "reproduces both" if abs(m - 1) <= TOL and abs(w - 1) <= TOL else "does not reproduce both"
+        text += (f"; run at {slow[MEG]['link_GBps']:.2f} GB/s, pipert's blocking 1F1B gives {m:.2f} of the published "
+                 f"1F1B and its WeiPipe {w:.2f} of the published WeiPipe (WeiPipe/1F1B "
+                 f"{slow[WEI]['tok_s_gpu'] / slow[MEG]['tok_s_gpu']:.2f}): one link speed {both} columns")
+    return text
 
 
 def _blocking_reason(got: dict[str, dict], meg: float, paper: float, ok_m: bool) -> str:
@@ -313,6 +335,15 @@ def _prose(rows: list[dict], cl: list[dict]) -> list[str]:
                      f" pipert's paper ring {_span([c['pipert'] for c in t2])} "
                      f"({_span([c['pipert_megatron'] for c in t2])} against 1F1B as Megatron-LM runs it), direct variant "
                      f"{_span([c['pipert_direct'] for c in t2])}.")
+    slow = {k[1:]: v for k, v in grid.items() if k[0] == SLOW}
+    if slow:
+        pub = PUBLISHED["weipipe-t2"]
+        lines.append(f"- WeiPipe's Table 2 at each row's implied boundary bandwidth "
+                     f"({_span([v[MEG]['link_GBps'] for v in slow.values()])} GB/s, the speed at which pipert's "
+                     f"blocking 1F1B would run as slowly as the published one): pipert's blocking 1F1B gives "
+                     f"{_span([v[MEG]['tok_s_gpu'] / pub[k]['1f1b'] for k, v in slow.items()])} of the published "
+                     f"1F1B, its WeiPipe {_span([v[WEI]['tok_s_gpu'] / pub[k][WEI] for k, v in slow.items()])} of the "
+                     f"published WeiPipe.")
     order = [c for c in cl if c["claim"].startswith("ranking")]
     if order:
         zb_only = sum(not c["within_goal_megatron"] and "Only ZB-H1" in c["reason"] for c in order)

@@ -19,7 +19,9 @@ Both papers ran 1F1B through Megatron-LM, whose boundary transfers block the nex
 whose transfers overlap. For the activation-passing schedules a row also records the fullest
 rank's memory: the simulator's running peak plus the static model state of its unit at
 BYTES_PER_PARAM (against the papers' 80 GB A800), and 1F1B's rows on several nodes the makespan
-with no NIC shared (every link its own bandwidth), which shows what the shared NIC costs.
+with no NIC shared (every link its own bandwidth), which shows what the shared NIC costs. WeiPipe's
+Table 2 rows are rerun (blocking 1F1B and WeiPipe, table ``weipipe-t2-implied``) at the boundary
+bandwidth at which pipert's blocking 1F1B would run as slowly as the published 1F1B.
 The claims with a number of their own (bubble, chunks per turn, TawPipe's bubble formula)
 are simulated on their small settings.
 
@@ -39,7 +41,7 @@ from typing import Any
 
 from _common import RESULTS, context, read_csv, rebuild, write_csv, write_results
 from _megatron_p2p import blocking_p2p
-from _weight_passing_claims import claims, report
+from _weight_passing_claims import PUBLISHED, SLOW, claims, implied_bandwidth, report
 
 from pipert.cost.devices import DeviceSpec
 from pipert.cost.topology import Links, LinkSpec, Topology
@@ -132,6 +134,23 @@ def _peak_gb(res: Any, base: TransformerCost) -> float:
     return max(p + BYTES_PER_PARAM * base.params(r) for r, p in enumerate(res.peak_memory)) / 1e9
 
 
+def implied_rows(rows: list[dict], device: DeviceSpec, quick: bool, eth: LinkSpec) -> list[dict]:
+    """WeiPipe's Table 2 rows rerun (blocking 1F1B and WeiPipe) at the boundary bandwidth at which
+    pipert's blocking 1F1B would run as slowly as the published 1F1B (implied_bandwidth), each
+    row at its own (none where the published 1F1B is not slower); table SLOW."""
+    got = {(r["hidden"], r["seq"], r["schedule"]): r for r in rows if r["table"] == "weipipe-t2"}
+    out = []
+    for h, s in TABLES["weipipe-t2"][4]:
+        extra, gbs = implied_bandwidth(got[(h, s, MEGATRON)], got[(h, s, "1f1b")], PUBLISHED["weipipe-t2"][(h, s)]["1f1b"])
+        if extra <= 0:
+            continue
+        for name in (MEGATRON, "weipipe-interleave"):
+            out.append({**run_one("weipipe-t2", h, s, name, device, quick, LinkSpec(eth.latency, gbs * 1e9)),
+                        "table": SLOW})
+            print(f"{SLOW} H={h:5} S={s:6} {name:26} at {gbs:.2f} GB/s: {out[-1]['tok_s_gpu']:9.1f} tok/s/GPU", flush=True)
+    return out
+
+
 def small_rows() -> list[dict]:
     """The claims with a number of their own, on their small settings (free links, tf=1, tb=2)."""
     rows = []
@@ -191,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = rows[-1]
                 print(f"{table:10} H={h:5} S={s:6} {name:26} {r['tok_s_gpu']:9.1f} tok/s/GPU (makespan "
                       f"{r['makespan_s']:.2f} s, bubble {r['bubble']:.3f}, {r['sim_wall_s']:.1f} s)", flush=True)
+    rows += implied_rows(rows, device, args.quick, eth)
     ctx = context(extra={
         "wall time of the model runs": f"{time.perf_counter() - t0:.0f} s",
         "modelled hardware": f"{device.name}, {device.peak_tflops:g} TFLOP/s x efficiency {device.efficiency}, "
