@@ -14,6 +14,14 @@ tokens per iteration), 8 GPUs per node, NVLink (200 GB/s per direction) inside a
 (``simulate(..., nic_bandwidth=)``, pipert/sim/nic.py). Recomputation for 1F1B, WeiPipe and
 TawPipe (B costs F + B), none for ZB-H1 (as TawPipe states). WeiPipe runs the paper's ring
 (``weipipe-interleave``) and pipert's direct variant (``weipipe-interleave-direct``) beside it.
+Both papers ran 1F1B through Megatron-LM, whose boundary transfers block the next compute:
+``1f1b-megatron`` is 1F1B with that blocking (benchmarks/_megatron_p2p.py), beside pipert's 1F1B
+whose transfers overlap. For the activation-passing schedules a row also records the fullest
+rank's memory: the simulator's running peak plus the static model state of its unit at
+BYTES_PER_PARAM (against the papers' 80 GB A800), and 1F1B's rows on several nodes the makespan
+with no NIC shared (every link its own bandwidth), which shows what the shared NIC costs. WeiPipe's
+Table 2 rows are rerun (blocking 1F1B and WeiPipe, table ``weipipe-t2-implied``) at the boundary
+bandwidth at which pipert's blocking 1F1B would run as slowly as the published 1F1B.
 The claims with a number of their own (bubble, chunks per turn, TawPipe's bubble formula)
 are simulated on their small settings.
 
@@ -32,7 +40,8 @@ import time
 from typing import Any
 
 from _common import RESULTS, context, read_csv, rebuild, write_csv, write_results
-from _weight_passing_claims import claims, report
+from _megatron_p2p import blocking_p2p
+from _weight_passing_claims import PUBLISHED, SLOW, claims, implied_bandwidth, report
 
 from pipert.cost.devices import DeviceSpec
 from pipert.cost.topology import Links, LinkSpec, Topology
@@ -48,11 +57,15 @@ GPN = 8
 NVLINK = LinkSpec(5e-6, 200e9)
 ETH = LinkSpec(50e-6, 1.25e9)
 HS = [(h, s) for h in (1024, 2048, 4096) for s in (4096, 8192, 16384)]
+MEGATRON = "1f1b-megatron"
+BYTES_PER_PARAM = 18
+"""Static model state per parameter in Megatron-LM's mixed precision without the distributed
+optimizer: fp16/bf16 weight 2 + fp32 main gradient 4 + fp32 master weight 4 + Adam moments 8."""
 T4_HS = [(h, s) for h in (1024, 2048, 4096) for s in (4096, 16384)]
 TABLES = {  # table -> (GPUs, layers, sequences per iteration or None for 64 micro-batches, schedules, rows)
-    "weipipe-t2": (16, 32, None, ("1f1b", "weipipe-interleave", "weipipe-interleave-direct"), HS),
-    "weipipe-t4": (8, 16, None, ("1f1b", "weipipe-interleave", "weipipe-interleave-direct"), T4_HS),
-    "tawpipe-t2": (24, 48, 1536, ("1f1b", "zb-h1", "weipipe-interleave", "weipipe-interleave-direct", "tawpipe"),
+    "weipipe-t2": (16, 32, None, ("1f1b", MEGATRON, "weipipe-interleave", "weipipe-interleave-direct"), HS),
+    "weipipe-t4": (8, 16, None, ("1f1b", MEGATRON, "weipipe-interleave", "weipipe-interleave-direct"), T4_HS),
+    "tawpipe-t2": (24, 48, 1536, ("1f1b", MEGATRON, "zb-h1", "weipipe-interleave", "weipipe-interleave-direct", "tawpipe"),
                    HS),
 }
 
@@ -95,8 +108,12 @@ def run_one(table: str, h: int, s: int, name: str, device: DeviceSpec, quick: bo
     links = Links(topo, {"intra_node": NVLINK, "inter_node": eth})
     opts = {"ranks_per_node": GPN} if name == "tawpipe" else {}
     t0 = time.perf_counter()
-    sched = build_schedule(name, stages=gpus, microbatches=n, **opts)
+    sched = build_schedule("1f1b" if name == MEGATRON else name, stages=gpus, microbatches=n, **opts)
+    if name == MEGATRON:
+        sched = blocking_p2p(sched)
     res = simulate(sched, cost, links=links, topology=topo, nic_bandwidth=eth.bandwidth)
+    own = (simulate(sched, cost, links=links, topology=topo).makespan
+           if name in ("1f1b", MEGATRON) and gpus > GPN else "")   # every link its own bandwidth: no NIC shared
     def time_of(op: Op, u: int) -> float:
         return cost.compute_time(Action(op, u, (0,)), 0)
 
@@ -108,7 +125,30 @@ def run_one(table: str, h: int, s: int, name: str, device: DeviceSpec, quick: bo
             "inter_node_GB": res.comm_bytes["inter_node"] / 1e9, "intra_node_GB": res.comm_bytes["intra_node"] / 1e9,
             "turn_compute_s": turn, "head_turn_s": time_of(Op.B, gpus - 1) + time_of(Op.F, 0),
             "stage_max_s": max(time_of(Op.F, u) + time_of(Op.B, u) for u in range(gpus)), "chunk_GB": chunk / 1e9, "act_GB": cost.message_bytes("act", mid) / 1e9, "link_GBps": (eth if gpus > GPN else NVLINK).bandwidth / 1e9,
+            "own_links_makespan_s": own, "peak_GB": _peak_gb(res, base) if name in ("1f1b", MEGATRON, "zb-h1") else "",
             "sim_wall_s": time.perf_counter() - t0}
+
+
+def _peak_gb(res: Any, base: TransformerCost) -> float:
+    """The fullest rank's memory in GB when rank r holds unit r: running peak + static state."""
+    return max(p + BYTES_PER_PARAM * base.params(r) for r, p in enumerate(res.peak_memory)) / 1e9
+
+
+def implied_rows(rows: list[dict], device: DeviceSpec, quick: bool, eth: LinkSpec) -> list[dict]:
+    """WeiPipe's Table 2 rows rerun (blocking 1F1B and WeiPipe) at the boundary bandwidth at which
+    pipert's blocking 1F1B would run as slowly as the published 1F1B (implied_bandwidth), each
+    row at its own (none where the published 1F1B is not slower); table SLOW."""
+    got = {(r["hidden"], r["seq"], r["schedule"]): r for r in rows if r["table"] == "weipipe-t2"}
+    out = []
+    for h, s in TABLES["weipipe-t2"][4]:
+        extra, gbs = implied_bandwidth(got[(h, s, MEGATRON)], got[(h, s, "1f1b")], PUBLISHED["weipipe-t2"][(h, s)]["1f1b"])
+        if extra <= 0:
+            continue
+        for name in (MEGATRON, "weipipe-interleave"):
+            out.append({**run_one("weipipe-t2", h, s, name, device, quick, LinkSpec(eth.latency, gbs * 1e9)),
+                        "table": SLOW})
+            print(f"{SLOW} H={h:5} S={s:6} {name:26} at {gbs:.2f} GB/s: {out[-1]['tok_s_gpu']:9.1f} tok/s/GPU", flush=True)
+    return out
 
 
 def small_rows() -> list[dict]:
@@ -170,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = rows[-1]
                 print(f"{table:10} H={h:5} S={s:6} {name:26} {r['tok_s_gpu']:9.1f} tok/s/GPU (makespan "
                       f"{r['makespan_s']:.2f} s, bubble {r['bubble']:.3f}, {r['sim_wall_s']:.1f} s)", flush=True)
+    rows += implied_rows(rows, device, args.quick, eth)
     ctx = context(extra={
         "wall time of the model runs": f"{time.perf_counter() - t0:.0f} s",
         "modelled hardware": f"{device.name}, {device.peak_tflops:g} TFLOP/s x efficiency {device.efficiency}, "

@@ -95,13 +95,16 @@ def weight_passing(rows: list[dict], ctx: dict) -> str:
     from _weight_passing_claims import claims
     cl = claims(rows)
     parts = [f"{system}: {sum(c['within_goal'] for c in cl if c['system'] == system)} of "
-             f"{sum(c['system'] == system for c in cl)} claims within their goal" for system in ("WeiPipe", "TawPipe")]
+             f"{sum(c['system'] == system for c in cl)} claims within their goal "
+             f"({sum(c['within_goal_megatron'] for c in cl if c['system'] == system)} with 1F1B's transfers blocking "
+             f"as in Megatron-LM)" for system in ("WeiPipe", "TawPipe")]
     bubble = next(c for c in cl if c["claim"].startswith("Interleave bubble"))
     order = [c for c in cl if c["claim"].startswith("ranking")]
     return ("- WeiPipe/TawPipe against their papers (analytic A800 model + simulator): " + "; ".join(parts)
             + f"; WeiPipe-Interleave bubble at P=4, N=8 {bubble['pipert']:.3f} (paper {bubble['paper']:.3f}, "
             f"pipert's direct variant {bubble['pipert_direct']:.3f}); TawPipe's Table 2 ranking on "
             f"{sum(c['within_goal'] for c in order)} of {len(order)} rows "
+            f"({sum(c['within_goal_megatron'] for c in order)} with the blocking 1F1B) "
             + _source("bench_weight_passing.py", "weight_passing", ctx) + ".")
 
 

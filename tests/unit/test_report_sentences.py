@@ -304,3 +304,28 @@ def test_vs_torch_shows_the_breakdown_where_its_run_stored_one(monkeypatch):
     assert "| gpipe P=2 M=4 | pipert | 74.0 | 13.7 | 27.3 | 0.0 | 41.0 | 33.0 (33.0-33.0) |" in text
     assert "pipert's step is 4.0 ms longer than torch's; its computes take +1.0 ms and everything else +3.0 ms" in text
     assert "not measured" not in text and "cProfile" not in text.split("## pipert vs")[1]
+
+
+def test_weight_passing_counts_claims_within_goal_against_megatrons_1f1b_from_the_rows():
+    import _weight_passing_claims as wc
+    from _common import RESULTS, read_csv
+    rows = read_csv(RESULTS / "weight_passing.csv")
+
+    def state() -> tuple[int, int, int]:
+        """(the summary's two WeiPipe counts, Table 2 claims within the goal against Megatron's 1F1B)."""
+        cl = wc.claims(rows)
+        line = next(s for s in wc._prose(rows, cl) if s.startswith("- WeiPipe:"))
+        overlapped, megatron = (int(x) for x in re.findall(r"(\d+) of 17", line))
+        return overlapped, megatron, sum(c["within_goal_megatron"] for c in cl if "Table 2" in c["claim"]
+                                         and c["system"] == "WeiPipe")
+
+    before = state()
+    wei = {(r["table"], r["hidden"], r["seq"]): r["tok_s_gpu"] for r in rows if r["schedule"] == wc.WEI}
+    for r in rows:   # 1F1B as Megatron-LM runs it now as much slower as the paper's WeiPipe/1F1B says
+        key = (r["table"], r["hidden"], r["seq"])
+        if r["schedule"] == wc.MEG and key[0] == "weipipe-t2":
+            pub = wc.PUBLISHED["weipipe-t2"][key[1:]]
+            r["tok_s_gpu"] = wei[key] * pub["1f1b"] / pub[wc.WEI]
+    after = state()
+    assert after[2] == 9
+    assert after[0] == before[0] and after[1] == before[1] + 9 - before[2]
