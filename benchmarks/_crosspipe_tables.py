@@ -106,7 +106,7 @@ def _binding(r: dict, s: str) -> str:
         return ""
     pk, lm = (str(peak).split(), str(limit).split())
     k = sum(float(a) >= float(b) - 1e-9 for a, b in zip(pk, lm))
-    return f"memory limit binds on {k} of {len(lm)} ranks" if k else f"memory limit not binding"
+    return f"memory limit binds on {k} of {len(lm)} ranks" if k else "memory limit not binding"
 
 
 def _reason(t: Tables, dcs: int, lat: float, bw: float, case: str, s: str) -> str:
