@@ -7,17 +7,14 @@ of each schedule and delay, which needs no conversion of units.
 from __future__ import annotations
 
 from _common import report_header
+from _crosspipe_tables import PAPER as TABLES
 from _weight_passing_claims import TOL, _fmt
 
 __all__ = ["PAPER", "report"]
 
-PAPER = {  # (lat/T_F, bw/T_F) -> schedule -> (Case 1, Case 2) seconds per micro-batch (Table 5, M70, 2 DCs)
-    (0.0, 0.0): {"ud": (0.137, 0.165), "wave": (0.119, 0.157)},
-    (0.25, 0.25): {"ud": (0.142, 0.170), "wave": (0.127, 0.159)},
-    (0.25, 2.0): {"ud": (0.177, 0.185), "wave": (0.250, 0.274)},
-    (2.0, 0.25): {"ud": (0.153, 0.173), "wave": (0.148, 0.163)},
-    (2.0, 2.0): {"ud": (0.196, 0.196), "wave": (0.256, 0.291)},
-}
+PAPER = {(lat, bw): {p: (by[col], TABLES[(2, lat, bw, "C2")][col]) for p, col in (("ud", "optimum"), ("wave", "wave"))}
+         for (dcs, lat, bw, case), by in TABLES.items() if dcs == 2 and case == "C1"}
+"""(lat/T_F, bw/T_F) -> schedule -> (Case 1, Case 2) seconds per micro-batch (Table 5, M70, 2 DCs)."""
 
 
 def _pair(rows: list[dict], lat: float, bw: float, pattern: str) -> tuple[dict, dict]:

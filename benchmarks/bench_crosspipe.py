@@ -1,12 +1,15 @@
 """CrossPipe sweep: static vs CrossPipe schedules under cross-DC latency and bandwidth delay.
 
-Grid: P in {4, 8}, M = 2P, 2 and 4 datacenters (equal consecutive blocks of ranks),
-cross-DC latency and link occupancy per message in {0, 0.25, 1, 2} * T_F, uniform costs
-T_F = T_D = T_W = 1 (D/W split; 1F1B and interleaved use B = D + W), memory limit per rank =
+Grid: P = 4, M = 8 on every cell; P = 8 on the paper's Tables 5/6 (lat, bw) cells (``--p8-cells
+all``: every cell) with M = 16 and, for the paper's Case 3, M = 32; 2 and 4 datacenters (equal
+consecutive blocks of ranks), cross-DC latency and link occupancy per message in {0, 0.25, 1, 2} *
+T_F, uniform costs T_F = T_D = T_W = 1 (D/W split; 1F1B and interleaved use B = D + W), receive
+buffers of M70's boundary size (``M70_ACT_FRACTION`` of a stash), memory limit per rank =
 CrossPipe's default budget (the paper's: the rank's peak in the static counterpart, 1F1B plus a
 W share for UD; ``default_memory_limit``) ("default") and twice that ("relaxed"). Schedules with two
 chunks per rank (interleaved 1F1B, ZB-V, CrossPipe Wave) run the same model cut in twice
-as many units (``ChunkScaledCost``). Every makespan is ``pipert.sim.simulate``'s.
+as many units (``ChunkScaledCost``). Every makespan is ``pipert.sim.simulate``'s. The Tables 5/6
+comparison is ``_crosspipe_tables.py``.
 
 Also: greedy run time vs P and M, CP-SAT time to optimality (or 1% gap) vs P, and the
 paper's §5.2 cross-DC PP vs DP comparison. Writes benchmarks/results/crosspipe_sweep.csv
@@ -14,7 +17,8 @@ paper's §5.2 cross-DC PP vs DP comparison. Writes benchmarks/results/crosspipe_
 (crosspipe_sweep.context.json) and crosspipe_sweep.md, built from them alone (``--from-csv``
 rebuilds it).
 
-    python benchmarks/bench_crosspipe.py [--quick] [--time-limit S] [--p4-time-limit S] [--from-csv]
+    python benchmarks/bench_crosspipe.py [--quick] [--p8-cells paper|all] [--time-limit S] [--p4-time-limit S]
+        [--from-csv]
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import time
 from pathlib import Path
 
 import ortools
+from _crosspipe_tables import M70_ACT_FRACTION, PAPER, paper_tables
 from _common import RESULTS, context, read_csv, rebuild, report_header, save_context, write_csv
 
 from pipert.cost import Links, Topology, UniformCost
@@ -36,28 +41,15 @@ from pipert.schedules.crosspipe import (ChunkScaledCost, best_hint, GreedyConfig
 from pipert.schedules.crosspipe.select import PPvsDP, compare_pp_dp, format_pp_dp, llama3_405b
 from pipert.sim import simulate
 
-BASE = UniformCost(tf=1.0, td=1.0, tw=1.0)
+BASE = UniformCost(tf=1.0, td=1.0, tw=1.0, act_bytes=M70_ACT_FRACTION)
 STATIC = [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2)]
 COLS = ["1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "greedy", "wave", "optimum"]
 SOLVER_FIELDS = ["P", "M", "hint", "status", "gap", "makespan", "bound", "wall_s"]
 
-# Paper Table 5 (M70, P=8, GBS 16, 2 DCs) and Table 6 (4 DCs), s per micro-batch; C1 = 1x, C3 = 2x memory.
-PAPER = {
-    ("2dc", 0, 0, "C1"): {"1f1b": 0.151, "zb-h1": 0.133, "zb-v": 0.118, "greedy": 0.137, "optimum": 0.137, "wave": 0.119},
-    ("2dc", 0.25, 2, "C1"): {"1f1b": 0.241, "zb-h1": 0.230, "zb-v": 0.315, "greedy": 0.181, "optimum": 0.177,
-                             "wave": 0.250},
-    ("2dc", 2, 0.25, "C1"): {"1f1b": 0.242, "zb-h1": 0.229, "zb-v": 0.314, "greedy": 0.160, "optimum": 0.153,
-                             "wave": 0.148},
-    ("2dc", 2, 0.25, "C3"): {"greedy": 0.127, "optimum": 0.124, "wave": 0.115},
-    ("2dc", 2, 2, "C1"): {"1f1b": 0.321, "zb-h1": 0.309, "zb-v": 0.473, "greedy": 0.198, "optimum": 0.196, "wave": 0.256},
-    ("2dc", 2, 2, "C3"): {"greedy": 0.145, "optimum": 0.147, "wave": 0.245},
-    ("4dc", 2, 2, "C1"): {"1f1b": 0.359, "zb-h1": 0.338, "zb-v": 0.512, "greedy": 0.268, "optimum": 0.271, "wave": 0.339},
-    ("4dc", 2, 2, "C3"): {"optimum": 0.178},
-}
 
-
-def cell(P: int, dcs: int, lat: float, bw: float, relax: float, tl: float, solver: bool) -> dict:
-    M = 2 * P
+def cell(P: int, dcs: int, lat: float, bw: float, relax: float, tl: float, solver: bool, M: int | None = None) -> dict:
+    """One sweep row: every schedule's makespan at M micro-batches (default 2P) on ``dcs`` DCs."""
+    M = M or 2 * P
     topo = Topology(P, num_dcs=dcs)
     links = Links.uniform_dc(topo, lat, bw)
     row: dict = {"P": P, "M": M, "dcs": dcs, "lat": lat, "bw": bw, "memory": "default" if relax == 1 else "relaxed"}
@@ -68,35 +60,49 @@ def cell(P: int, dcs: int, lat: float, bw: float, relax: float, tl: float, solve
         lim = tuple(x * relax for x in default_memory_limit(pat, P, M, c))     # per rank
         pr = problem_from_cost(P, M, pat, c, links, memory_limit=lim)
         g = greedy_best(pr, GreedyConfig(sub_blocks=4))
-        row[col], row[f"{col}_s"], row[f"{col}_limit"] = g.makespan, g.runtime_s, " ".join(f"{x:g}" for x in lim)
+        row[col], row[f"{col}_s"], row[f"{col}_limit"] = g.makespan, g.runtime_s, _per_rank(lim)
+        row[f"{col}_peak"] = _per_rank(g.peak_memory)
         if pat == "ud":
             row["greedy_n1"] = greedy_best(pr, GreedyConfig(sub_blocks=1)).makespan
             if solver:
                 h = best_hint(pr, c, links, 4)      # the better of the greedy and ZB-H1
                 r = solve(pr, SolverConfig(time_limit_s=tl, relative_gap=0.01, sub_blocks=4), hint=h)
-                s = r.schedule(pr)
-                row["optimum"] = simulate(s, c, links).makespan
+                sim = simulate(r.schedule(pr), c, links)
+                row["optimum"], row["optimum_peak"] = sim.makespan, _per_rank(sim.peak_memory)
                 row.update(bound=r.bound, status=r.status, gap=r.gap, solver_s=r.runtime_s)
                 row["greedy_gap"] = g.makespan / row["optimum"] - 1
     return row
 
 
+def _per_rank(xs) -> str:
+    return " ".join(f"{x:g}" for x in xs)
+
+
+PAPER_CELLS = sorted({(lat, bw) for _, lat, bw, _ in PAPER})
+"""The (lat, bw) cells of the paper's Tables 5 and 6."""
+
+
 def sweep(args: argparse.Namespace) -> list[dict]:
-    Ps = (4,) if args.quick else (4, 8)
+    """P=4 (M=8) on the whole delay grid; P=8 on ``--p8-cells`` (the paper's cells or the whole grid)
+    with M=16 (default and relaxed memory) and the paper's Case 3, M=32 on relaxed memory."""
     D = (0.0, 1.0, 2.0) if args.quick else (0.0, 0.25, 1.0, 2.0)
+    grid = list(itertools.product(D, D))
+    runs = [(4, dcs, relax, 8, grid) for relax in (1.0, 2.0) for dcs in ((2,) if args.quick else (2, 4))]
+    if not args.quick:
+        p8 = grid if args.p8_cells == "all" else PAPER_CELLS
+        runs += [(8, dcs, relax, M, p8) for dcs in (2, 4) for relax, M in ((1.0, 16), (2.0, 16), (2.0, 32))]
     rows = []
-    for relax in (1.0, 2.0):
-        for P, dcs in itertools.product(Ps, (2,) if args.quick else (2, 4)):
-            for lat, bw in itertools.product(D, D):
-                tl = args.p4_time_limit if P == 4 else args.time_limit
-                rows.append(cell(P, dcs, lat, bw, relax, tl, not args.no_solver))
-                print(_fmt_row(rows[-1]), flush=True)
+    for P, dcs, relax, M, cells in runs:
+        tl = args.p4_time_limit if P == 4 else args.time_limit
+        for lat, bw in cells:
+            rows.append(cell(P, dcs, lat, bw, relax, tl, not args.no_solver, M))
+            print(_fmt_row(rows[-1]), flush=True)
     return rows
 
 
 def _fmt_row(r: dict) -> str:
     vals = " ".join(f"{c}={r[c]:g}" for c in COLS if c in r)
-    return f"P={r['P']} dcs={r['dcs']} lat={r['lat']} bw={r['bw']} mem={r['memory']}: {vals}"
+    return f"P={r['P']} M={r['M']} dcs={r['dcs']} lat={r['lat']} bw={r['bw']} mem={r['memory']}: {vals}"
 
 
 def greedy_scaling(args: argparse.Namespace) -> list[tuple]:
@@ -148,10 +154,11 @@ def _limit(cell) -> str:
 
 def _grid_tables(rows: list[dict]) -> list[str]:
     out = []
-    keys = sorted({(r["memory"], r["P"], r["dcs"]) for r in rows}, key=lambda k: (k[0] != "default", k[1], k[2]))
-    for mem, P, dcs in keys:
-        sel = [r for r in rows if (r["memory"], r["P"], r["dcs"]) == (mem, P, dcs)]
-        out += ["", f"### P={P}, M={2 * P}, {dcs} DCs, {mem} memory (UD limit {_limit(sel[0]['greedy_limit'])}, "
+    keys = sorted({(r["memory"], r["P"], r["M"], r["dcs"]) for r in rows},
+                  key=lambda k: (k[0] != "default", k[1], k[2], k[3]))
+    for mem, P, M, dcs in keys:
+        sel = [r for r in rows if (r["memory"], r["P"], r["M"], r["dcs"]) == (mem, P, M, dcs)]
+        out += ["", f"### P={P}, M={M}, {dcs} DCs, {mem} memory (UD limit {_limit(sel[0]['greedy_limit'])}, "
                     f"Wave limit {_limit(sel[0]['wave_limit'])} per rank)", "",
                 "| lat/T_F | bw/T_F | 1F1B | IV1F1B | ZB-H1 | ZB-V | greedy | greedy n_sub=1 | wave | optimum | "
                 "status, gap | greedy vs opt | greedy s | solver s |",
@@ -171,30 +178,6 @@ def _grid_tables(rows: list[dict]) -> list[str]:
 
 def _get(rows: list[dict], **kw) -> dict | None:
     return next((r for r in rows if all(r[k] == v for k, v in kw.items())), None)
-
-
-def _paper_tables(rows: list[dict]) -> list[str]:
-    out = ["", "### Tables 5 and 6 (P=8, M=16), slowdown vs ZB-H1 at zero delay, paper vs this model", "",
-           "Paper: s per micro-batch / ZB-H1 (0,0) = 0.133 s. Ours: makespan / ZB-H1 (0,0). UDSub = our greedy, "
-           "UD = our CP-SAT optimum, Wave = our Wave greedy (the paper's Wave is solver-based). "
-           "C1 = default memory, C3 = 2x memory (our relaxed grid; the paper's C3 also doubles GBS).", "",
-           "| DCs | (lat, bw)/T_F | case | 1F1B | ZB-H1 | ZB-V | UDSub | UD | Wave |", "|---|---|---|---|---|---|---|---|---|"]
-    z0 = _get(rows, P=8, dcs=2, lat=0.0, bw=0.0, memory="default")
-    if z0 is None:
-        return out + ["", "(P=8 not in this run)"]
-    for (dc, lat, bw, case), paper in PAPER.items():
-        r = _get(rows, P=8, dcs=int(dc[0]), lat=float(lat), bw=float(bw), memory="default" if case == "C1" else "relaxed")
-        if r is None:
-            continue
-        cells = []
-        for c in ("1f1b", "zb-h1", "zb-v", "greedy", "optimum", "wave"):
-            p = f"{paper[c] / 0.133:.2f}" if c in paper else "-"
-            o = f"{r[c] / z0['zb-h1']:.2f}" if c in r and (c in paper or case == "C1") else "-"
-            cells.append(f"{p} / {o}")
-        out.append(f"| {dc[0]} | ({lat:g}, {bw:g}) | {case} | " + " | ".join(cells) + " |")
-    out.append("")
-    out.append("Each cell: paper / ours.")
-    return out
 
 
 def _trend_checks(rows: list[dict]) -> list[str]:
@@ -228,7 +211,7 @@ def _trend_checks(rows: list[dict]) -> list[str]:
         best = lambda r: min(r["greedy"], r.get("optimum", r["greedy"]), r["wave"])
         red1 = max(1 - best(r) / r["1f1b"] for r in p8)
         red2 = max(1 - best(r) / min(r["zb-h1"], r["1f1b"]) for r in p8)
-        out += ["", "### Figure 11 (model level, P=8, M=16, 2 DCs)", "",
+        out += ["", f"### Figure 11 (model level, P=8, M=16, 2 DCs, {len(p8)} (lat, bw) cells)", "",
                 f"- largest reduction of the best CrossPipe schedule vs 1F1B: {red1:.1%}; vs the best of 1F1B/ZB-H1: "
                 f"{red2:.1%} (paper, measured on M70: up to 33.6% vs original, 21.9% vs optimized 1F1B)"]
     return out
@@ -243,7 +226,8 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False, folder: Path = RE
     ppdp = [(r["latency_s"], r["bandwidth"], PPvsDP(r["pp_time"], r["pp_schedule"], r["dp_time"], r["single_dc_time"]))
             for r in read_csv(folder / "crosspipe_pp_dp.csv")]
     lines = report_header("CrossPipe sweep: static vs CrossPipe schedules under cross-DC delay", ctx, rebuilt) + ["",
-        "Uniform costs T_F = T_D = T_W = 1 (1F1B and interleaved: B = D + W); M = 2P; DCs are equal consecutive "
+        "Uniform costs T_F = T_D = T_W = 1 (1F1B and interleaved: B = D + W), receive buffers of "
+        f"{_ctx_act(ctx)} stash (M70's stage boundary); M = 2P unless a heading says otherwise; DCs are equal consecutive "
         "blocks of ranks; a cross-DC message occupies its link for bw (FIFO per rank's send queue) and arrives lat "
         "later; other messages are free. Makespans in T_F units from `pipert.sim.simulate`. Bold: the best "
         "schedule of the row. greedy = CrossUDSub (4 W sub-blocks, best of 3 "
@@ -251,7 +235,7 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False, folder: Path = RE
         "(hinted with the better of the greedy and ZB-H1, stopped at 1% gap or the time limit; status HINT = "
         "no better schedule than the hint found).",
         "", "## Sweep"] + _grid_tables(rows)
-    lines += ["", "## Comparison with the paper"] + _trend_checks(rows) + _paper_tables(rows)
+    lines += ["", "## Comparison with the paper"] + _trend_checks(rows) + paper_tables(rows)
     lines += ["", "## Greedy run time (UD, 4 sub-blocks, 4 DCs, lat = bw = 1)", "",
               "| P | M | single run s | portfolio (3 rules) s |", "|---:|---:|---:|---:|"]
     lines += [f"| {P} | {M} | {a:.3f} | {b:.3f} |" for P, M, a, b in gs]
@@ -271,6 +255,12 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False, folder: Path = RE
               "64 DP replicas over the shared cross-DC link. DP: ZB-V in one DC plus 2*alpha + 2N bytes / B "
               "unoverlapped.", "", "```", format_pp_dp(ppdp), "```"]
     return "\n".join(lines) + "\n"
+
+
+def _ctx_act(ctx: dict) -> str:
+    """The receive-buffer size the run used, from its context (runs before it used one stash)."""
+    run = ctx.get("run", "")
+    return run.split("receive buffer = ")[1].split(" ")[0] if "receive buffer = " in run else "1"
 
 
 def _greedy_target(gs: list[tuple]) -> str:
@@ -293,6 +283,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="P=4, 2 DCs, delays {0,1,2}: about 2 minutes")
     ap.add_argument("--time-limit", type=float, default=8.0, help="CP-SAT limit per P=8 cell (s)")
     ap.add_argument("--p4-time-limit", type=float, default=30.0, help="CP-SAT limit per P=4 cell (s)")
+    ap.add_argument("--p8-cells", choices=("paper", "all"), default="paper",
+                    help="P=8 delay cells: the paper's Tables 5/6 cells (default) or the whole grid")
     ap.add_argument("--no-solver", action="store_true", help="skip the CP-SAT optimum")
     ap.add_argument("--out", type=Path, default=RESULTS, help="output folder")
     ap.add_argument("--from-csv", action="store_true", help="rebuild the report from the stored CSVs and context")
@@ -308,14 +300,16 @@ def main() -> None:
     ss = [] if args.no_solver else solver_scaling(args)
     ppdp = pp_dp(args)
     fields = ["P", "M", "dcs", "lat", "bw", "memory", "greedy_limit", "wave_limit"] + COLS + \
-        ["greedy_n1", "bound", "status", "gap", "greedy_gap", "greedy_s", "wave_s", "solver_s"]
+        ["greedy_n1", "greedy_peak", "wave_peak", "optimum_peak", "bound", "status", "gap", "greedy_gap", "greedy_s", "wave_s", "solver_s"]
     write_csv(args.out / "crosspipe_greedy.csv", [dict(zip(("P", "M", "single_s", "portfolio_s"), g)) for g in gs])
     write_csv(args.out / "crosspipe_solver.csv", [dict(zip(SOLVER_FIELDS, r)) for r in ss], SOLVER_FIELDS)
     write_csv(args.out / "crosspipe_pp_dp.csv", [dict(latency_s=lat, bandwidth=bw, pp_time=r.pp_time,
                                                       pp_schedule=r.pp_schedule, dp_time=r.dp_time,
                                                       single_dc_time=r.single_dc_time) for lat, bw, r in ppdp])
-    ctx["run"] = (f"{'--quick' if args.quick else 'full'}; solver limit {args.p4_time_limit:g} s (P=4) / "
-                  f"{args.time_limit:g} s (P=8) per cell, stop at 1% gap; total wall "
+    p8 = "" if args.quick else ", P=8 on " + ("every (lat, bw) cell" if args.p8_cells == "all" else
+                                              "the (lat, bw) cells of the paper Tables 5/6")
+    ctx["run"] = (f"{'--quick' if args.quick else 'full'}{p8}; solver limit {args.p4_time_limit:g} s (P=4) / "
+                  f"{args.time_limit:g} s (P=8) per cell, stop at 1% gap; receive buffer = {BASE.act_bytes:g} stash; total wall "
                   f"{(time.perf_counter() - t0) / 60:.1f} min")
     write_csv(args.out / "crosspipe_sweep.csv", rows, fields)
     save_context("crosspipe_sweep", ctx, args.out)

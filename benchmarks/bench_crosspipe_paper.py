@@ -17,6 +17,7 @@ import time
 
 from _common import RESULTS, context, rebuild, write_results
 from _crosspipe_claims import HALF, PIPERT, report
+from _crosspipe_tables import M70_ACT_FRACTION
 from _crosspipe_recompute_claims import PAPER as RECOMPUTE_PAPER, report as recompute_report
 
 from pipert.schedules.crosspipe.select import compare_pp_dp, llama3_405b
@@ -44,8 +45,8 @@ def run() -> list[dict]:
     return rows
 
 
-KEPT_FRACTION = 1 / 64
-"""Boundary input per stash of an M70 stage (8 layers of 16 s*d bytes each, input 2 s*d bytes)."""
+KEPT_FRACTION = M70_ACT_FRACTION
+"""Boundary input per stash of an M70 stage (the F input a recompute keeps)."""
 
 
 def run_recompute(stages: int = 8) -> list[dict]:
