@@ -44,6 +44,8 @@ CHEAP_FIRST = ("1f1b", "interleaved-1f1b", "zb-h1", "pipemesh")
 """Families the search evaluates first (the ``top`` of them with the lowest bounds): their builds take
 no costs (shared between layouts) and their simulations are the shortest, so the cutoff that proves
 weight-passing layouts slower (:func:`_slower`) is finite before the first of those is tried."""
+HELIX = ("helixpipe", "helixpipe-2fold")
+"""Families whose layouts are proven slower before they are built (their placement is a formula)."""
 BUILD_OPTIONS = {"zb-v": {"order": "handcrafted"}}
 """Generator options the planner fixes, and ``pipert train --options`` repeats: ZB-V's handcrafted
 order (its search over greedy orders costs seconds per layout)."""
@@ -143,12 +145,13 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
            tp: int | None = None, sp: bool = False, stages: int | None = None, dp: int | None = None,
            micro_batch: int | None = None, top: int = 5, time_budget: float = 25.0,
            cost_for: CostFor | None = None, jobs: int = 1,
-           wanted: Callable[[Candidate], bool] = lambda c: True) -> Search:
+           wanted: Callable[[Candidate], bool] = lambda c: True, meanwhile: Callable[[], Any] | None = None) -> Search:
     """Rank the layouts of ``model`` on ``cluster`` for a global batch of ``batch`` sequences
     (module doc). The fixed dimensions (``tp``, ``stages``, ``dp``, ``micro_batch``) narrow it.
     ``jobs``: processes simulating at once (forked; 1 with a given ``cost_for``, which may hold
     torch, not safe to fork). ``wanted``: the time budget stops the search only once it found
-    one such candidate."""
+    one such candidate. ``meanwhile``: work this process does while forked workers simulate
+    (:func:`pipert.planner.runner.run_in_order`)."""
     t0 = time.perf_counter()
     measured = cost_for is not None
     cost_for = cost_for or analytic_cost(cluster)
@@ -199,7 +202,7 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
         mine = Search([], out.budget)
         sims: dict[tuple, Any] = {}   # (shape, recompute) -> (schedule, SimResult) of this layout
         try:
-            if cutoff < math.inf and lay.family in WEIGHT_PASSING and \
+            if cutoff < math.inf and (lay.family in WEIGHT_PASSING or lay.family in HELIX) and \
                     all(_slower(model, cluster, lay, rc, cost_for, mine, builds, sims, cutoff) for rc in RECOMPUTE):
                 return None, mine.simulated, mine.failed, True
             return _evaluate(model, cluster, lay, bound, cost_for, mine, builds, sims), mine.simulated, mine.failed, \
@@ -213,7 +216,7 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
             failed[why] = failed.get(why, 0) + 1
             return None, mine.simulated, failed, False
     found, stats = run_in_order(bounded, evaluate, top, time_budget, t0, 1 if measured else jobs, wanted,
-                                cheap=lambda lay: lay.family in CHEAP_FIRST)
+                                cheap=lambda lay: lay.family in CHEAP_FIRST, meanwhile=meanwhile)
     out.next_bound = stats.pop("next_bound")
     for k, v in stats.items():
         if k == "failed":
@@ -297,16 +300,7 @@ def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, b
         out.failed[why] = out.failed.get(why, 0) + 1
         return None
     P = lay.stages
-    held, opt, biggest = [0.0] * P, [0.0] * P, 0.0
-    for u, r in enumerate(owners):
-        held[r] += cost.params(u)
-        opt[r] += cost.unit_time(u, "OPT")
-        biggest = max(biggest, cost.params(u))
-    rl = cluster.rank_links(lay.tp)
-    grads = [(lay.dp_group(p), held[p] * model.dtype_bytes) for p in range(P)]
-    allreduce = [rl.collective("allreduce", g, n) for g, n in grads]
-    gather = [rl.collective("allgather", g, n) for g, n in grads]
-    scatter = [rl.collective("reducescatter", g, n) for g, n in grads]
+    held, opt, biggest, allreduce, gather, scatter = _dp_parts(model, cluster, lay, cost, owners)
     best: Candidate | None = None
     for zero in ((0, 1, 2, 3) if lay.dp > 1 else (0,)):
         gathered = biggest * STATE_BYTES["weight"] if zero == 3 else 0.0   # one ZeRO-3 unit whole at a time
@@ -324,6 +318,32 @@ def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, b
         if best is None or (cand.step, cand.zero) < (best.step, best.zero):
             best = cand
     return best
+
+
+def _dp_parts(model: ModelSpec, cluster: Cluster, lay: Layout, cost: Any, owners: Any) -> tuple:
+    """Per pipeline rank p of ``lay`` (``owners[u]``: the rank keeping unit u's weights): (parameters
+    held, optimizer seconds unsharded, the largest unit's parameters, and the seconds of an
+    all-reduce, all-gather and reduce-scatter of its gradients over its D replicas)."""
+    P = lay.stages
+    held, opt, biggest = [0.0] * P, [0.0] * P, 0.0
+    for u, r in enumerate(owners):
+        held[r] += cost.params(u)
+        opt[r] += cost.unit_time(u, "OPT")
+        biggest = max(biggest, cost.params(u))
+    rl = cluster.rank_links(lay.tp)
+    grads = [(lay.dp_group(p), held[p] * model.dtype_bytes) for p in range(P)]
+    return (held, opt, biggest, [rl.collective("allreduce", g, n) for g, n in grads],
+            [rl.collective("allgather", g, n) for g, n in grads],
+            [rl.collective("reducescatter", g, n) for g, n in grads])
+
+
+def _dp_tails(model: ModelSpec, cluster: Cluster, lay: Layout, cost: Any, owners: Any) -> list[float]:
+    """Per pipeline rank, the least seconds its step runs after its last non-OPT compute over every
+    ZeRO stage (:func:`_simulate`: its gradient collectives, then its optimizer step, sharded over
+    D from ZeRO-1 on)."""
+    _, opt, _, allreduce, gather, scatter = _dp_parts(model, cluster, lay, cost, owners)
+    return [min(a + o, g + s + o / lay.dp) if lay.dp > 1 else a + o
+            for a, g, s, o in zip(allreduce, gather, scatter, opt)]
 
 
 def _runner(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cost_for: CostFor, out: Search,
@@ -346,27 +366,37 @@ def _runner(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cos
 def _slower(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cost_for: CostFor, out: Search,
             builds: dict | None, sims: dict, cutoff: float) -> bool:
     """Whether ``lay`` with ``recompute`` provably steps slower than ``cutoff`` (the step of the
-    top-th best found), without simulating its step. The step is at least the latest rank's end of
-    its last non-OPT compute, ``finish``, which :func:`pipert.planner.prune.finish_bounds` bounds
-    from the built schedule (messages a link carries in turn). A step too large to simulate is the
-    line through the simulated m and m/2 (:mod:`pipert.planner.pipe`); on a rank whose bound at m
-    is no less than its simulated finish at m/2 the line rises, so it stays above the bound at m:
-    only m/2, the cheaper one, is simulated."""
+    top-th best found), without simulating its step. The step is at least, on each rank, the end of
+    its last non-OPT compute, ``finish``, plus the least its data-parallel tail takes
+    (:func:`_dp_tails`); ``finish`` is bounded by :func:`pipert.planner.prune.finish_bounds` from
+    the built schedule (messages a link carries in turn), or for HelixPipe, unbuilt, by the
+    compute its placement puts on the rank (:func:`pipert.planner.prune.placement_busy`). A step
+    too large to simulate is the line through the simulated m and m/2 (:mod:`pipert.planner.pipe`),
+    at M a rising function of the finish at m: the line through the bound at m and the finish
+    simulated at m/2 lies below it at M, so only m/2, the cheaper one, is simulated."""
     from .pipe import _pipe, sim_microbatches
-    from .prune import finish_bounds
+    from .prune import finish_bounds, placement_busy
     counts = sim_microbatches(lay)
     if not counts:
         return False
     cost, links, run = _runner(model, cluster, lay, recompute, cost_for, out, builds, sims)
     above = cutoff * (1 + 1e-9)
-    at_m = finish_bounds(_build(replace(lay, microbatches=counts[0]), cost, links, out.budget, recompute, builds),
-                         cost, links)
-    if max(at_m) <= above:
-        return False
+    if lay.family in HELIX:
+        from ..schedules.helixpipe import helix_placement
+        placement = helix_placement(lay.stages, lay.stages * lay.chunks, counts[0],
+                                    family_default(lay.family, "folds", 1))
+        at_m = placement_busy(placement, cost, lay.stages)
+    else:
+        sched = _build(replace(lay, microbatches=counts[0]), cost, links, out.budget, recompute, builds)
+        placement = sched.placement
+        at_m = finish_bounds(sched, cost, links)
+    tails = _dp_tails(model, cluster, lay, cost, placement.weight_owner)
     if len(counts) == 1:
-        return True
-    half = _pipe(*run(replace(lay, microbatches=counts[1]))).finish
-    return any(x > above and x >= y for x, y in zip(at_m, half))
+        return max(x + t for x, t in zip(at_m, tails)) > above
+    m, h = counts   # the m/2 simulation is kept (sims) for the layout's own evaluation
+    half = _pipe(*run(replace(lay, microbatches=h))).finish
+    rise = (lay.microbatches - m) / (m - h)
+    return any(x + (x - y) * rise + t > above for x, y, t in zip(at_m, half, tails))
 
 
 def _build(lay: Layout, cost: Any, links: Any, budget: float, recompute: str, cache: dict | None = None) -> Any:

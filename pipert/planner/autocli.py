@@ -144,7 +144,7 @@ def check_auto_flags(args: argparse.Namespace) -> None:
 def cmd_auto(args: argparse.Namespace) -> int:
     from ..linkflags import format_duration
     from .auto import search
-    from .command import not_runnable
+    from .command import not_runnable, runtime_models
     from .layouts import FAMILIES
     from .runner import default_jobs
     check_auto_flags(args)
@@ -165,7 +165,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
     res = search(spec, cluster, batch, families=families, tp=tp, sp=bool(args.sp), stages=args.stages,
                  dp=args.dp, micro_batch=args.micro_batch_size, top=args.top or 5,
                  time_budget=args.time_limit if args.time_limit is not None else 25.0, cost_for=cost_for,
-                 jobs=args.jobs or default_jobs(), wanted=lambda c: not not_runnable(c))
+                 jobs=args.jobs or default_jobs(), wanted=lambda c: not not_runnable(c), meanwhile=runtime_models)
     rows = _rows(res.ranked[:args.top or 5], name, spec, cluster)
     best = _best_runnable(res.ranked, name, spec, cluster, args.save_schedule)
     if args.json:

@@ -81,13 +81,15 @@ def command_line(argv: list[str], cluster: Cluster) -> str:
             f"--rdzv-endpoint HEAD:29500 -m pipert.cli train {args}")
 
 
-def runtime_models() -> list[str] | None:
-    """The model presets of ``pipert train`` (None where torch is missing)."""
+@functools.lru_cache(maxsize=None)
+def runtime_models() -> tuple[str, ...] | None:
+    """The model presets of ``pipert train`` (None where torch is missing; it imports torch, which
+    ``plan --auto`` does while its workers simulate)."""
     try:
         from ..models import model_names
     except ImportError:
         return None
-    return list(model_names())
+    return tuple(model_names())
 
 
 CPU_SCALE = {"model": "tiny", "seq": 16, "stages": 2, "dp": 2, "dtype_bytes": 4}

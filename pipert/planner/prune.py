@@ -28,7 +28,7 @@ from ..ir.action import Op
 from ..ir.semantics import COLLECTIVE_OPS, TIMED_OPS, UNIT_COMPUTE_OPS, Semantics, action_time
 from ..ir.semantics.table import Queue
 
-__all__ = ["finish_bounds"]
+__all__ = ["finish_bounds", "placement_busy"]
 
 
 def finish_bounds(schedule: Any, cost: Any, links: Any) -> list[float]:
@@ -115,3 +115,16 @@ def _collective_ends(schedule: Any, cost: Any, links: Any) -> dict[tuple, list[f
                 ends = out.setdefault(tuple(sorted(a.group)), [])
                 ends.append((ends[-1] if ends else 0.0) + took)
     return out
+
+
+def placement_busy(placement: Any, cost: Any, ranks: int) -> list[float]:
+    """Per rank, the seconds of the F and the full backward B of every (unit, micro-batch) a table
+    placement puts on it: a bound on when its last non-OPT compute ends (computes run one at a
+    time from 0) for a schedule that runs each pair once forward and once as one B where it is
+    placed (HelixPipe), whatever the order."""
+    busy = [0.0] * ranks
+    for u, row in enumerate(placement.ranks):
+        work = cost.unit_time(u, "F") + cost.unit_time(u, "B")
+        for r in row:
+            busy[r] += work
+    return busy

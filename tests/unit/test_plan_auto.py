@@ -223,3 +223,38 @@ def test_helixpipe_is_searched_as_its_paper_runs_it_and_its_command_builds_the_s
     program = build_program(cfg)
     assert (program.meta["loss_in_backward"], program.meta["recompute"]) == (True, cand.recompute)
     assert (program.num_ranks, program.num_microbatches) == (cand.layout.stages, cand.layout.microbatches)
+
+
+def _train_config(argv: list[str]):
+    """``argv`` (after ``pipert train``) parsed by pipert's train parser into a validated TrainConfig,
+    as ``cmd_train`` makes it (nothing launched)."""
+    from dataclasses import fields
+
+    from pipert.cli import _FILE_SHAPED, build_parser
+    from pipert.train import TrainConfig
+    args = build_parser("train").parse_args(["train", *argv])
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
+    values.update({k: getattr(TrainConfig(), k) for k in _FILE_SHAPED if values[k] is None})
+    cfg = TrainConfig(**values)
+    cfg.validate()
+    return cfg
+
+
+def test_printed_train_commands_parse_and_validate_under_pipert_train(capsys):
+    """gpt-7b is a pipert train preset: the best layout's command runs as printed (its flags parse and
+    validate, the shape is the planned one); 7b is not: its scaled-down CPU command validates."""
+    rc, out, _ = _plan(capsys, "--model", "gpt-7b", "--gpus-per-node", "8", "--nodes", "8", "--dcs", "2",
+                       "--tp", "1", "--time-limit", "1s", "--json")
+    best = json.loads(out)["best"]
+    assert rc == 0 and best["cpu_train_args"] is None and not best["notes"]
+    assert best["command"].split(" -m pipert.cli train ")[1].split() == best["train_args"]
+    cfg = _train_config(best["train_args"])
+    assert (cfg.model, cfg.stages, cfg.dp, cfg.schedule) == ("gpt-7b", best["P"], best["D"], best["schedule"])
+    assert cfg.microbatches == best["M"] * best["D"] and cfg.batch_size == cfg.microbatches * best["micro_batch"]
+    rc, out, _ = _plan(capsys, "--model", "7b", "--gpus-per-node", "8", "--nodes", "8", "--dcs", "2",
+                       "--time-limit", "1s", "--json")
+    best = json.loads(out)["best"]
+    with pytest.raises(ValueError, match="--model '7b' unknown"):
+        _train_config(best["train_args"])
+    cfg = _train_config(best["cpu_train_args"])
+    assert (cfg.model, cfg.stages, cfg.backend, cfg.schedule) == ("tiny", 2, "gloo", best["schedule"])
