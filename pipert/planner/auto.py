@@ -46,6 +46,11 @@ no costs (shared between layouts) and their simulations are the shortest, so the
 weight-passing layouts slower (:func:`_slower`) is finite before the first of those is tried."""
 HELIX = ("helixpipe", "helixpipe-2fold")
 """Families whose layouts are proven slower before they are built (their placement is a formula)."""
+PROVEN_SLOWER = tuple(f for f in WEIGHT_PASSING if f != "tawpipe") + HELIX
+"""Families whose layouts :func:`_slower` tries to prove slower than the top before simulating them.
+Not TawPipe: its weights reach a node's ranks by broadcasts, which the schedule bound does not
+chain to the message before them (prune.py), so the bound never proved one (7B, 8 x 8 GPUs, 2
+DCs: 0 of 21 tried) and only cost its time."""
 BUILD_OPTIONS = {"zb-v": {"order": "handcrafted"}}
 """Generator options the planner fixes, and ``pipert train --options`` repeats: ZB-V's handcrafted
 order (its search over greedy orders costs seconds per layout)."""
@@ -202,7 +207,7 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
         mine = Search([], out.budget)
         sims: dict[tuple, Any] = {}   # (shape, recompute) -> (schedule, SimResult) of this layout
         try:
-            if cutoff < math.inf and (lay.family in WEIGHT_PASSING or lay.family in HELIX) and \
+            if cutoff < math.inf and lay.family in PROVEN_SLOWER and \
                     all(_slower(model, cluster, lay, rc, cost_for, mine, builds, sims, cutoff) for rc in RECOMPUTE):
                 return None, mine.simulated, mine.failed, True
             return _evaluate(model, cluster, lay, bound, cost_for, mine, builds, sims), mine.simulated, mine.failed, \
@@ -287,37 +292,60 @@ def _evaluate(model: ModelSpec, cluster: Cluster, lay: Layout, bound: float, cos
 def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, bound: float, cost_for: CostFor,
               out: Search, builds: dict | None = None, sims: dict | None = None) -> Candidate | None:
     from .pipe import simulate_pipe
-    cost, links, run = _runner(model, cluster, lay, recompute, cost_for, out, builds, sims)
-    owners: list = []
-
-    def owned(shape: Layout) -> tuple:
-        sched, res = run(shape)
-        owners[:] = sched.placement.weight_owner
-        return sched, res
-    pipe = simulate_pipe(lay, owned)
-    if pipe is None:
-        why = f"{lay.family}: too many (unit, micro-batch) pairs to simulate (a larger --micro-batch-size has fewer)"
-        out.failed[why] = out.failed.get(why, 0) + 1
-        return None
-    P = lay.stages
-    held, opt, biggest, allreduce, gather, scatter = _dp_parts(model, cluster, lay, cost, owners)
     best: Candidate | None = None
-    for zero in ((0, 1, 2, 3) if lay.dp > 1 else (0,)):
-        gathered = biggest * STATE_BYTES["weight"] if zero == 3 else 0.0   # one ZeRO-3 unit whole at a time
-        mem = max(h * _state_bytes(zero, lay.dp) + gathered + peak for h, peak in zip(held, pipe.peak))
-        if mem > out.budget:
-            continue
-        shard = lay.dp if zero else 1
-        tail = max(pipe.finish[p] + (allreduce[p] if zero == 0 else scatter[p] + gather[p]) + opt[p] / shard
-                   for p in range(P))
-        # the step ends with the last rank's optimizer step; the pipeline's own makespan times every
-        # OPT unsharded, so it is not a floor once ZeRO shards them
-        step = max(tail, max(pipe.finish)) + (max(gather) if zero == 3 else 0.0)
-        cand = Candidate(lay, recompute, zero, step, pipe.makespan, pipe.bubble,
-                         pipe.exposed + max(step - pipe.makespan, 0.0), mem, bound, pipe.extrapolated_from)
-        if best is None or (cand.step, cand.zero) < (best.step, best.zero):
-            best = cand
+    for zeros in _zero_builds(lay):
+        cost, links, run = _runner(model, cluster, lay, recompute, cost_for, out, builds, sims, zeros[0])
+        owners: list = []
+
+        def owned(shape: Layout) -> tuple:
+            sched, res = run(shape)
+            owners[:] = sched.placement.weight_owner
+            return sched, res
+        pipe = simulate_pipe(lay, owned)
+        if pipe is None:
+            why = f"{lay.family}: too many (unit, micro-batch) pairs to simulate (a larger --micro-batch-size has fewer)"
+            out.failed[why] = out.failed.get(why, 0) + 1
+            return None
+        P = lay.stages
+        held, opt, biggest, allreduce, gather, scatter = _dp_parts(model, cluster, lay, cost, owners)
+        for zero in zeros:
+            gathered = biggest * STATE_BYTES["weight"] if zero == 3 else 0.0   # one ZeRO-3 unit whole at a time
+            mem = max(h * _state_bytes(zero, lay.dp) + gathered + peak for h, peak in zip(held, pipe.peak))
+            if mem > out.budget:
+                continue
+            shard = lay.dp if zero else 1
+            tail = max(pipe.finish[p] + (allreduce[p] if zero == 0 else scatter[p] + gather[p]) + opt[p] / shard
+                       for p in range(P))
+            # the step ends with the last rank's optimizer step; the pipeline's own makespan times every
+            # OPT unsharded, so it is not a floor once ZeRO shards them
+            step = max(tail, max(pipe.finish)) + (max(gather) if zero == 3 else 0.0)
+            cand = Candidate(lay, recompute, zero, step, pipe.makespan, pipe.bubble,
+                             pipe.exposed + max(step - pipe.makespan, 0.0), mem, bound, pipe.extrapolated_from)
+            if best is None or (cand.step, cand.zero) < (best.step, best.zero):
+                best = cand
     return best
+
+
+def _zero_builds(lay: Layout) -> list[tuple[int, ...]]:
+    """The ZeRO stages tried, grouped by the schedule they share: one group, unless the family plans
+    its replicas' gradient reductions (CrossPipe's ``dp``, ``pipert.compiler.replica_options``), whose
+    order is built for the collective: all-reduce under ZeRO-0, reduce-scatter from ZeRO-1 on."""
+    from ..compiler import replica_options
+    if lay.dp == 1:
+        return [(0,)]
+    return [(0,), (1, 2, 3)] if replica_options(lay.family, lay.dp) else [(0, 1, 2, 3)]
+
+
+def _replica_options(lay: Layout, cluster: Cluster, zero: int) -> dict:
+    """What ``pipert train --dp`` tells a family that plans its replicas' reductions
+    (``pipert.compiler.replica_options``: ``dp``, ``dp_op`` of ZeRO stage ``zero``), with the links
+    over the P x D ranks it prices them on; empty for the other families and D = 1."""
+    from ..compiler import replica_options
+    opts = replica_options(lay.family, lay.dp, zero)
+    if not opts:
+        return {}
+    links = cluster.rank_links(lay.tp)
+    return {**opts, "links": links, "topology": links.topology}
 
 
 def _dp_parts(model: ModelSpec, cluster: Cluster, lay: Layout, cost: Any, owners: Any) -> tuple:
@@ -347,19 +375,23 @@ def _dp_tails(model: ModelSpec, cluster: Cluster, lay: Layout, cost: Any, owners
 
 
 def _runner(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cost_for: CostFor, out: Search,
-            builds: dict | None, sims: dict | None) -> tuple[Any, Any, Callable[[Layout], tuple]]:
-    """(cost, links, run): ``run(shape)`` builds and simulates ``shape`` of ``lay`` (once: ``sims``)."""
+            builds: dict | None, sims: dict | None, zero: int = 0) -> tuple[Any, Any, Callable[[Layout], tuple]]:
+    """(cost, links, run): ``run(shape)`` builds (for ZeRO stage ``zero``: :func:`_replica_options`)
+    and simulates ``shape`` of ``lay`` (once: ``sims``)."""
     from ..sim import simulate
     cost = cost_for(model, lay, recompute, lay.units, family_default(lay.family, "loss_in_backward", False))
     links, topo = lay.links(cluster), lay.topology()
     sims = {} if sims is None else sims
 
+    replicas = _replica_options(lay, cluster, zero)
+    key = (recompute, replicas.get("dp_op"))
+
     def run(shape: Layout) -> tuple:
-        if (shape, recompute) not in sims:
-            sched = _build(shape, cost, links, out.budget, recompute, builds)
+        if (shape, key) not in sims:
+            sched = _build(shape, cost, links, out.budget, recompute, builds, replicas)
             out.simulated += 1
-            sims[(shape, recompute)] = sched, simulate(sched, cost, links=links, topology=topo)
-        return sims[(shape, recompute)]
+            sims[(shape, key)] = sched, simulate(sched, cost, links=links, topology=topo)
+        return sims[(shape, key)]
     return cost, links, run
 
 
@@ -399,18 +431,21 @@ def _slower(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cos
     return any(x + (x - y) * rise + t > above for x, y, t in zip(at_m, half, tails))
 
 
-def _build(lay: Layout, cost: Any, links: Any, budget: float, recompute: str, cache: dict | None = None) -> Any:
+def _build(lay: Layout, cost: Any, links: Any, budget: float, recompute: str, cache: dict | None = None,
+           replicas: dict | None = None) -> Any:
     """The schedule of one replica; delay-aware builders get its costs, links and what memory the
     model states leave (ZeRO-1 over D, or none with D = 1); a family that records its units'
     recomputation (helixpipe-2fold) records ``recompute``, and its loss placement is its default,
     as ``cost`` prices it. ``cache``: schedules by everything their build reads (family, P, M, V
     and the options it takes), for builds that take only plain options (not the costs or links:
-    those differ per layout); a schedule is immutable, so layouts share it."""
+    those differ per layout); a schedule is immutable, so layouts share it. ``replicas``: the options
+    ``pipert train --dp`` adds for a family that plans its replicas' reductions, with the links over
+    the P x D ranks (:func:`_replica_options`)."""
     from ..schedules import build_schedule, family
     held = sum(cost.params(u) for u in range(cost.num_units)) / lay.stages
     opts = {"cost": cost, "links": links, "topology": links.topology, "ranks_per_node": lay.ranks_per_node,
             "memory_limit": max(budget - held * _state_bytes(min(lay.dp - 1, 1), lay.dp), 1.0),
-            "recompute": recompute}
+            "recompute": recompute, **(replicas or {})}
     accepted = family(lay.family).options()
     opts = opts if accepted is None else {k: v for k, v in opts.items() if k in accepted}
     opts.update(BUILD_OPTIONS.get(lay.family, {}))
@@ -430,7 +465,8 @@ def schedule_of(model: ModelSpec, cluster: Cluster, cand: Candidate, cost_for: C
     lay = cand.layout
     cost = (cost_for or analytic_cost(cluster))(model, lay, cand.recompute, lay.units,
                                                 family_default(lay.family, "loss_in_backward", False))
-    return _build(lay, cost, lay.links(cluster), cluster.device.memory, cand.recompute)
+    return _build(lay, cost, lay.links(cluster), cluster.device.memory, cand.recompute,
+                  replicas=_replica_options(lay, cluster, cand.zero))
 
 
 def _state_bytes(zero: int, dp: int) -> float:
