@@ -423,8 +423,10 @@ def _slower(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cos
         placement = sched.placement
         at_m = finish_bounds(sched, cost, links)
     tails = _dp_tails(model, cluster, lay, cost, placement.weight_owner)
+    if max(x + t for x, t in zip(at_m, tails)) <= above:
+        return False    # not tried further: the m/2 simulation would rarely prove it
     if len(counts) == 1:
-        return max(x + t for x, t in zip(at_m, tails)) > above
+        return True
     m, h = counts   # the m/2 simulation is kept (sims) for the layout's own evaluation
     half = _pipe(*run(replace(lay, microbatches=h))).finish
     rise = (lay.microbatches - m) / (m - h)

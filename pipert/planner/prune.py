@@ -92,11 +92,15 @@ def _message_arrivals(schedule: Any, cost: Any, links: Any) -> dict[tuple[int, i
     """(src, dst) -> per message in link order, the earliest time it can arrive."""
     busy: dict[tuple[int, int], float] = {}
     out: dict[tuple[int, int], list[float]] = {}
+    sizes: dict[tuple, float] = {}
     for s, acts in enumerate(schedule.actions):
         for a in acts:
             if a.op is Op.SEND:
-                nbytes = cost.message_bytes(a.payload, a.unit, len(a.mb) or 1) if a.zclass is None else 0.0
-                occupancy, latency = links.transfer(s, a.peer, nbytes)
+                what = (a.payload, a.unit, len(a.mb) or 1)
+                nbytes = sizes.get(what)
+                if nbytes is None:
+                    nbytes = sizes[what] = cost.message_bytes(*what)
+                occupancy, latency = links.transfer(s, a.peer, nbytes if a.zclass is None else 0.0)
                 link = (s, a.peer)
                 busy[link] = busy.get(link, 0.0) + occupancy
                 out.setdefault(link, []).append(busy[link] + latency)
