@@ -414,9 +414,10 @@ def _slower(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cos
     cost, links, run = _runner(model, cluster, lay, recompute, cost_for, out, builds, sims)
     above = cutoff * (1 + 1e-9)
     if lay.family in HELIX:
-        from ..schedules.helixpipe import helix_placement
-        placement = helix_placement(lay.stages, lay.stages * lay.chunks, counts[0],
-                                    family_default(lay.family, "folds", 1))
+        from ..schedules.helixpipe import check_helixpipe, helix_placement
+        folds = family_default(lay.family, "folds", 1)
+        check_helixpipe(lay.family, lay.stages, counts[0], lay.chunks, folds)   # refused as its build refuses
+        placement = helix_placement(lay.stages, lay.stages * lay.chunks, counts[0], folds)
         at_m = placement_busy(placement, cost, lay.stages)
     else:
         sched = _build(replace(lay, microbatches=counts[0]), cost, links, out.budget, recompute, builds)
