@@ -319,7 +319,8 @@ _TRAIN_HELP = {
     "zero3_buffers": "gathered copies of ZeRO-3 weights: 1, or 2 (forward and backward computes apart)",
     "passes": "comma-separated lowering passes: recompute, offload_stashes, offload_weights, expand_folds, ...",
     "steps": "training steps", "batch_size": "sequences per step", "seq": "tokens per sequence",
-    "model": "model preset: tiny, small, medium, large, gpt-tiny, gpt-small, gpt-1.3b, gpt-3b, gpt-7b",
+    "model": "model preset: tiny, small, medium, large, gpt-tiny, gpt-small, gpt-1.3b, gpt-3b, gpt-7b; or a "
+             "LLaMA-shaped model by its sizes: layers=32,hidden=4096,heads=32[,kv_heads=..,ffn=..,vocab=..,max_seq=..]",
     "mlp_chunk": "token rows per chunk of the chunked MLP (pipert.kernels); 0: the plain MLP",
     "mlp_recompute": "chunked MLP: save only its input, recompute pre-activations in backward",
     "recompute": "recompute inside units: none, no_attention (keep attention output + softmax stats), full, or "

@@ -233,9 +233,13 @@ class TrainConfig:
     def _validate_model(self) -> None:
         """The model preset, and the sequence length against its positions."""
         from .models import model_config, model_names
-        if self.model not in model_names():
-            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(model_names())}")
-        positions = model_config(self.model).max_seq
+        if self.model not in model_names() and "=" not in self.model:
+            raise ValueError(f"--model {self.model!r} unknown; allowed: {', '.join(model_names())}, or LLaMA "
+                             f"sizes layers=..,hidden=..,heads=..[,kv_heads=..,ffn=..,vocab=..,max_seq=..]")
+        try:
+            positions = model_config(self.model).max_seq
+        except ValueError as e:
+            raise ValueError(f"--model: {e}") from None
         if self.seq > positions:
             raise ValueError(f"--seq {self.seq} exceeds the {positions} positions of model {self.model!r}; "
                              f"allowed: 1..{positions}")

@@ -44,6 +44,13 @@ CHEAP_FIRST = ("1f1b", "interleaved-1f1b", "zb-h1", "pipemesh")
 """Families the search evaluates first (the ``top`` of them with the lowest bounds): their builds take
 no costs (shared between layouts) and their simulations are the shortest, so the cutoff that proves
 weight-passing layouts slower (:func:`_slower`) is finite before the first of those is tried."""
+HELIX = ("helixpipe", "helixpipe-2fold")
+"""Families whose layouts are proven slower before they are built (their placement is a formula)."""
+PROVEN_SLOWER = tuple(f for f in WEIGHT_PASSING if f != "tawpipe") + HELIX
+"""Families whose layouts :func:`_slower` tries to prove slower than the top before simulating them.
+Not TawPipe: its weights reach a node's ranks by broadcasts, which the schedule bound does not
+chain to the message before them (prune.py), so the bound never proved one (7B, 8 x 8 GPUs, 2
+DCs: 0 of 21 tried) and only cost its time."""
 BUILD_OPTIONS = {"zb-v": {"order": "handcrafted"}}
 """Generator options the planner fixes, and ``pipert train --options`` repeats: ZB-V's handcrafted
 order (its search over greedy orders costs seconds per layout)."""
@@ -143,12 +150,13 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
            tp: int | None = None, sp: bool = False, stages: int | None = None, dp: int | None = None,
            micro_batch: int | None = None, top: int = 5, time_budget: float = 25.0,
            cost_for: CostFor | None = None, jobs: int = 1,
-           wanted: Callable[[Candidate], bool] = lambda c: True) -> Search:
+           wanted: Callable[[Candidate], bool] = lambda c: True, meanwhile: Callable[[], Any] | None = None) -> Search:
     """Rank the layouts of ``model`` on ``cluster`` for a global batch of ``batch`` sequences
     (module doc). The fixed dimensions (``tp``, ``stages``, ``dp``, ``micro_batch``) narrow it.
     ``jobs``: processes simulating at once (forked; 1 with a given ``cost_for``, which may hold
     torch, not safe to fork). ``wanted``: the time budget stops the search only once it found
-    one such candidate."""
+    one such candidate. ``meanwhile``: work this process does while forked workers simulate
+    (:func:`pipert.planner.runner.run_in_order`)."""
     t0 = time.perf_counter()
     measured = cost_for is not None
     cost_for = cost_for or analytic_cost(cluster)
@@ -199,7 +207,7 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
         mine = Search([], out.budget)
         sims: dict[tuple, Any] = {}   # (shape, recompute) -> (schedule, SimResult) of this layout
         try:
-            if cutoff < math.inf and lay.family in WEIGHT_PASSING and \
+            if cutoff < math.inf and lay.family in PROVEN_SLOWER and \
                     all(_slower(model, cluster, lay, rc, cost_for, mine, builds, sims, cutoff) for rc in RECOMPUTE):
                 return None, mine.simulated, mine.failed, True
             return _evaluate(model, cluster, lay, bound, cost_for, mine, builds, sims), mine.simulated, mine.failed, \
@@ -213,7 +221,7 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
             failed[why] = failed.get(why, 0) + 1
             return None, mine.simulated, failed, False
     found, stats = run_in_order(bounded, evaluate, top, time_budget, t0, 1 if measured else jobs, wanted,
-                                cheap=lambda lay: lay.family in CHEAP_FIRST)
+                                cheap=lambda lay: lay.family in CHEAP_FIRST, meanwhile=meanwhile)
     out.next_bound = stats.pop("next_bound")
     for k, v in stats.items():
         if k == "failed":
@@ -284,18 +292,66 @@ def _evaluate(model: ModelSpec, cluster: Cluster, lay: Layout, bound: float, cos
 def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, bound: float, cost_for: CostFor,
               out: Search, builds: dict | None = None, sims: dict | None = None) -> Candidate | None:
     from .pipe import simulate_pipe
-    cost, links, run = _runner(model, cluster, lay, recompute, cost_for, out, builds, sims)
-    owners: list = []
+    best: Candidate | None = None
+    for zeros in _zero_builds(lay):
+        cost, links, run = _runner(model, cluster, lay, recompute, cost_for, out, builds, sims, zeros[0])
+        owners: list = []
 
-    def owned(shape: Layout) -> tuple:
-        sched, res = run(shape)
-        owners[:] = sched.placement.weight_owner
-        return sched, res
-    pipe = simulate_pipe(lay, owned)
-    if pipe is None:
-        why = f"{lay.family}: too many (unit, micro-batch) pairs to simulate (a larger --micro-batch-size has fewer)"
-        out.failed[why] = out.failed.get(why, 0) + 1
-        return None
+        def owned(shape: Layout) -> tuple:
+            sched, res = run(shape)
+            owners[:] = sched.placement.weight_owner
+            return sched, res
+        pipe = simulate_pipe(lay, owned)
+        if pipe is None:
+            why = f"{lay.family}: too many (unit, micro-batch) pairs to simulate (a larger --micro-batch-size has fewer)"
+            out.failed[why] = out.failed.get(why, 0) + 1
+            return None
+        P = lay.stages
+        held, opt, biggest, allreduce, gather, scatter = _dp_parts(model, cluster, lay, cost, owners)
+        for zero in zeros:
+            gathered = biggest * STATE_BYTES["weight"] if zero == 3 else 0.0   # one ZeRO-3 unit whole at a time
+            mem = max(h * _state_bytes(zero, lay.dp) + gathered + peak for h, peak in zip(held, pipe.peak))
+            if mem > out.budget:
+                continue
+            shard = lay.dp if zero else 1
+            tail = max(pipe.finish[p] + (allreduce[p] if zero == 0 else scatter[p] + gather[p]) + opt[p] / shard
+                       for p in range(P))
+            # the step ends with the last rank's optimizer step; the pipeline's own makespan times every
+            # OPT unsharded, so it is not a floor once ZeRO shards them
+            step = max(tail, max(pipe.finish)) + (max(gather) if zero == 3 else 0.0)
+            cand = Candidate(lay, recompute, zero, step, pipe.makespan, pipe.bubble,
+                             pipe.exposed + max(step - pipe.makespan, 0.0), mem, bound, pipe.extrapolated_from)
+            if best is None or (cand.step, cand.zero) < (best.step, best.zero):
+                best = cand
+    return best
+
+
+def _zero_builds(lay: Layout) -> list[tuple[int, ...]]:
+    """The ZeRO stages tried, grouped by the schedule they share: one group, unless the family plans
+    its replicas' gradient reductions (CrossPipe's ``dp``, ``pipert.compiler.replica_options``), whose
+    order is built for the collective: all-reduce under ZeRO-0, reduce-scatter from ZeRO-1 on."""
+    from ..compiler import replica_options
+    if lay.dp == 1:
+        return [(0,)]
+    return [(0,), (1, 2, 3)] if replica_options(lay.family, lay.dp) else [(0, 1, 2, 3)]
+
+
+def _replica_options(lay: Layout, cluster: Cluster, zero: int) -> dict:
+    """What ``pipert train --dp`` tells a family that plans its replicas' reductions
+    (``pipert.compiler.replica_options``: ``dp``, ``dp_op`` of ZeRO stage ``zero``), with the links
+    over the P x D ranks it prices them on; empty for the other families and D = 1."""
+    from ..compiler import replica_options
+    opts = replica_options(lay.family, lay.dp, zero)
+    if not opts:
+        return {}
+    links = cluster.rank_links(lay.tp)
+    return {**opts, "links": links, "topology": links.topology}
+
+
+def _dp_parts(model: ModelSpec, cluster: Cluster, lay: Layout, cost: Any, owners: Any) -> tuple:
+    """Per pipeline rank p of ``lay`` (``owners[u]``: the rank keeping unit u's weights): (parameters
+    held, optimizer seconds unsharded, the largest unit's parameters, and the seconds of an
+    all-reduce, all-gather and reduce-scatter of its gradients over its D replicas)."""
     P = lay.stages
     held, opt, biggest = [0.0] * P, [0.0] * P, 0.0
     for u, r in enumerate(owners):
@@ -304,83 +360,95 @@ def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, b
         biggest = max(biggest, cost.params(u))
     rl = cluster.rank_links(lay.tp)
     grads = [(lay.dp_group(p), held[p] * model.dtype_bytes) for p in range(P)]
-    allreduce = [rl.collective("allreduce", g, n) for g, n in grads]
-    gather = [rl.collective("allgather", g, n) for g, n in grads]
-    scatter = [rl.collective("reducescatter", g, n) for g, n in grads]
-    best: Candidate | None = None
-    for zero in ((0, 1, 2, 3) if lay.dp > 1 else (0,)):
-        gathered = biggest * STATE_BYTES["weight"] if zero == 3 else 0.0   # one ZeRO-3 unit whole at a time
-        mem = max(h * _state_bytes(zero, lay.dp) + gathered + peak for h, peak in zip(held, pipe.peak))
-        if mem > out.budget:
-            continue
-        shard = lay.dp if zero else 1
-        tail = max(pipe.finish[p] + (allreduce[p] if zero == 0 else scatter[p] + gather[p]) + opt[p] / shard
-                   for p in range(P))
-        # the step ends with the last rank's optimizer step; the pipeline's own makespan times every
-        # OPT unsharded, so it is not a floor once ZeRO shards them
-        step = max(tail, max(pipe.finish)) + (max(gather) if zero == 3 else 0.0)
-        cand = Candidate(lay, recompute, zero, step, pipe.makespan, pipe.bubble,
-                         pipe.exposed + max(step - pipe.makespan, 0.0), mem, bound, pipe.extrapolated_from)
-        if best is None or (cand.step, cand.zero) < (best.step, best.zero):
-            best = cand
-    return best
+    return (held, opt, biggest, [rl.collective("allreduce", g, n) for g, n in grads],
+            [rl.collective("allgather", g, n) for g, n in grads],
+            [rl.collective("reducescatter", g, n) for g, n in grads])
+
+
+def _dp_tails(model: ModelSpec, cluster: Cluster, lay: Layout, cost: Any, owners: Any) -> list[float]:
+    """Per pipeline rank, the least seconds its step runs after its last non-OPT compute over every
+    ZeRO stage (:func:`_simulate`: its gradient collectives, then its optimizer step, sharded over
+    D from ZeRO-1 on)."""
+    _, opt, _, allreduce, gather, scatter = _dp_parts(model, cluster, lay, cost, owners)
+    return [min(a + o, g + s + o / lay.dp) if lay.dp > 1 else a + o
+            for a, g, s, o in zip(allreduce, gather, scatter, opt)]
 
 
 def _runner(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cost_for: CostFor, out: Search,
-            builds: dict | None, sims: dict | None) -> tuple[Any, Any, Callable[[Layout], tuple]]:
-    """(cost, links, run): ``run(shape)`` builds and simulates ``shape`` of ``lay`` (once: ``sims``)."""
+            builds: dict | None, sims: dict | None, zero: int = 0) -> tuple[Any, Any, Callable[[Layout], tuple]]:
+    """(cost, links, run): ``run(shape)`` builds (for ZeRO stage ``zero``: :func:`_replica_options`)
+    and simulates ``shape`` of ``lay`` (once: ``sims``)."""
     from ..sim import simulate
     cost = cost_for(model, lay, recompute, lay.units, family_default(lay.family, "loss_in_backward", False))
     links, topo = lay.links(cluster), lay.topology()
     sims = {} if sims is None else sims
 
+    replicas = _replica_options(lay, cluster, zero)
+    key = (recompute, replicas.get("dp_op"))
+
     def run(shape: Layout) -> tuple:
-        if (shape, recompute) not in sims:
-            sched = _build(shape, cost, links, out.budget, recompute, builds)
+        if (shape, key) not in sims:
+            sched = _build(shape, cost, links, out.budget, recompute, builds, replicas)
             out.simulated += 1
-            sims[(shape, recompute)] = sched, simulate(sched, cost, links=links, topology=topo)
-        return sims[(shape, recompute)]
+            sims[(shape, key)] = sched, simulate(sched, cost, links=links, topology=topo)
+        return sims[(shape, key)]
     return cost, links, run
 
 
 def _slower(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cost_for: CostFor, out: Search,
             builds: dict | None, sims: dict, cutoff: float) -> bool:
     """Whether ``lay`` with ``recompute`` provably steps slower than ``cutoff`` (the step of the
-    top-th best found), without simulating its step. The step is at least the latest rank's end of
-    its last non-OPT compute, ``finish``, which :func:`pipert.planner.prune.finish_bounds` bounds
-    from the built schedule (messages a link carries in turn). A step too large to simulate is the
-    line through the simulated m and m/2 (:mod:`pipert.planner.pipe`); on a rank whose bound at m
-    is no less than its simulated finish at m/2 the line rises, so it stays above the bound at m:
-    only m/2, the cheaper one, is simulated."""
+    top-th best found), without simulating its step. The step is at least, on each rank, the end of
+    its last non-OPT compute, ``finish``, plus the least its data-parallel tail takes
+    (:func:`_dp_tails`); ``finish`` is bounded by :func:`pipert.planner.prune.finish_bounds` from
+    the built schedule (messages a link carries in turn), or for HelixPipe, unbuilt, by the
+    compute its placement puts on the rank (:func:`pipert.planner.prune.placement_busy`). A step
+    too large to simulate is the line through the simulated m and m/2 (:mod:`pipert.planner.pipe`),
+    at M a rising function of the finish at m: the line through the bound at m and the finish
+    simulated at m/2 lies below it at M, so only m/2, the cheaper one, is simulated."""
     from .pipe import _pipe, sim_microbatches
-    from .prune import finish_bounds
+    from .prune import finish_bounds, placement_busy
     counts = sim_microbatches(lay)
     if not counts:
         return False
     cost, links, run = _runner(model, cluster, lay, recompute, cost_for, out, builds, sims)
     above = cutoff * (1 + 1e-9)
-    at_m = finish_bounds(_build(replace(lay, microbatches=counts[0]), cost, links, out.budget, recompute, builds),
-                         cost, links)
-    if max(at_m) <= above:
-        return False
+    if lay.family in HELIX:
+        from ..schedules.helixpipe import check_helixpipe, helix_placement
+        folds = family_default(lay.family, "folds", 1)
+        check_helixpipe(lay.family, lay.stages, counts[0], lay.chunks, folds)   # refused as its build refuses
+        placement = helix_placement(lay.stages, lay.stages * lay.chunks, counts[0], folds)
+        at_m = placement_busy(placement, cost, lay.stages)
+    else:
+        sched = _build(replace(lay, microbatches=counts[0]), cost, links, out.budget, recompute, builds)
+        placement = sched.placement
+        at_m = finish_bounds(sched, cost, links)
+    tails = _dp_tails(model, cluster, lay, cost, placement.weight_owner)
+    if max(x + t for x, t in zip(at_m, tails)) <= above:
+        return False    # not tried further: the m/2 simulation would rarely prove it
     if len(counts) == 1:
         return True
-    half = _pipe(*run(replace(lay, microbatches=counts[1]))).finish
-    return any(x > above and x >= y for x, y in zip(at_m, half))
+    m, h = counts   # the m/2 simulation is kept (sims) for the layout's own evaluation
+    half = _pipe(*run(replace(lay, microbatches=h))).finish
+    rise = (lay.microbatches - m) / (m - h)
+    return any(x + (x - y) * rise + t > above for x, y, t in zip(at_m, half, tails))
 
 
-def _build(lay: Layout, cost: Any, links: Any, budget: float, recompute: str, cache: dict | None = None) -> Any:
+def _build(lay: Layout, cost: Any, links: Any, budget: float, recompute: str, cache: dict | None = None,
+           replicas: dict | None = None) -> Any:
     """The schedule of one replica; delay-aware builders get its costs, links and what memory the
     model states leave (ZeRO-1 over D, or none with D = 1); a family that records its units'
     recomputation (helixpipe-2fold) records ``recompute``, and its loss placement is its default,
     as ``cost`` prices it. ``cache``: schedules by everything their build reads (family, P, M, V
     and the options it takes), for builds that take only plain options (not the costs or links:
-    those differ per layout); a schedule is immutable, so layouts share it."""
+    those differ per layout); a schedule is immutable, so layouts share it. ``replicas``: the options
+    ``pipert train --dp`` adds for a family that plans its replicas' reductions, with the links over
+    the P x D ranks (:func:`_replica_options`)."""
     from ..schedules import build_schedule, family
     held = sum(cost.params(u) for u in range(cost.num_units)) / lay.stages
     opts = {"cost": cost, "links": links, "topology": links.topology, "ranks_per_node": lay.ranks_per_node,
             "memory_limit": max(budget - held * _state_bytes(min(lay.dp - 1, 1), lay.dp), 1.0),
-            "recompute": recompute}
+            "recompute": recompute, **(replicas or {})}
     accepted = family(lay.family).options()
     opts = opts if accepted is None else {k: v for k, v in opts.items() if k in accepted}
     opts.update(BUILD_OPTIONS.get(lay.family, {}))
@@ -400,7 +468,8 @@ def schedule_of(model: ModelSpec, cluster: Cluster, cand: Candidate, cost_for: C
     lay = cand.layout
     cost = (cost_for or analytic_cost(cluster))(model, lay, cand.recompute, lay.units,
                                                 family_default(lay.family, "loss_in_backward", False))
-    return _build(lay, cost, lay.links(cluster), cluster.device.memory, cand.recompute)
+    return _build(lay, cost, lay.links(cluster), cluster.device.memory, cand.recompute,
+                  replicas=_replica_options(lay, cluster, cand.zero))
 
 
 def _state_bytes(zero: int, dp: int) -> float:

@@ -144,7 +144,7 @@ def check_auto_flags(args: argparse.Namespace) -> None:
 def cmd_auto(args: argparse.Namespace) -> int:
     from ..linkflags import format_duration
     from .auto import search
-    from .command import not_runnable
+    from .command import not_runnable, runtime_models
     from .layouts import FAMILIES
     from .runner import default_jobs
     check_auto_flags(args)
@@ -165,9 +165,11 @@ def cmd_auto(args: argparse.Namespace) -> int:
     res = search(spec, cluster, batch, families=families, tp=tp, sp=bool(args.sp), stages=args.stages,
                  dp=args.dp, micro_batch=args.micro_batch_size, top=args.top or 5,
                  time_budget=args.time_limit if args.time_limit is not None else 25.0, cost_for=cost_for,
-                 jobs=args.jobs or default_jobs(), wanted=lambda c: not not_runnable(c))
-    rows = _rows(res.ranked[:args.top or 5], name, spec, cluster)
-    best = _best_runnable(res.ranked, name, spec, cluster, args.save_schedule)
+                 jobs=args.jobs or default_jobs(), wanted=lambda c: not not_runnable(c), meanwhile=runtime_models)
+    from .command import train_model
+    model = train_model(name, spec)
+    rows = _rows(res.ranked[:args.top or 5], model or name, spec, cluster)
+    best = _best_runnable(res.ranked, name, model, spec, cluster, args.save_schedule)
     if args.json:
         print(json.dumps({"model": {"name": name, "params": spec.num_params, "layers": spec.layers,
                                     "seq": spec.seq}, "cluster": _cluster_dict(cluster), "batch": batch,
@@ -218,8 +220,10 @@ def _rows(cands: list, name: str, spec: Any, cluster: Cluster) -> list[dict]:
     return out
 
 
-def _best_runnable(cands: list, name: str, spec: Any, cluster: Cluster, save: str | None) -> dict | None:
-    """The fastest candidate pipert train runs: its command (a saved schedule file with ``save``) and notes."""
+def _best_runnable(cands: list, name: str, model: str | None, spec: Any, cluster: Cluster,
+                   save: str | None) -> dict | None:
+    """The fastest candidate pipert train runs: its command (a saved schedule file with ``save``) and
+    notes. ``model``: what ``pipert train --model`` takes for ``name`` (``command.train_model``)."""
     from .command import command_line, cpu_argv, not_runnable, runtime_models, train_argv
     for k, c in enumerate(cands, 1):
         if not_runnable(c):
@@ -233,14 +237,17 @@ def _best_runnable(cands: list, name: str, spec: Any, cluster: Cluster, save: st
         elif c.layout.family == "crosspipe-greedy":
             notes.append(f"{c.layout.family} orders its actions by the planner's costs and links; pipert train "
                          f"builds it without them (give --save-schedule FILE to run the simulated order)")
-        argv = train_argv(c, name, spec.seq, spec.dtype_bytes, schedule)
+        argv = train_argv(c, model or name, spec.seq, spec.dtype_bytes, schedule)
         models = runtime_models()
         cpu = None
         if models is not None and name not in models:
             cpu = cpu_argv(c)
-            notes.append(f"pipert train has no model {name!r} (its presets: {', '.join(models)}): the layout "
-                         f"flags stand for your own model; scaled down to a CPU (--model tiny, P=2, D<=2, T=1, "
-                         f"gloo): pipert train {shlex.join(cpu)}")
+            said = (f"pipert train has no model {name!r} (its presets: {', '.join(models)}): the layout flags "
+                    f"stand for your own model" if model is None else
+                    f"pipert train has no preset {name!r}: --model gives its sizes" if "=" in model else
+                    f"pipert train's preset {model!r} has the sizes of {name!r}")
+            notes.append(f"{said}; scaled down to a CPU (--model tiny, P=2, D<=2, T=1, gloo): pipert train "
+                         f"{shlex.join(cpu)}")
         return {"rank": k, **c.as_dict(), "describe": c.layout.describe(), "train_args": argv,
                 "command": command_line(argv, cluster), "cpu_train_args": cpu, "notes": notes}
     return None

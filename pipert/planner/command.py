@@ -14,7 +14,7 @@ from typing import Any
 from .auto import BUILD_OPTIONS, Candidate, family_default
 from .cluster import Cluster
 
-__all__ = ["train_argv", "not_runnable", "command_line", "runtime_models"]
+__all__ = ["train_argv", "not_runnable", "command_line", "runtime_models", "train_model"]
 
 _DEFAULT_CHUNKS = {"interleaved-1f1b": 2, "zb-v": 2, "pipemesh": 2}
 _TORCH_DTYPE = {1: "bfloat16", 2: "bfloat16", 4: "float32", 8: "float64"}
@@ -81,13 +81,39 @@ def command_line(argv: list[str], cluster: Cluster) -> str:
             f"--rdzv-endpoint HEAD:29500 -m pipert.cli train {args}")
 
 
-def runtime_models() -> list[str] | None:
-    """The model presets of ``pipert train`` (None where torch is missing)."""
+@functools.lru_cache(maxsize=None)
+def runtime_models() -> tuple[str, ...] | None:
+    """The model presets of ``pipert train`` (None where torch is missing; it imports torch, which
+    ``plan --auto`` does while its workers simulate)."""
     try:
         from ..models import model_names
     except ImportError:
         return None
-    return list(model_names())
+    return tuple(model_names())
+
+
+def train_model(name: str, spec: Any) -> str | None:
+    """What ``pipert train --model`` takes for the planned model ``name`` of sizes ``spec``: the name
+    where it is a train preset; else the train preset of the same sizes (layers, widths, heads,
+    vocabulary, GPT or LLaMA shape, positions for ``spec.seq``); else, for a LLaMA-shaped model,
+    its sizes (``pipert.models.zoo.SIZES``); else None (no model of train's is that one; also
+    where torch is missing)."""
+    models = runtime_models()
+    if models is None or name in models:
+        return name if models is not None else None
+    from ..models import GPTConfig, model_config
+    shape = (spec.layers, spec.hidden, spec.ffn, spec.heads, spec.kv_heads, spec.vocab)
+    llama = spec.gated_mlp and not spec.positions and not spec.dropout and not spec.tied_embedding
+    for other in models:
+        c = model_config(other)
+        gpt = isinstance(c, GPTConfig)
+        if (c.layers, c.hidden, c.ffn, c.heads, getattr(c, "kv_heads", c.heads), c.vocab) == shape and \
+                c.max_seq >= spec.seq and (not gpt if llama else gpt and spec.positions and not spec.gated_mlp):
+            return other
+    if not llama:
+        return None
+    return (f"layers={spec.layers},hidden={spec.hidden},heads={spec.heads},kv_heads={spec.kv_heads},"
+            f"ffn={spec.ffn},vocab={spec.vocab},max_seq={spec.seq}")
 
 
 CPU_SCALE = {"model": "tiny", "seq": 16, "stages": 2, "dp": 2, "dtype_bytes": 4}

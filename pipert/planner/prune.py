@@ -28,7 +28,7 @@ from ..ir.action import Op
 from ..ir.semantics import COLLECTIVE_OPS, TIMED_OPS, UNIT_COMPUTE_OPS, Semantics, action_time
 from ..ir.semantics.table import Queue
 
-__all__ = ["finish_bounds"]
+__all__ = ["finish_bounds", "placement_busy"]
 
 
 def finish_bounds(schedule: Any, cost: Any, links: Any) -> list[float]:
@@ -92,11 +92,15 @@ def _message_arrivals(schedule: Any, cost: Any, links: Any) -> dict[tuple[int, i
     """(src, dst) -> per message in link order, the earliest time it can arrive."""
     busy: dict[tuple[int, int], float] = {}
     out: dict[tuple[int, int], list[float]] = {}
+    sizes: dict[tuple, float] = {}
     for s, acts in enumerate(schedule.actions):
         for a in acts:
             if a.op is Op.SEND:
-                nbytes = cost.message_bytes(a.payload, a.unit, len(a.mb) or 1) if a.zclass is None else 0.0
-                occupancy, latency = links.transfer(s, a.peer, nbytes)
+                what = (a.payload, a.unit, len(a.mb) or 1)
+                nbytes = sizes.get(what)
+                if nbytes is None:
+                    nbytes = sizes[what] = cost.message_bytes(*what)
+                occupancy, latency = links.transfer(s, a.peer, nbytes if a.zclass is None else 0.0)
                 link = (s, a.peer)
                 busy[link] = busy.get(link, 0.0) + occupancy
                 out.setdefault(link, []).append(busy[link] + latency)
@@ -115,3 +119,16 @@ def _collective_ends(schedule: Any, cost: Any, links: Any) -> dict[tuple, list[f
                 ends = out.setdefault(tuple(sorted(a.group)), [])
                 ends.append((ends[-1] if ends else 0.0) + took)
     return out
+
+
+def placement_busy(placement: Any, cost: Any, ranks: int) -> list[float]:
+    """Per rank, the seconds of the F and the full backward B of every (unit, micro-batch) a table
+    placement puts on it: a bound on when its last non-OPT compute ends (computes run one at a
+    time from 0) for a schedule that runs each pair once forward and once as one B where it is
+    placed (HelixPipe), whatever the order."""
+    busy = [0.0] * ranks
+    for u, row in enumerate(placement.ranks):
+        work = cost.unit_time(u, "F") + cost.unit_time(u, "B")
+        for r in row:
+            busy[r] += work
+    return busy

@@ -45,10 +45,13 @@ def _call(i: int, cutoff: float) -> Outcome:
 
 def run_in_order(items: list, evaluate: Callable[[Any, float, float], Outcome], top: int, time_budget: float,
                  t0: float, jobs: int = 1, wanted: Callable[[Any], bool] = lambda c: True,
-                 cheap: Callable[[Any], bool] = lambda lay: False) -> tuple[list, dict[str, Any]]:
+                 cheap: Callable[[Any], bool] = lambda lay: False,
+                 meanwhile: Callable[[], Any] | None = None) -> tuple[list, dict[str, Any]]:
     """(candidates found, fastest first; counts: simulated, pruned_memory, pruned_bound, not_run,
     failed, and next_bound: the lowest bound of the layouts the time budget left out, None if none).
-    ``items``: (bound, layout) sorted by bound; ``cheap(layout)``: whether it goes first (module doc)."""
+    ``items``: (bound, layout) sorted by bound; ``cheap(layout)``: whether it goes first (module doc).
+    ``meanwhile``: run once here while the forked workers evaluate the first layouts (after every
+    fork: it may start threads or import torch), not at all with ``jobs <= 1``."""
     from .auto import _order
     found: list = []
     stats: dict[str, Any] = {"simulated": 0, "pruned_memory": 0, "pruned_bound": 0, "not_run": 0, "failed": {},
@@ -100,12 +103,13 @@ def run_in_order(items: list, evaluate: Callable[[Any, float, float], Outcome], 
             if k not in skipped:
                 merge(evaluate(items[order[k]][1], items[order[k]][0], cutoff()))
         return found, stats
-    _forked(items, order, evaluate, jobs, stop, skipped, merge, cutoff)
+    _forked(items, order, evaluate, jobs, stop, skipped, merge, cutoff, meanwhile)
     return found, stats
 
 
 def _forked(items: list, order: list[int], evaluate: Callable, jobs: int, stop: Callable[[int], bool],
-            skipped: set[int], merge: Callable[[Outcome], None], cutoff: Callable[[], float]) -> None:
+            skipped: set[int], merge: Callable[[Outcome], None], cutoff: Callable[[], float],
+            meanwhile: Callable[[], Any] | None = None) -> None:
     import gc
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -129,6 +133,9 @@ def _forked(items: list, order: list[int], evaluate: Callable, jobs: int, stop: 
                     k += 1
                 if not pending:
                     break
+                if meanwhile is not None:   # a fork context starts every worker at the first submit
+                    meanwhile()
+                    meanwhile = None
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for f in done:
                     merge(f.result())

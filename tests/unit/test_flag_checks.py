@@ -29,6 +29,11 @@ CASES = [
                                                   "yet"),
     (["train", "--steps", "0"], "--steps must be >= 1, got 0"),
     (["train", "--model", "huge"], "--model 'huge' unknown; allowed: tiny, small"),
+    (["train", "--model", "layers=4,hidden=64"], "--model: model 'layers=4,hidden=64': give heads too"),
+    (["train", "--model", "layers=4,hidden=64,heads=4,depth=2"], "'depth=2' is not size=positive integer (each "
+                                                                 "once); allowed sizes: layers, hidden, heads"),
+    (["train", "--model", "layers=4,hidden=64,heads=4,kv_heads=3"], "--model: LlamaConfig: kv_heads=3 must divide "
+                                                                    "heads=4"),
     (["train", "--schedule", "zb-v", "--chunks", "3"], "--schedule zb-v --stages 4 --microbatches 8 (per replica) "
                                                        "--chunks 3: zb-v needs chunks == 2 (got V=3)"),
     (["simulate", "zb-v", "-V", "3"], "zb-v --stages 4 --microbatches 8 --chunks 3: zb-v needs chunks == 2"),

@@ -223,3 +223,72 @@ def test_helixpipe_is_searched_as_its_paper_runs_it_and_its_command_builds_the_s
     program = build_program(cfg)
     assert (program.meta["loss_in_backward"], program.meta["recompute"]) == (True, cand.recompute)
     assert (program.num_ranks, program.num_microbatches) == (cand.layout.stages, cand.layout.microbatches)
+
+
+def _train_config(argv: list[str]):
+    """``argv`` (after ``pipert train``) parsed by pipert's train parser into a validated TrainConfig,
+    as ``cmd_train`` makes it (nothing launched)."""
+    from dataclasses import fields
+
+    from pipert.cli import _FILE_SHAPED, build_parser
+    from pipert.train import TrainConfig
+    args = build_parser("train").parse_args(["train", *argv])
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
+    values.update({k: getattr(TrainConfig(), k) for k in _FILE_SHAPED if values[k] is None})
+    cfg = TrainConfig(**values)
+    cfg.validate()
+    return cfg
+
+
+def test_printed_train_commands_parse_and_validate_under_pipert_train(capsys):
+    """gpt-7b is a pipert train preset: the best layout's command runs as printed (its flags parse and
+    validate, the shape is the planned one); 7b is not: the command gives its sizes (the model train
+    builds has the planned sizes), and its scaled-down CPU command validates."""
+    rc, out, _ = _plan(capsys, "--model", "gpt-7b", "--gpus-per-node", "8", "--nodes", "8", "--dcs", "2",
+                       "--tp", "1", "--schedules", "1f1b,zb-h1", "--time-limit", "1s", "--json")
+    best = json.loads(out)["best"]
+    assert rc == 0 and best["cpu_train_args"] is None and not best["notes"]
+    assert best["command"].split(" -m pipert.cli train ")[1].split() == best["train_args"]
+    cfg = _train_config(best["train_args"])
+    assert (cfg.model, cfg.stages, cfg.dp, cfg.schedule) == ("gpt-7b", best["P"], best["D"], best["schedule"])
+    assert cfg.microbatches == best["M"] * best["D"] and cfg.batch_size == cfg.microbatches * best["micro_batch"]
+    rc, out, _ = _plan(capsys, "--model", "7b", "--gpus-per-node", "8", "--nodes", "8", "--dcs", "2",
+                       "--schedules", "1f1b,zb-h1", "--time-limit", "1s", "--json")
+    best = json.loads(out)["best"]
+    from pipert.models import LlamaConfig, model_config
+    built, planned = model_config(_train_config(best["train_args"]).model), ModelSpec.preset("7b")
+    assert isinstance(built, LlamaConfig)
+    assert (built.layers, built.hidden, built.heads, built.kv_heads, built.ffn, built.vocab, built.max_seq) == \
+        (planned.layers, planned.hidden, planned.heads, planned.kv_heads, planned.ffn, planned.vocab, planned.seq)
+    assert "pipert train has no preset '7b': --model gives its sizes" in best["notes"][0]
+    cfg = _train_config(best["cpu_train_args"])
+    assert (cfg.model, cfg.stages, cfg.backend, cfg.schedule) == ("tiny", 2, "gloo", best["schedule"])
+
+
+def test_crosspipe_with_replicas_is_built_as_train_builds_it_and_its_step_is_the_programs(monkeypatch):
+    """A CrossPipe pipeline crossing datacenters with D = 2 replicas (4 DCs) is built as ``pipert
+    train --dp`` builds it (dp, each ZeRO stage's reduction, links over the P x D ranks), and the
+    planner's step is the simulated step of the whole replicated program within 1 %."""
+    import pipert.schedules as schedules
+    from pipert.compiler import compile
+    from pipert.planner.auto import schedule_of
+    from pipert.sim import simulate
+    told = []
+    build = schedules.build_schedule
+
+    def spy(name, **kw):
+        if name == "crosspipe-greedy":
+            told.append((kw.get("dp"), kw.get("dp_op"), kw["links"].topology.num_ranks))
+        return build(name, **kw)
+    monkeypatch.setattr(schedules, "build_schedule", spy)
+    cl = Cluster(2, 4, 4, links={**default_link_specs(), "inter_dc": LinkSpec(5e-3, 1.25e9)})
+    spec = ModelSpec.preset("1b")
+    found = search(spec, cl, 32, families=("crosspipe-greedy",), dp=2, top=3, time_budget=600)
+    assert found.ranked and {(2, "allreduce", 8), (2, "reducescatter", 8)} <= set(told)
+    for cand in found.ranked[:2]:
+        lay = cand.layout
+        links = cl.rank_links(lay.tp)
+        program = compile(schedule_of(spec, cl, cand), dp=lay.dp, zero=cand.zero, check=False).to_schedule()
+        cost = analytic_cost(cl)(spec, lay, cand.recompute, lay.units, False)
+        got = simulate(program, cost, links=links, topology=links.topology).makespan
+        assert got == pytest.approx(cand.step, rel=0.01), (lay, cand.zero)

@@ -132,3 +132,31 @@ def test_forked_workers_start_after_the_parents_garbage_is_collected():
             child.kill()
     assert result, "a forked worker hung"
     assert [c.step for c in result[0][0]][:2] == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("family", ["helixpipe", "helixpipe-2fold"])
+@pytest.mark.parametrize("recompute", ["none", "no_attention"])
+def test_helix_placement_busy_is_each_ranks_simulated_compute(family, recompute):
+    """The unbuilt HelixPipe bound (its placement's F + B per rank) equals the seconds each rank
+    computes in the simulation, OPT left out: its last non-OPT compute cannot end earlier."""
+    from pipert.ir.action import Op
+    from pipert.planner.prune import placement_busy
+    from pipert.schedules.helixpipe import helix_placement
+    cl = Cluster(4, 2, 2, links=SLOW_DC)
+    checked = 0
+    for lay in layouts(cl, TINY, 16, (family,)):
+        cost, _, run = auto._runner(TINY, cl, lay, recompute, analytic_cost(cl), auto.Search([], 1e18), {}, {})
+        try:
+            _, res = run(lay)
+        except ValueError:    # two-fold: M not a multiple of 2P
+            continue
+        computed = [0.0] * lay.stages
+        for rank, queue, action, start, end in res.events:
+            if queue == "compute" and action.op is not Op.OPT:
+                computed[rank] += end - start
+        folds = auto.family_default(family, "folds", 1)
+        busy = placement_busy(helix_placement(lay.stages, lay.stages * lay.chunks, lay.microbatches, folds), cost,
+                              lay.stages)
+        assert busy == pytest.approx(computed, rel=1e-12), lay
+        checked += 1
+    assert checked >= 4
