@@ -10,7 +10,7 @@ import random
 import statistics
 
 __all__ = ["LOSS_TOL", "BOOTSTRAP", "kept_by_round", "ratio_of_medians", "median_table", "compare", "verdict",
-           "comparison", "loss_check"]
+           "comparison", "loss_difference", "loss_check"]
 
 LOSS_TOL = 1e-5
 """Largest relative difference between two runs' losses at one step that counts as the same
@@ -118,17 +118,26 @@ def comparison(rows: list[dict], link: str, a: str, b: str, link_text: str, cont
             + ("they ran the same program in some run" if c["same_program"] else "they ran different programs") + ".")
 
 
-def loss_check(rows: list[dict], reference: str) -> str:
-    """Whether every run's loss sequence equals that of ``reference`` without link in its round."""
+def loss_difference(rows: list[dict], reference: str) -> tuple[float, str]:
+    """The largest relative difference between a step's loss and that of ``reference`` without
+    link at the same step of the same round, and where it is ("" when 0); KeyError where the
+    reference run lacks that step."""
     ref = {(r["round"], r["step"]): r["loss"] for r in rows if r["schedule"] == reference and r["link"] == "none"}
     worst, where = 0.0, ""
     for r in rows:
-        base = ref.get((r["round"], r["step"]))
-        if base is None:
-            return f"Losses not compared: round {r['round']} has no {reference} run without link at step {r['step']}."
+        base = ref[r["round"], r["step"]]
         d = abs(r["loss"] - base) / abs(base)
         if d > worst:
             worst, where = d, f"{r['schedule']}, link {r['link']}, round {r['round']}, step {r['step']}"
+    return worst, where
+
+
+def loss_check(rows: list[dict], reference: str) -> str:
+    """Whether every run's loss sequence equals that of ``reference`` without link in its round."""
+    try:
+        worst, where = loss_difference(rows, reference)
+    except KeyError as e:
+        return f"Losses not compared: no {reference} run without link at (round, step) {e.args[0]}."
     runs = len({(r["round"], r["schedule"], r["link"]) for r in rows})
     verdict = "the same training" if worst <= LOSS_TOL else "NOT the same training"
     return (f"Losses, every step of all {runs} runs against {reference} without link in the same round: largest "
