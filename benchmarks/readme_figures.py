@@ -241,6 +241,31 @@ def chunked_mlp(rows: list[dict], ctx: dict) -> str:
             + _source("bench_chunked_mlp.py", "chunked_mlp", ctx) + ".")
 
 
+def crosspipe_train(rows: list[dict], ctx: dict) -> str:
+    from _crosspipe_train_stats import LOSS_TOL, compare, loss_difference, verdict
+    from bench_crosspipe_train import BLIND, ONE_F1B, TOLD
+
+    def ratio(link: str, b: str, control: bool = False) -> str:
+        c = compare(rows, link, TOLD, b)
+        return (f"{c['ratio']:.3f} (95 % interval {c['lo']:.3f}-{c['hi']:.3f}, {verdict(c, control).split(':')[0]}; "
+                f"predicted {c['predicted']:.3f})")
+    links = {r["link"] for r in rows}
+    parts = [f"under 20 ms latency crosspipe-greedy / 1f1b step ratio {ratio('lat', ONE_F1B)}, told / link-blind "
+             f"{ratio('lat', BLIND)}"]
+    if "bw" in links:
+        parts.append(f"bandwidth-bound (one message per forward) / 1f1b {ratio('bw', ONE_F1B)}, told / link-blind "
+                     f"{ratio('bw', BLIND)}")
+    parts.append(f"no link (control) / 1f1b {ratio('none', ONE_F1B, control=True)}")
+    worst = loss_difference(rows, ONE_F1B)[0]
+    loads = [r["load_1min"] for r in rows]
+    return (f"- CrossPipe in `pipert train` ({rows[0]['processes']} gloo processes, one stage per datacenter, tiny "
+            f"model, M=8, {ctx['rounds']} interleaved rounds, median step time): " + "; ".join(parts)
+            + "; losses of every step of every run " + ("identical to 1f1b's without link" if worst == 0 else
+            f"equal to 1f1b's within {worst:.0e} (tolerance {LOSS_TOL:.0e})") + f", load average "
+            f"{min(loads):.1f}-{max(loads):.1f} on {rows[0]['cores']} cores "
+            + _source("bench_crosspipe_train.py", "crosspipe_train", ctx) + ".")
+
+
 BLOCKS: dict[str, tuple[str, Callable[[list[dict], dict], str]]] = {
     "zbv": ("bench_zbv.py", zbv),
     "sim_speed": ("bench_sim_speed.py", sim_speed),
@@ -254,6 +279,7 @@ BLOCKS: dict[str, tuple[str, Callable[[list[dict], dict], str]]] = {
     "overlap_cpu": ("bench_overlap.py", overlap_cpu),
     "gpu_checks": ("gpu_checks.py", gpu_checks),
     "chunked_mlp": ("bench_chunked_mlp.py", chunked_mlp),
+    "crosspipe_train": ("bench_crosspipe_train.py", crosspipe_train),
 }
 """Block name (= report name) -> (the benchmark script, the block's text from CSV rows and context)."""
 

@@ -485,7 +485,8 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
     ref_opt = opt([p for u in ref_units for p in u.parameters()]) if ref_units else None
     sizes = _per_rank(backend, _param_bytes(units))
     whole = units if tp is None else _rank_units(cfg, program, torch.device("meta"), keep=[])  # unsharded shapes
-    start = {"rank_param_bytes": sizes, "model_param_bytes": _param_bytes(whole, materialized_only=False)}
+    start = {"rank_param_bytes": sizes, "model_param_bytes": _param_bytes(whole, materialized_only=False),
+             "program_digest": program.validated}
     if backend != "local":
         start.update(mesh_order=layout.describe(), process_coords=[layout.coords(g) for g in range(layout.size)])
     link_opts = cfg.link_options()

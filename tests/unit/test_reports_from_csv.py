@@ -14,7 +14,7 @@ REPORTS = {"sim_speed": "bench_sim_speed", "weight_passing": "bench_weight_passi
            "delay_cpu": "bench_delay", "delay_cuda": "bench_delay", "vs_torch": "bench_vs_torch",
            "crosspipe_sweep": "bench_crosspipe", "zbv": "bench_zbv", "helixpipe": "bench_helixpipe",
            "overlap_cpu": "bench_overlap", "overlap_cuda": "bench_overlap", "train_fidelity": "bench_train_fidelity",
-           "emulate_real": "bench_emulate_real",
+           "emulate_real": "bench_emulate_real", "crosspipe_train": "bench_crosspipe_train",
            "gpu_checks": "gpu_checks", "chunked_mlp": "bench_chunked_mlp", "chunked_mlp_quick": "bench_chunked_mlp",
            "pipemesh": "bench_pipemesh", "pipemesh_table4": "bench_pipemesh:table4_report",
            "crosspipe_paper": "bench_crosspipe_paper",

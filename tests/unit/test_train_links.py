@@ -16,6 +16,11 @@ def test_train_with_links_and_profile_reports_prediction_and_stays_exact(capsys)
     assert len(steps) == 2
     assert steps[0]["links"]["text"] == "2 DCs: 2 ms, 1 Gbit/s between them"
     assert steps[0]["links"]["dc_bandwidth_Bps"] == 1.25e8
+    # the program it ran: the one build_program compiles from the same flags (1F1B ignores the links)
+    from pipert.train import TrainConfig, build_program
+    built = build_program(TrainConfig(stages=2, microbatches=4, batch_size=4, seq=16, steps=2, dtype="float64",
+                                      dcs=2, dc_latency="2ms", dc_bandwidth="1Gbps"))
+    assert steps[0]["program_digest"] == built.validated is not None
     for s in steps:
         assert s["max_grad_rel_err"] <= 1e-10 and s["max_param_rel_err"] <= 1e-10, s
         # the critical path crosses the DC boundary at least twice (first forward, last backward)
