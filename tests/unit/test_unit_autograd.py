@@ -283,3 +283,24 @@ def test_intermediates_split_does_no_extra_matmuls():
     assert b > 0
     assert _backward_mm("intermediates") == b
     assert _backward_mm("retain") > b  # W repeats the activation-gradient chain
+
+
+@pytest.mark.parametrize("u", [0, 1])
+def test_w_in_pieces_matches_b(u):
+    """W in 3 pieces after D gives B's gradients (the first unit, whose D walks nothing, and a middle one)."""
+    mod, first, last, x, tgt, gout = _setup("coarse", u)
+    gin_b, pg_b = _run(mod, first, last, x, tgt, gout, "B")
+    for p in mod.parameters():
+        p.grad = None
+    r = UnitRunner(mod, first, last, split="intermediates")
+    r.forward(0, x, tgt)
+    gin = r.backward_input(0, gout)
+    for j in range(3):
+        assert r.awaiting_weight() == [0]
+        r.backward_weight(0, piece=(j, 3))
+    assert r.stashed() == []
+    assert (gin is None) == first and (first or torch.allclose(gin, gin_b, rtol=1e-10, atol=1e-12))
+    pg = {n: p.grad for n, p in mod.named_parameters()}
+    assert pg.keys() == pg_b.keys()
+    for n in pg:
+        assert torch.allclose(pg[n], pg_b[n], rtol=1e-10, atol=1e-12), n
