@@ -45,16 +45,16 @@ D/W split (``split="intermediates"``, the default when available): the method of
 for each parameter, the nodes where its path joins the path from the inputs to the outputs
 ("intermediates"), records the gradients flowing into those nodes while computing the
 input gradient, and drops the graph above them. W restarts autograd from the recorded
-nodes, so it does only the weight-gradient work, but in one autograd call per parameter group
-(torch's ``stage_backward_weight``): D + W cost one B plus the graph walk of D plus, per group, a
-call's fixed cost and a walk of the graph below its intermediates (measured on CPU, one thread:
-about 0.3 ms + 1.3 us per node; +77% of B for the last unit of ``tiny`` cut in two, +20% for
-``small``, +8% for ``medium``). Outputs that do not depend on the inputs (every output of the
-first unit) are kept whole and differentiated in W; a unit none of whose inputs needs a gradient
-(the first) walks no graph in D, which only keeps its outputs, and its W costs one B. D is written
-here on torch's graph helpers rather than calling ``stage_backward_input``, which detaches outputs in place (an error for view outputs such
-as the q/k/v of a pre-attention unit) and drops the gradient of outputs independent of
-the inputs; W is torch's ``stage_backward_weight``. ``split="retain"`` (the fallback when the torch helpers do not
+nodes, so it does only the weight-gradient work. Each autograd call pays a fixed cost and a walk
+of the graph below its roots (CPU, one thread: about 0.3 ms + 1.3 us per node), so W merges the
+parameter groups into one call per level of their intermediates (``pipert.exec.wgrad``: why that
+is exact) instead of torch's one call per group. Outputs that do not depend on the inputs
+(every output of the first unit) are kept whole and differentiated in W; a unit none of whose
+inputs needs a gradient (the first) walks no graph in D, which only keeps its outputs, and its W
+costs one B. D is written here on torch's graph helpers rather than calling
+``stage_backward_input``, which detaches outputs in place (an error for view outputs such as the
+q/k/v of a pre-attention unit) and drops the gradient of outputs independent of the inputs.
+``split="retain"`` (the fallback when the torch helpers do not
 import) keeps the whole graph after D and runs W as a second backward from the outputs to
 the parameters: simple, but W repeats the activation-gradient chain, so D + W costs about
 B + D. Memory between D and W: "intermediates" keeps the graph below the recorded nodes
@@ -71,6 +71,8 @@ from typing import Any, Union
 import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
+
+from .wgrad import plan_weight_calls, run_weight_call
 
 __all__ = ["UnitRunner", "Activation", "unit_runner"]
 
@@ -117,7 +119,7 @@ class _Entry:
     single: bool                      # the input activation was one Tensor, not a tuple
     targets: Tensor | None
     outputs: tuple["_Root", ...] | None = None  # graph roots; None while awaiting RECOMPUTE or after D
-    groups: list | None = None        # after D (intermediates): parameter groups with captured grads
+    groups: list | None = None        # after D (intermediates): W's autograd calls (exec/wgrad.py)
     rest: tuple[list, list] | None = None  # after D: (outputs, grads) that W must differentiate whole
     input_done: bool = False          # D ran; only W may follow
     w_pieces_done: int = 0            # pieces of W run so far
@@ -299,8 +301,8 @@ class UnitRunner:
     def backward_weight(self, mb: int, piece: tuple[int, int] | None = None) -> None:
         """W: accumulate the parameter gradients of ``mb`` (after its D); frees the stash.
 
-        ``piece=(j, n)`` runs the j-th of n pieces: the gradients of the j-th share of the
-        unit's parameter groups (contiguous shares, in parameter order); the stash is freed
+        ``piece=(j, n)`` runs the j-th of n pieces: the j-th contiguous share of W's autograd
+        calls (``pipert.exec.wgrad``) and of the parameters of outputs differentiated whole; the stash is freed
         by the last piece. Pieces must run in order 0..n-1."""
         entry = self._stash.get(mb)
         if entry is None or not entry.input_done:
@@ -319,8 +321,8 @@ class UnitRunner:
                 torch.autograd.backward(outs, grads, inputs=mine, retain_graph=bool(entry.groups) or not last)
         if entry.groups:
             lo, hi = _share(len(entry.groups), j, n)
-            if hi > lo:
-                self._helpers.stage_backward_weight(iter(params), entry.groups[lo:hi])  # frees the graph below
+            for call in entry.groups[lo:hi]:
+                run_weight_call(call, params, self._helpers)  # frees the graph below
         entry.w_pieces_done = j + 1
         if last:
             del self._stash[mb]
@@ -406,6 +408,7 @@ class UnitRunner:
         h = self._helpers
         node = h._get_grad_fn_or_grad_acc
         params = [p for p in self.module.parameters() if p.requires_grad]
+        param_of = {node(p): p for p in params}
         out_nodes = [o.node for o in outs]
         in_nodes = [node(t) for t in wanted]
         reverse = h.construct_reverse_graph(out_nodes)
@@ -415,24 +418,25 @@ class UnitRunner:
         dep = [i for i, n in enumerate(out_nodes) if n in in_closure]
         indep = [i for i in range(len(outs)) if i not in dep]
         entry.rest = ([outs[i] for i in indep], [grads[i] for i in indep])
-        groups = h.get_param_groups(in_nodes, [node(p) for p in params], reverse) if dep else []
+        groups = h.get_param_groups(in_nodes, list(param_of), reverse) if dep else []
         handles = []
         try:
             for group in groups:
-                group["intermediates"] = list(group["intermediates"])
+                group["intermediates"] = group["all"] = list(group["intermediates"])
                 for i, inter in enumerate(group["intermediates"]):
                     handles.append(inter.register_prehook(_capture(group, i)))
             got = self._grad([outs[i] for i in dep], wanted, [grads[i] for i in dep], retain=True)
         finally:
             for handle in handles:
                 handle.remove()
-        entry.groups = []
+        kept = []
         for group in groups:  # W restarts only from intermediates that a gradient reached
             seen = group.pop("captured", {})
             if seen:
                 group["intermediates"] = [group["intermediates"][i] for i in sorted(seen)]
                 group["grads"] = [seen[i] for i in sorted(seen)]
-                entry.groups.append(group)
+                kept.append(group)
+        entry.groups = plan_weight_calls(kept, in_closure, reverse, param_of)
         return got
 
 

@@ -304,3 +304,44 @@ def test_w_in_pieces_matches_b(u):
     assert pg.keys() == pg_b.keys()
     for n in pg:
         assert torch.allclose(pg[n], pg_b[n], rtol=1e-10, atol=1e-12), n
+
+
+class Twice(nn.Module):
+    """Uses its weight at two depths (one parameter group whose intermediates differ in level)
+    beside a weight used once."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.w = nn.Parameter(torch.randn(4, 4, generator=g, dtype=torch.float64) / 2)
+        self.v = nn.Parameter(torch.randn(4, 4, generator=g, dtype=torch.float64) / 2)
+
+    def forward(self, x):
+        return torch.tanh(torch.tanh(x @ self.w) @ self.v) @ self.w
+
+
+def test_w_merges_groups_by_level_and_keeps_mixed_groups_apart():
+    mod = Twice()
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    gout = torch.randn(3, 4, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    gin_true, pg_true = _truth(mod, False, x, None, gout)
+    gin, pg = _run(mod, False, False, x, None, gout, "DW", "intermediates")
+    assert torch.allclose(gin, gin_true[0], rtol=1e-10, atol=1e-12)
+    for n in pg_true:
+        assert torch.allclose(pg[n], pg_true[n], rtol=1e-10, atol=1e-12), n
+    r = UnitRunner(mod, False, False, split="intermediates")
+    r.forward(0, x)
+    r.backward_input(0, gout)
+    calls = r._stash[0].groups
+    assert sorted("groups" in c for c in calls) == [False, True]  # v merged alone, w's mixed group apart
+
+    units = _llama_units("coarse")
+    mid, xm = units[1], _batch()[0]
+    with torch.no_grad():
+        xm = units[0](xm)
+    r = UnitRunner(mid, False, False, split="intermediates")
+    out = r.forward(0, xm)
+    r.backward_input(0, torch.ones_like(out))
+    calls = r._stash[0].groups
+    assert not any("groups" in c for c in calls)
+    assert len(calls) < len({id(p) for c in calls for p in c["params"]})  # fewer calls than weights
