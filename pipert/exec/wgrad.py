@@ -2,7 +2,9 @@
 
 torch's ``stage_backward_weight`` runs one autograd call per parameter group; each call pays a
 fixed cost and a walk of the whole graph below its intermediates, which dominates W for small
-units. Here the groups of one D are merged into one call per *level*, where the level of a node
+units (measured: the last unit of ``tiny`` cut in two, one thread, W took 7.3 ms in 20 calls, 4.6 ms
+merged into 14; ``small`` 64.6 ms in 38, 53.4 in 26; ``medium`` 353 in 56, 339 in 38). Here the groups
+of one D are merged into one call per *level*, where the level of a node
 of the inputs' closure is the largest number of intermediates strictly above it on a path from
 the outputs. Invariants that make a merged call exact and free of activation-gradient work:
 
