@@ -118,7 +118,7 @@ class Search:
     def as_dict(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget, "layouts": self.layouts, "simulated": self.simulated,
                 "pruned_memory": self.pruned_memory, "pruned_bound": self.pruned_bound, "not_run": self.not_run,
-                "next_bound_s": self.next_bound,
+                "complete": self.not_run == 0, "next_bound_s": self.next_bound,
                 "skipped": dict(self.skipped), "failed": dict(self.failed), "seconds": self.seconds}
 
 

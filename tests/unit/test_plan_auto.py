@@ -292,3 +292,24 @@ def test_crosspipe_with_replicas_is_built_as_train_builds_it_and_its_step_is_the
         cost = analytic_cost(cl)(spec, lay, cand.recompute, lay.units, False)
         got = simulate(program, cost, links=links, topology=links.topology).makespan
         assert got == pytest.approx(cand.step, rel=0.01), (lay, cand.zero)
+
+
+def test_a_search_cut_short_by_the_time_limit_says_so_and_a_complete_one_does_not(capsys):
+    """The 7b 8x8 search needs seconds of simulation: with a 10 ms budget layouts are left; the text
+    names how many and the limit, the JSON marks the search incomplete with the same count.
+    A 1-node search under a 10 min budget reaches every layout and prints no such line."""
+    args = ["--model", "7b", "--gpus-per-node", "8", "--nodes", "8", "--dcs", "2", "--tp", "1",
+            "--schedules", "1f1b,zb-h1"]
+    rc, out, _ = _plan(capsys, *args, "--time-limit", "10ms", "--json")
+    search = json.loads(out)["search"]
+    assert rc in (0, 1) and search["not_run"] > 0 and search["complete"] is False
+    rc, out, _ = _plan(capsys, *args, "--time-limit", "10ms")
+    left = int(out.split(" not reached in the time limit")[0].rsplit(", ", 1)[1])
+    assert left > 0 and "stopped at the time limit (0.01 s, --time-limit)" in out
+    rc, out, _ = _plan(capsys, "--model", "tiny", "--gpus-per-node", "2", "--nodes", "1", "--tp", "1",
+                       "--schedules", "1f1b", "--time-limit", "600s", "--json")
+    search = json.loads(out)["search"]
+    assert rc == 0 and search["not_run"] == 0 and search["complete"] is True
+    rc, out, _ = _plan(capsys, "--model", "tiny", "--gpus-per-node", "2", "--nodes", "1", "--tp", "1",
+                       "--schedules", "1f1b", "--time-limit", "600s")
+    assert rc == 0 and "time limit" not in out
