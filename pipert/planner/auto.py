@@ -313,8 +313,7 @@ def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, b
             mem = max(h * _state_bytes(zero, lay.dp) + gathered + peak for h, peak in zip(held, pipe.peak))
             if mem > out.budget:
                 continue
-            shard = lay.dp if zero else 1
-            tail = max(pipe.finish[p] + (allreduce[p] if zero == 0 else scatter[p] + gather[p]) + opt[p] / shard
+            tail = max(pipe.finish[p] + _dp_tail(zero, lay.dp, allreduce[p], gather[p], scatter[p], opt[p])
                        for p in range(P))
             # the step ends with the last rank's optimizer step; the pipeline's own makespan times every
             # OPT unsharded, so it is not a floor once ZeRO shards them
@@ -370,8 +369,15 @@ def _dp_tails(model: ModelSpec, cluster: Cluster, lay: Layout, cost: Any, owners
     ZeRO stage (:func:`_simulate`: its gradient collectives, then its optimizer step, sharded over
     D from ZeRO-1 on)."""
     _, opt, _, allreduce, gather, scatter = _dp_parts(model, cluster, lay, cost, owners)
-    return [min(a + o, g + s + o / lay.dp) if lay.dp > 1 else a + o
-            for a, g, s, o in zip(allreduce, gather, scatter, opt)]
+    zeros = (0, 1) if lay.dp > 1 else (0,)   # ZeRO-1..3 share one tail
+    return [min(_dp_tail(z, lay.dp, a, g, s, o) for z in zeros) for a, g, s, o in zip(allreduce, gather, scatter, opt)]
+
+
+def _dp_tail(zero: int, dp: int, allreduce: float, gather: float, scatter: float, opt: float) -> float:
+    """Seconds a rank's step runs after its last non-OPT compute under ZeRO stage ``zero``: its
+    gradient all-reduce (ZeRO-0) or reduce-scatter and all-gather, then its optimizer step, sharded
+    over the ``dp`` replicas from ZeRO-1 on."""
+    return allreduce + opt if zero == 0 else scatter + gather + opt / dp
 
 
 def _runner(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cost_for: CostFor, out: Search,

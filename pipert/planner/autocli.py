@@ -144,7 +144,7 @@ def check_auto_flags(args: argparse.Namespace) -> None:
 def cmd_auto(args: argparse.Namespace) -> int:
     from ..linkflags import format_duration
     from .auto import search
-    from .command import not_runnable, runtime_models
+    from .command import not_runnable, runtime_models, train_model
     from .layouts import FAMILIES
     from .runner import default_jobs
     check_auto_flags(args)
@@ -166,7 +166,6 @@ def cmd_auto(args: argparse.Namespace) -> int:
                  dp=args.dp, micro_batch=args.micro_batch_size, top=args.top or 5,
                  time_budget=args.time_limit if args.time_limit is not None else 25.0, cost_for=cost_for,
                  jobs=args.jobs or default_jobs(), wanted=lambda c: not not_runnable(c), meanwhile=runtime_models)
-    from .command import train_model
     model = train_model(name, spec)
     rows = _rows(res.ranked[:args.top or 5], model or name, spec, cluster)
     best = _best_runnable(res.ranked, name, model, spec, cluster, args.save_schedule)
