@@ -12,7 +12,9 @@ H in {1024, 2048, 4096}, micro-batch 65536/S sequences (ZB-H1: 4 at S=4096, else
 tokens per iteration), 8 GPUs per node, NVLink (200 GB/s per direction) inside and 10 GbE
 (1.25 GB/s, 50 us) between nodes, one NIC per node shared by its ranks in the simulation
 (``simulate(..., nic_bandwidth=)``, pipert/sim/nic.py). Recomputation for 1F1B, WeiPipe and
-TawPipe (B costs F + B), none for ZB-H1 (as TawPipe states). WeiPipe runs the paper's ring
+TawPipe (B costs the forward of the unit's layers + B; embedding, LM head and loss are not rerun,
+class Recompute), none for ZB-H1 (as TawPipe states). WeiPipe and TawPipe run the LM head and loss
+in the backward of the last unit, as their codes do (``loss_in_backward``). WeiPipe runs the paper's ring
 (``weipipe-interleave``) and pipert's direct variant (``weipipe-interleave-direct``) beside it.
 Both papers ran 1F1B through Megatron-LM, whose boundary transfers block the next compute:
 ``1f1b-megatron`` is 1F1B with that blocking (benchmarks/_megatron_p2p.py), beside pipert's 1F1B
@@ -45,7 +47,7 @@ from _weight_passing_claims import PUBLISHED, SLOW, claims, implied_bandwidth, r
 
 from pipert.cost.devices import DeviceSpec
 from pipert.cost.topology import Links, LinkSpec, Topology
-from pipert.cost.transformer import TransformerCost, llama_like, partition_layers
+from pipert.cost.transformer import TransformerCost, UnitSpec, llama_like, partition_layers
 from pipert.cost.uniform import UniformCost
 from pipert.ir import Action, Op
 from pipert.schedules import build_schedule
@@ -71,15 +73,20 @@ TABLES = {  # table -> (GPUs, layers, sequences per iteration or None for 64 mic
 
 
 class Recompute:
-    """Activation checkpointing per unit: B (and D) first rerun F; a stash is the unit's input."""
+    """Activation checkpointing as the papers' runtimes do it: B (and D) first rerun the forward of
+    the unit's transformer layers only, never the embedding, final norm, LM head or loss (Megatron-LM's
+    ``--recompute-granularity full`` checkpoints the layers of ``ParallelTransformer`` in
+    ``_checkpointed_forward``; the WeiPipe and TawPipe codes rerun their chunk's decoders); a stash
+    is the unit's input."""
 
     def __init__(self, base: TransformerCost) -> None:
         self.base = base
+        self.layers = TransformerCost(base.model, base.device, layers_apart(base.units or []))
 
     def compute_time(self, action: Action, rank: int) -> float:
         t = self.base.compute_time(action, rank)
-        if action.op in (Op.B, Op.D):
-            t += self.base.compute_time(Action(Op.F, action.unit, action.mb, sub=action.sub), rank)
+        if action.op in (Op.B, Op.D):   # unit u's layers are unit u + 1 of ``self.layers``
+            t += self.layers.compute_time(Action(Op.F, action.unit + 1, action.mb, sub=action.sub), rank)
         return t
 
     def message_bytes(self, payload: Any, unit: int, num_mbs: int = 1) -> float:
@@ -89,6 +96,13 @@ class Recompute:
         if kind == "stash":
             return self.base.memory("act", unit)
         return 0.0 if kind == "stash_w" else self.base.memory(kind, unit)
+
+
+def layers_apart(units: list[UnitSpec]) -> list[UnitSpec]:
+    """``units`` with the embedding and the head each a unit of its own, first and last: unit u's
+    layers become unit u + 1."""
+    return ([UnitSpec("layers", (), embed=True)] + [UnitSpec("layers", u.layers) for u in units]
+            + [UnitSpec("layers", (), head=True)])
 
 
 def run_one(table: str, h: int, s: int, name: str, device: DeviceSpec, quick: bool, eth: LinkSpec) -> dict:
@@ -102,7 +116,10 @@ def run_one(table: str, h: int, s: int, name: str, device: DeviceSpec, quick: bo
     paper = table.split("-")[0]
     model = llama_like(h, layers, seq=s, micro_batch=mb, tied_embedding=(paper == "tawpipe"))
     units = partition_layers(model, gpus)
-    base = TransformerCost(model, device, units)
+    # The WeiPipe and TawPipe codes run the LM head and loss once per micro-batch, forward and backward
+    # together just before the backward of the last chunk (weipipe.py, ``calc_grad``); Megatron-LM runs
+    # the loss in the last stage's forward step.
+    base = TransformerCost(model, device, units, loss_in_backward=name.startswith(("weipipe", "tawpipe")))
     cost: Any = base if zb and paper == "tawpipe" else Recompute(base)
     topo = Topology(gpus, ranks_per_node=GPN)
     links = Links(topo, {"intra_node": NVLINK, "inter_node": eth})
