@@ -170,6 +170,26 @@ def _blocking_reason(got: dict[str, dict], meg: float, paper: float, ok_m: bool)
             f"{blk['bubble']:.3f})")
 
 
+def _t4_direction(grid: dict[tuple, dict[str, dict]], t4: list[dict]) -> str:
+    """Why pipert's WeiPipe/1F1B on Table 4 is or is not below 1, from the rows: both run at the
+    pace of the step that holds the LM head and loss."""
+    keys = [k for k in grid if k[0] == "weipipe-t4" and "1f1b" in grid[k] and WEI in grid[k]]
+    if not keys:
+        return ""
+    head = [grid[k]["1f1b"]["stage_max_s"] / grid[k]["1f1b"]["turn_compute_s"] for k in keys]
+    turn = [grid[k][WEI]["head_turn_s"] / grid[k]["1f1b"]["stage_max_s"] for k in keys]
+    text = (f"Both run at the pace of the step with the LM head and loss: 1F1B's last stage computes "
+            f"{_span(head)}x a body stage per micro-batch, and WeiPipe's turn with the loss (B of unit P-1 with "
+            f"the head's forward and backward, + F of unit 0) {_span(turn)}x that last stage, so the head's share "
+            f"moves both alike and the ratio's distance from 1 is the fill and drain")
+    need = [c["paper"] / c["pipert"] for c in t4 if c["paper"] < 1 <= c["pipert"]]
+    if need:
+        text += (f"; where the paper has WeiPipe slower and pipert does not ({len(need)} rows), WeiPipe would have "
+                 f"to run at {_span(need)} of its modelled speed: costs of the WeiPipe runtime that pipert does "
+                 f"not model")
+    return text + "."
+
+
 def _ranking(values: dict[str, float]) -> list[str]:
     return [k for k, _ in sorted(values.items(), key=lambda kv: -kv[1])]
 
@@ -327,8 +347,9 @@ def _prose(rows: list[dict], cl: list[dict]) -> list[str]:
         below = sum(c["paper"] < 1 for c in t4)
         lines.append(f"- WeiPipe's Table 4 (NVLink only): WeiPipe/1F1B published {_span([c['paper'] for c in t4])} "
                      f"(below 1 in {below} of {len(t4)} rows), pipert's paper ring {_span([c['pipert'] for c in t4])} "
-                     f"({_span([c['pipert_megatron'] for c in t4])} against 1F1B as Megatron-LM runs it), "
-                     f"pipert's direct variant {_span([c['pipert_direct'] for c in t4])}.")
+                     f"(below 1 in {sum(c['pipert'] < 1 for c in t4)}; {_span([c['pipert_megatron'] for c in t4])} "
+                     f"against 1F1B as Megatron-LM runs it), pipert's direct variant "
+                     f"{_span([c['pipert_direct'] for c in t4])}. " + _t4_direction(grid, t4))
     t2 = [c for c in cl if c["system"] == "WeiPipe" and "Table 2" in c["claim"]]
     if t2:
         lines.append(f"- WeiPipe's Table 2 (2 nodes, 10 GbE): WeiPipe/1F1B published {_span([c['paper'] for c in t2])},"

@@ -329,3 +329,26 @@ def test_weight_passing_counts_claims_within_goal_against_megatrons_1f1b_from_th
     after = state()
     assert after[2] == 9
     assert after[0] == before[0] and after[1] == before[1] + 9 - before[2]
+
+
+def test_weight_passing_table4_line_counts_rows_below_one_and_the_speed_weipipe_would_need():
+    import _weight_passing_claims as wc
+    from _common import RESULTS, read_csv
+    rows = read_csv(RESULTS / "weight_passing.csv")
+
+    def line() -> str:
+        return next(s for s in wc._prose(rows, wc.claims(rows)) if s.startswith("- WeiPipe's Table 4"))
+
+    t4 = {(r["hidden"], r["seq"]): r for r in rows if r["table"] == "weipipe-t4" and r["schedule"] == "1f1b"}
+    for r in rows:     # WeiPipe now 1% faster than 1F1B in every row
+        if r["table"] == "weipipe-t4" and r["schedule"] == wc.WEI:
+            r["tok_s_gpu"] = 1.01 * t4[(r["hidden"], r["seq"])]["tok_s_gpu"]
+    text = line()
+    below = sum(v[wc.WEI] < v["1f1b"] for v in wc.PUBLISHED["weipipe-t4"].values())
+    assert "pipert's paper ring 1.01-1.01 (below 1 in 0;" in text
+    need = [v[wc.WEI] / v["1f1b"] / 1.01 for v in wc.PUBLISHED["weipipe-t4"].values() if v[wc.WEI] < v["1f1b"]]
+    assert f"({below} rows), WeiPipe would have to run at {min(need):.2f}-{max(need):.2f} of its modelled" in text
+    for r in rows:     # WeiPipe slower than 1F1B in every row: nothing left to explain
+        if r["table"] == "weipipe-t4" and r["schedule"] == wc.WEI:
+            r["tok_s_gpu"] = 0.5 * t4[(r["hidden"], r["seq"])]["tok_s_gpu"]
+    assert "(below 1 in 6;" in line() and "would have to run" not in line()
