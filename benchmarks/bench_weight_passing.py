@@ -116,9 +116,9 @@ def run_one(table: str, h: int, s: int, name: str, device: DeviceSpec, quick: bo
     paper = table.split("-")[0]
     model = llama_like(h, layers, seq=s, micro_batch=mb, tied_embedding=(paper == "tawpipe"))
     units = partition_layers(model, gpus)
-    # The WeiPipe and TawPipe codes run the LM head and loss once per micro-batch, forward and backward
-    # together just before the backward of the last chunk (weipipe.py, ``calc_grad``); Megatron-LM runs
-    # the loss in the last stage's forward step.
+    # The WeiPipe and TawPipe codes run the LM head and loss once per micro-batch, forward and
+    # backward together just before the backward of the last chunk (``calc_grad`` in weipipe.py and
+    # tawpipe.py); Megatron-LM runs the loss in the last stage's forward step.
     base = TransformerCost(model, device, units, loss_in_backward=name.startswith(("weipipe", "tawpipe")))
     cost: Any = base if zb and paper == "tawpipe" else Recompute(base)
     topo = Topology(gpus, ranks_per_node=GPN)
