@@ -440,6 +440,40 @@ def test_a_changed_structure_misses_the_d_analysis_cache():
     assert (r._analyses.misses, r._analyses.hits) == (4, 2)
 
 
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+class Squares(nn.Module):
+    """A unit whose graph holds nodes of a custom autograd.Function (as tensor-parallel units do)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(8)
+        self.w, self.v = (nn.Parameter(torch.randn(4, 4, generator=g, dtype=torch.float64) / 2) for _ in range(2))
+
+    def forward(self, x):
+        return _Square.apply(_Square.apply(x @ self.w) @ self.v)
+
+
+def test_d_analysis_reuse_through_custom_function_nodes():
+    mod = Squares()
+    g = torch.Generator().manual_seed(10)
+    batches = [(torch.randn(3, 4, generator=g, dtype=torch.float64), None,
+                torch.randn(3, 4, generator=g, dtype=torch.float64)) for _ in range(3)]
+    r = UnitRunner(mod, False, False, split="intermediates")
+    _check_against_truth(r, mod, False, batches)
+    assert (r._analyses.misses, r._analyses.hits) == (1, 2)
+
+
 def test_recompute_on_and_off_between_microbatches_stays_exact():
     """The same unit with and without selective recomputation, micro-batches of both in flight."""
     mod, first, last, x, tgt, gout = _setup("coarse", 1)
