@@ -44,7 +44,9 @@ D/W split (``split="intermediates"``, the default when available): the method of
 ``torch.distributed.pipelining`` (zero-bubble). D walks the autograd graph once to find,
 for each parameter, the nodes where its path joins the path from the inputs to the outputs
 ("intermediates"), records the gradients flowing into those nodes while computing the
-input gradient, and drops the graph above them. W restarts autograd from the recorded
+input gradient, and drops the graph above them. That analysis depends only on the graph's
+structure: it is computed once per structure and reused by the micro-batches that share it, after
+one walk that checks the structure (``pipert.exec.dgraph``). W restarts autograd from the recorded
 nodes, so it does only the weight-gradient work. Each autograd call pays a fixed cost and a walk
 of the graph below its roots (CPU, one thread: about 0.3 ms + 1.3 us per node), so W merges the
 parameter groups into one call per level of their intermediates (``pipert.exec.wgrad``: why that
@@ -72,6 +74,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
+from .dgraph import DAnalyses
 from .wgrad import plan_weight_calls, run_weight_call
 
 __all__ = ["UnitRunner", "Activation", "unit_runner"]
@@ -158,6 +161,8 @@ class UnitRunner:
             raise RuntimeError("split='intermediates' needs torch.distributed.pipelining._backward")
         self.split = "intermediates" if self._helpers is not None else "retain"
         self._stash: dict[int, _Entry] = {}
+        self._analyses = DAnalyses(self._helpers) if self._helpers is not None else None
+        """D's graph analysis by structure, shared by the micro-batches (``pipert.exec.dgraph``)."""
 
     # ------------------------------------------------------------------ queries
     def stashed(self) -> list[int]:
@@ -405,24 +410,15 @@ class UnitRunner:
         if not wanted:  # no input needs a gradient (the first unit): nothing to split, W differentiates all
             entry.rest, entry.groups = (outs, grads), []
             return ()
-        h = self._helpers
-        node = h._get_grad_fn_or_grad_acc
+        node = self._helpers._get_grad_fn_or_grad_acc
         params = [p for p in self.module.parameters() if p.requires_grad]
         param_of = {node(p): p for p in params}
-        out_nodes = [o.node for o in outs]
-        in_nodes = [node(t) for t in wanted]
-        reverse = h.construct_reverse_graph(out_nodes)
-        in_closure, _ = h.reverse_closure(in_nodes, set(), reverse)
-        # an output whose node is outside the inputs' closure does not depend on the inputs:
-        # no intermediate can carry its gradient, so W differentiates it whole
-        dep = [i for i, n in enumerate(out_nodes) if n in in_closure]
+        dep, groups = self._analyses(outs, [node(t) for t in wanted], list(param_of))
         indep = [i for i in range(len(outs)) if i not in dep]
         entry.rest = ([outs[i] for i in indep], [grads[i] for i in indep])
-        groups = h.get_param_groups(in_nodes, list(param_of), reverse) if dep else []
         handles = []
         try:
             for group in groups:
-                group["intermediates"] = group["all"] = list(group["intermediates"])
                 for i, inter in enumerate(group["intermediates"]):
                     handles.append(inter.register_prehook(_capture(group, i)))
             got = self._grad([outs[i] for i in dep], wanted, [grads[i] for i in dep], retain=True)
@@ -436,7 +432,7 @@ class UnitRunner:
                 group["intermediates"] = [group["intermediates"][i] for i in sorted(seen)]
                 group["grads"] = [seen[i] for i in sorted(seen)]
                 kept.append(group)
-        entry.groups = plan_weight_calls(kept, in_closure, reverse, param_of)
+        entry.groups = plan_weight_calls(kept, param_of)
         return got
 
 

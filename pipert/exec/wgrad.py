@@ -31,10 +31,13 @@ from typing import Any
 import torch
 from torch.autograd.graph import GradientEdge
 
-__all__ = ["WeightCall", "plan_weight_calls", "run_weight_call"]
+__all__ = ["WeightCall", "group_depths", "plan_weight_calls", "run_weight_call"]
 
 WeightCall = dict
 """{"groups": [...]} run by ``stage_backward_weight``, or {"edges", "grads", "params"} merged."""
+
+MIXED = -1
+"""The depth of a group whose intermediates do not share one level (or whose levels are unknown)."""
 
 
 def _levels(closure: set, reverse: dict, inters: set) -> dict | None:
@@ -58,21 +61,28 @@ def _levels(closure: set, reverse: dict, inters: set) -> dict | None:
     return level if seen == len(closure) else None
 
 
-def plan_weight_calls(groups: list[dict], closure: set, reverse: dict,
-                      param_of: dict) -> list[WeightCall]:
-    """The calls of W for ``groups`` (torch's parameter groups, captured gradients under "grads",
-    all their intermediates under "all"), in order of level; ``param_of`` maps a parameter's
-    gradient accumulator to the parameter."""
-    inters = {i for g in groups for i in g["all"]}
-    level = _levels(closure, reverse, inters)
+def group_depths(groups: list[dict], closure: set, reverse: dict) -> list[int]:
+    """Per group of torch's ``get_param_groups`` (intermediates under "intermediates"), the level
+    that all its intermediates share, or ``MIXED``; ``closure`` is the inputs' closure."""
+    level = _levels(closure, reverse, {i for g in groups for i in g["intermediates"]})
+    if level is None:
+        return [MIXED] * len(groups)
+    depths = [{level[i] for i in g["intermediates"]} for g in groups]
+    return [d.pop() if len(d) == 1 else MIXED for d in depths]
+
+
+def plan_weight_calls(groups: list[dict], param_of: dict) -> list[WeightCall]:
+    """The calls of W for ``groups`` (parameter nodes under "params", the intermediates a gradient
+    reached under "intermediates", their captured gradients under "grads", the group's depth from
+    ``group_depths`` under "depth"), in order of level; ``param_of`` maps a parameter's gradient
+    accumulator to the parameter."""
     merged: dict[int, WeightCall] = {}
     calls: list[tuple[int, WeightCall]] = []
     for g in groups:
-        depths = {level[i] for i in g.pop("all")} if level is not None else set()
-        if len(depths) != 1:
+        k = g.pop("depth")
+        if k == MIXED:
             calls.append((-1, {"groups": [g]}))
             continue
-        k = depths.pop()
         call = merged.get(k)
         if call is None:
             call = merged[k] = {"edges": [], "grads": [], "params": []}

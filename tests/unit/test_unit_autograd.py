@@ -48,8 +48,9 @@ CASES = [("coarse", 0), ("coarse", 1), ("coarse", 2), ("single", 0),
          ("user", 0), ("user", 1), ("user", 2), ("twoin", 0)]
 
 
-def _setup(family, u):
-    """(module, is_first, is_last, input, targets, output grad) for unit u of a family."""
+def _setup(family, u, seq=8):
+    """(module, is_first, is_last, input, targets, output grad) for unit u of a family (LLaMA units:
+    a batch of ``seq`` tokens)."""
     g = torch.Generator().manual_seed(1)
     if family == "twoin":
         x = tuple(torch.randn(3, 4, generator=g, dtype=torch.float64) for _ in range(2))
@@ -61,10 +62,10 @@ def _setup(family, u):
         x, tgt = torch.randn(5, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (5,), generator=g)
     elif family == "single":
         units = partition(LlamaModel(CFG, seed=0), 1)
-        x, tgt = _batch()
+        x, tgt = _batch(s=seq)
     else:
         units = _llama_units(family)
-        x, tgt = _batch()
+        x, tgt = _batch(s=seq)
     with torch.no_grad():
         for unit in units[:u]:
             x = unit(x)
@@ -345,3 +346,149 @@ def test_w_merges_groups_by_level_and_keeps_mixed_groups_apart():
     calls = r._stash[0].groups
     assert not any("groups" in c for c in calls)
     assert len(calls) < len({id(p) for c in calls for p in c["params"]})  # fewer calls than weights
+
+
+def _d_then_w(r, batches):
+    """F of every micro-batch, then D of each (last first), then W of each; input gradients by micro-batch."""
+    for mb, (x, tgt, _) in enumerate(batches):
+        r.forward(mb, x, tgt)
+    gins = {mb: r.backward_input(mb, gout) for mb, (_, _, gout) in reversed(list(enumerate(batches)))}
+    for mb in range(len(batches)):
+        r.backward_weight(mb)
+    assert r.stashed() == []
+    return gins
+
+
+def _check_against_truth(r, mod, first, batches):
+    """D + W of ``batches`` on runner ``r`` equal one autograd.grad per micro-batch (summed over them)."""
+    gins_true, pg_true = [], {}
+    for x, tgt, gout in batches:
+        gin, pg = _truth(mod, first, x, tgt, gout)
+        gins_true.append(gin)
+        for n, g in pg.items():
+            pg_true[n] = pg_true[n] + g if n in pg_true else g
+    mod.zero_grad(set_to_none=True)
+    gins = _d_then_w(r, batches)
+    for mb, gin_true in enumerate(gins_true):
+        for a, b in zip(_as_list(gins[mb]), gin_true):
+            assert torch.allclose(a, b, rtol=1e-10, atol=1e-12), mb
+    got = {n: p.grad for n, p in mod.named_parameters() if p.grad is not None}
+    assert got.keys() == pg_true.keys()
+    for n in got:
+        assert torch.allclose(got[n], pg_true[n], rtol=1e-10, atol=1e-12), n
+
+
+@pytest.mark.parametrize("family,u", [("coarse", 1), ("coarse", 2), ("fine", 1), ("fine", 2), ("twoin", 0)])
+def test_d_analysis_is_computed_once_for_microbatches_of_one_structure(family, u):
+    """Several micro-batches in flight, one of another sequence length (same structure, other shapes):
+    one analysis, reused by the others, and D + W exact for each."""
+    mod, first, last, x, tgt, gout = _setup(family, u)
+    batches = [(x, tgt, gout)]
+    g = torch.Generator().manual_seed(9)
+    noisy = lambda t: t + 0.1 * torch.randn(t.shape, generator=g, dtype=t.dtype) if t.is_floating_point() else t
+    batches.append((tuple(map(noisy, x)) if isinstance(x, tuple) else noisy(x), tgt,
+                    tuple(map(noisy, gout)) if isinstance(gout, tuple) else gout if gout is None else noisy(gout)))
+    if family != "twoin":  # a shorter sequence, through the same weights (another copy of the model)
+        batches.append(_setup(family, u, seq=5)[3:])
+    r = UnitRunner(mod, first, last, split="intermediates")
+    _check_against_truth(r, mod, first, batches)
+    assert (r._analyses.misses, r._analyses.hits) == (1, len(batches) - 1)
+
+
+class Branchy(nn.Module):
+    """A unit whose graph depends on its input's values and on train vs eval. ``x[0, 1]`` picks one of
+    two wirings with the same node types and counts and the same parameter numbers in the analysis'
+    walk (only the signature's edges differ); ``x[0, 0]`` picks which weight the last matmul reads (the
+    same graph up to that); eval skips it."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(6)
+        self.a, self.b, self.c, self.d, self.e = (
+            nn.Parameter(torch.randn(4, 4, generator=g, dtype=torch.float64) / 2) for _ in range(5))
+
+    def forward(self, x):
+        if x[0, 1] > 0:
+            h = torch.tanh(torch.tanh(x @ self.a)) @ self.b
+        else:
+            h = torch.tanh(torch.tanh(x) @ self.a) @ self.b
+        h = h + torch.tanh(x @ self.c)
+        if self.training:
+            h = torch.tanh(h @ (self.d if x[0, 0] > 0 else self.e))
+        return h
+
+
+def test_a_changed_structure_misses_the_d_analysis_cache():
+    """Micro-batches whose graphs differ (wiring, which weight, eval) each get their own analysis; a
+    repeated structure reuses its own; D + W stay exact throughout."""
+    mod = Branchy()
+    g = torch.Generator().manual_seed(7)
+
+    def batch(pick_weight, pick_wiring):
+        x = torch.randn(3, 4, generator=g, dtype=torch.float64)
+        x[0, :2] = torch.tensor([pick_weight, pick_wiring])
+        return x, None, torch.randn(3, 4, generator=g, dtype=torch.float64)
+
+    r = UnitRunner(mod, False, False, split="intermediates")
+    _check_against_truth(r, mod, False, [batch(1.0, 1.0), batch(1.0, -1.0), batch(-1.0, 1.0), batch(1.0, 1.0)])
+    assert (r._analyses.misses, r._analyses.hits) == (3, 1)
+    mod.eval()
+    _check_against_truth(r, mod, False, [batch(1.0, 1.0)])
+    assert (r._analyses.misses, r._analyses.hits) == (4, 1)
+    mod.train()
+    _check_against_truth(r, mod, False, [batch(-1.0, 1.0)])
+    assert (r._analyses.misses, r._analyses.hits) == (4, 2)
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+class Squares(nn.Module):
+    """A unit whose graph holds nodes of a custom autograd.Function (as tensor-parallel units do)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(8)
+        self.w, self.v = (nn.Parameter(torch.randn(4, 4, generator=g, dtype=torch.float64) / 2) for _ in range(2))
+
+    def forward(self, x):
+        return _Square.apply(_Square.apply(x @ self.w) @ self.v)
+
+
+def test_d_analysis_reuse_through_custom_function_nodes():
+    mod = Squares()
+    g = torch.Generator().manual_seed(10)
+    batches = [(torch.randn(3, 4, generator=g, dtype=torch.float64), None,
+                torch.randn(3, 4, generator=g, dtype=torch.float64)) for _ in range(3)]
+    r = UnitRunner(mod, False, False, split="intermediates")
+    _check_against_truth(r, mod, False, batches)
+    assert (r._analyses.misses, r._analyses.hits) == (1, 2)
+
+
+def test_recompute_on_and_off_between_microbatches_stays_exact():
+    """The same unit with and without selective recomputation, micro-batches of both in flight."""
+    mod, first, last, x, tgt, gout = _setup("coarse", 1)
+    r = UnitRunner(mod, first, last, split="intermediates")
+    truth = _truth(mod, first, x, tgt, gout)
+    mod.zero_grad(set_to_none=True)
+    for mb, save in enumerate([None, frozenset(), None]):
+        mod.save_ops = save
+        r.forward(mb, x)
+    mod.save_ops = None
+    gins = [r.backward_input(mb, gout) for mb in range(3)]
+    for mb in range(3):
+        r.backward_weight(mb)
+    for gin in gins:
+        assert torch.allclose(gin, truth[0][0], rtol=1e-10, atol=1e-12)
+    for n, p in mod.named_parameters():
+        assert torch.allclose(p.grad, 3 * truth[1][n], rtol=1e-10, atol=1e-12), n
+    assert r._analyses.misses + r._analyses.hits == 3
