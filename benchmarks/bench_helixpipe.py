@@ -2,10 +2,12 @@
 
 Settings (paper section 5.1): p = 8 stages, one node of 8 GPUs per stage with sequence (and
 tensor) parallelism t = 8 inside the node, m = 2p = 16 micro-batches of one sequence, GPT-3
-style models (GeLU MLP with ffn = 4h, multi-head attention, causal FlashAttention, fp16;
-GPT-2's vocabulary of 50257 padded to 50304 as Megatron pads it, which the paper does not
-state): 1.3B (L=24, 16 heads, h=2048), 3B (L=16, 32 heads, h=4096), 7B (L=32, 32 heads,
-h=4096); 32k to 128k tokens. Two clusters: H20 nodes with
+style models (GeLU MLP with ffn = 4h, multi-head attention, causal FlashAttention, fp16,
+dropout on: Megatron's defaults of 0.1, which the scripts keep; GPT-2's vocabulary of 50257
+padded to 51200, a multiple of 128 x T as Megatron pads it for T = 8; the LM head tied to the
+word embedding): 1.3B (L=24, 16 heads, h=2048), 3B (L=16, 32 heads, h=4096), 7B (L=32, 32
+heads, h=4096); 32k to 128k tokens. docs/helixpipe.md ("Inputs against the authors' code")
+cites the authors' code for each input. Two clusters: H20 nodes with
 four 200 Gb/s HCAs and A800 nodes with four 100 Gb/s HCAs (one stage per node: 100 and 50 GB/s
 between two stages, 5 us latency).
 
@@ -23,12 +25,16 @@ Megatron's selective recomputation, which recomputes nothing with FlashAttention
 row recomputes nothing); HelixPipe is ``helixpipe-2fold`` as
 built by default, the paper's configuration (asynchronous two-fold, one group of pF = 16
 micro-batches, recomputation without attention, loss in backward), beside one opt-out each, with
-free links, and naive FILO (F=1, two groups) with recomputation. The loss is in the backward for
-the baselines too, and every method's learned position embeddings are split over the node's GPUs
-(section 4.6, which section 5.1 applies to all methods; the paper's scripts pass
+free links, and naive FILO (F=1, two groups) with recomputation. HelixPipe holds the embedding,
+the final norm, the LM head and the loss on stage 0 and computes the head and loss once, in the
+backward (the authors' code). 1F1B computes them in the last stage's forward, as the authors'
+1F1B launch line runs stock Megatron's GPT model; ZB-H1 in the last stage's backward, as section
+5.1 says every baseline got section 4.6 (the ZB1P launch line is not in the authors' repo).
+Every method's learned position embeddings are split over the node's GPUs (the scripts pass
 ``--parallel-position-embedding`` to every method). Memory per GPU: the
 simulator's peak activation bytes plus model states (18 bytes per parameter of the GPU's shard:
-fp16 weight, fp32 gradient, fp32 master weight and two Adam moments).
+fp16 weight, fp32 gradient, fp32 master weight and two Adam moments; a tied matrix counted once
+on a stage that holds both the embedding and the head).
 
 A second table compares the simulated bubble with zero communication against the paper's
 Table 2 formulas, fed with the model's own part times. A third sweeps the time c of one
@@ -89,10 +95,21 @@ FILL_SLACK = 1.1
 # the schedule the paper finds best at the shortest sequence (32k), per cluster (section 5.2)
 PAPER_BEST_SHORTEST = {"A800": "1F1B"}
 STATE_BYTES = 18
+GPT2_VOCAB, VOCAB_DIVISIBLE_BY = 50257, 128     # the scripts' gpt2-vocab.json; Megatron's default
+# where the baselines compute the LM head and loss (HelixPipe's generator records its own)
+BASELINE_LOSS_IN_BACKWARD = {"1f1b": False, "zb-h1": True}
+
+
+def padded_vocab(vocab: int, tp: int, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
+    """Megatron-LM's padded vocabulary: the next multiple of ``divisible_by * tp``."""
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
 
 
 def spec(model: str, seq: int) -> ModelSpec:
-    return ModelSpec.preset(MODELS[model], seq=seq)
+    """The paper's model at ``seq`` tokens with the authors' launch settings."""
+    return ModelSpec.preset(MODELS[model], seq=seq, vocab=padded_vocab(GPT2_VOCAB, T_SP), dropout=True,
+                            tied_embedding=True)
 
 
 def stage_device(preset: str) -> DeviceSpec:
@@ -111,6 +128,12 @@ def cost_for(sched, m: ModelSpec, dev: DeviceSpec, recompute: str, loss_in_backw
                            loss_in_backward=sched.meta.get("loss_in_backward", loss_in_backward), **tp)
 
 
+def method_cost(name: str, sched, m: ModelSpec, dev: DeviceSpec, recompute: str, **tp) -> TransformerCost:
+    """``cost_for`` with the LM head and loss where schedule ``name`` computes them
+    (``BASELINE_LOSS_IN_BACKWARD``; HelixPipe: its generator's record)."""
+    return cost_for(sched, m, dev, recompute, BASELINE_LOSS_IN_BACKWARD.get(name, True), **tp)
+
+
 def nic_seconds(sched, cost, bandwidth: float) -> float:
     """Busiest node's bytes (sent or received) / its bandwidth (one stage per node)."""
     out, inn = defaultdict(float), defaultdict(float)
@@ -123,7 +146,16 @@ def nic_seconds(sched, cost, bandwidth: float) -> float:
 
 
 def state_bytes(sched, cost) -> list[float]:
-    return [sum(cost.params(u) for u in sched.units_owned(r)) * STATE_BYTES for r in range(len(sched.actions))]
+    """Model-state bytes per GPU of each stage; a tied embedding and head on one stage share a matrix."""
+    out = []
+    for r in range(len(sched.actions)):
+        owned = sched.units_owned(r)
+        params = sum(cost.params(u) for u in owned)
+        if cost.model.tied_embedding and any(cost.units[u].embed for u in owned) and \
+                any(cost.units[u].head for u in owned):
+            params -= cost.model.vocab * cost.model.hidden / cost.tp
+        out.append(params * STATE_BYTES)
+    return out
 
 
 def cluster_setup(cluster: str, stages: int) -> tuple[DeviceSpec, Topology, Links, dict, float]:
@@ -160,7 +192,7 @@ def run(quick: bool) -> tuple[list[dict], list[dict]]:
                 for label, name, opts, linked in VARIANTS:
                     kw = dict(chunks=m.layers // P, **opts) if name.startswith("helix") else {}
                     sched = build_schedule(name, stages=P, microbatches=M, **kw)
-                    cost = cost_for(sched, m, gpu, opts.get("recompute", "none"), True, **tp)
+                    cost = method_cost(name, sched, m, gpu, opts.get("recompute", "none"), **tp)
                     res = simulate(sched, cost, links=links if linked else None, topology=topo)
                     t = max(res.makespan, nic_seconds(sched, cost, bw) if linked else 0.0)
                     mem = [(a + s) / GiB for a, s in zip(res.peak_memory, state_bytes(sched, cost))]
@@ -386,8 +418,8 @@ def discussion(rows: list[dict], bubble: list[dict], gaps: list[tuple]) -> list[
     base = [(by[k[:3] + ("1F1B",)]["busy_max_s"] - by[k[:3] + ("1F1B",)]["busy_median_s"]) /
             by[k[:3] + ("1F1B",)]["seconds"] for k in long]
     out.append(f"- At the longest sequence, HelixPipe's busiest stage computes {_range(head)} of its step more than "
-               f"the median stage (1F1B's: {_range(base)}; the baselines carry the same LM head and loss, moved into the "
-               f"backward as for HelixPipe, since section 5.1 applies section 4.6 to all methods), and "
+               f"the median stage (1F1B's: {_range(base)}, its last stage computing the LM head and loss in the forward as "
+               f"the authors' 1F1B launch line does; ZB-H1's in the backward, as section 5.1 says), and "
                f"recomputation without attention costs {_range(rc)} against HelixPipe without it (the 1F1B and ZB-H1 "
                f"rows recompute nothing).")
     out.append(f"- Running each fold's message as soon as its own compute ends (expand_folds, the paper's asynchronous "
