@@ -176,6 +176,12 @@ class TrainConfig:
                              f"backward copies), got {self.zero3_buffers}")
         if self.zero != "0" and self.dp == 1:
             raise ValueError(f"--zero {self.zero} shards over data-parallel replicas: give --dp > 1")
+        if self.zero3_buffers == 2:
+            from .schedules.zero_rules import spec_stages
+            if self.dp == 1 or 3 not in spec_stages(self.zero):
+                raise ValueError(f"--zero3-buffers 2 keeps two gathered copies of ZeRO-3 weights, but --dp {self.dp} "
+                                 f"--zero {self.zero} shards no weight with ZeRO-3; give --dp > 1 and --zero 3 (or a "
+                                 f"per-parameter --zero with stage 3), or leave --zero3-buffers out")
         if self.microbatches % self.dp:
             raise ValueError(f"--microbatches {self.microbatches} do not split over --dp {self.dp} replicas; use a "
                              f"multiple of {self.dp}")
