@@ -48,6 +48,8 @@ CASES = [
     (["simulate", "1f1b", "--model", "9t"], "--model '9t' unknown; allowed:"),
     (["compare", "-M", "0"], "--microbatches must be >= 1, got 0"),
     (["compare", "--ranks-per-node", "3"], "--ranks-per-node 3 does not divide the 4 ranks of each datacenter"),
+    (["train", "--ranks-per-node", "3"], "--ranks-per-node 3 does not divide the 4 ranks of each datacenter; "
+                                         "allowed: a divisor of 4"),
     (["emulate", "1f1b", "--real", "--steps", "0"], "--steps must be >= 1, got 0"),
     (["emulate", "1f1b", "--time-unit", "0"], "--time-unit must be a finite time > 0, got '0'"),
     (["emulate", "1f1b", "--real", "--real-model", "huge"], "--real-model 'huge' unknown; allowed: tiny"),
