@@ -47,6 +47,9 @@ CASES = [
     (["simulate", "1f1b", "--model", "7b", "--seq", "0"], "--seq must be >= 1, got 0"),
     (["simulate", "1f1b", "--model", "9t"], "--model '9t' unknown; allowed:"),
     (["compare", "-M", "0"], "--microbatches must be >= 1, got 0"),
+    (["simulate", "interleaved-1f1b", "--model", "tiny"], "--model tiny has 4 layers, too few for 8 units "
+                                                           "(--stages x chunks per stage); allowed: at most 4"),
+    (["plan", "--model", "tiny"], "--model tiny has 4 layers, too few for 8 units"),
     (["compare", "--ranks-per-node", "3"], "--ranks-per-node 3 does not divide the 4 ranks of each datacenter"),
     (["train", "--ranks-per-node", "3"], "--ranks-per-node 3 does not divide the 4 ranks of each datacenter; "
                                          "allowed: a divisor of 4"),
