@@ -73,7 +73,8 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chunks", "-V", type=int, default=None,
                    help="units per rank for interleaved schedules (a schedule file's: its units / ranks)")
     u = p.add_argument_group("uniform costs: bare numbers in one time unit, that of --tf (not with --model)")
-    u.add_argument("--tf", type=_uniform_time, default=None, help="forward time of one unit and micro-batch (default 1.0)")
+    u.add_argument("--tf", type=_uniform_time, default=None,
+                   help="forward time of one unit and micro-batch (default 1.0)")
     u.add_argument("--tb", type=_uniform_time, default=None, help="full backward time (default 2.0)")
     u.add_argument("--td", type=_uniform_time, default=None, help="input-gradient time (default tb/2)")
     u.add_argument("--tw", type=_uniform_time, default=None, help="weight-gradient time (default tb/2)")
