@@ -505,12 +505,10 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
                     instrument=Instrumentation(trace=True) if cfg.profile else None)
     bar = None
     if rank == 0 and not cfg.json:
-        from tqdm import tqdm
         if links is not None:
             print(f"pipert train: emulated links: {link_opts.describe()}", file=sys.stderr)
         dp = f" D={cfg.dp}" + (f" ZeRO {cfg.zero}" if cfg.zero != "0" else "") if cfg.dp > 1 else ""
-        bar = tqdm(total=cfg.steps, desc=f"pipert train {cfg.schedule} P={cfg.stages}{dp} M={cfg.microbatches}",
-                   file=sys.stderr)
+        bar = progress_bar(cfg.steps, f"pipert train {cfg.schedule} P={cfg.stages}{dp} M={cfg.microbatches}")
     first = _resume(cfg, pipe, ref_units, ref_opt)
     if bar is not None:
         bar.update(first)
@@ -554,6 +552,17 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
         if cfg.profile and len(timed) > 1:
             _print_fidelity(timed[1:], times[1:])
     return losses
+
+
+def progress_bar(total: int, desc: str) -> Any:
+    """Rank 0's tqdm bar on stderr, under a thread lock: one process draws it, and tqdm's default
+    lock adds a multiprocessing one, whose semaphore a rank that leaves by ``os._exit`` on a failure
+    leaves to the resource tracker (a "leaked semaphore" warning below the failure summary)."""
+    import threading
+
+    from tqdm import tqdm
+    tqdm.set_lock(threading.RLock())
+    return tqdm(total=total, desc=desc, file=sys.stderr)
 
 
 def _collective_link_s(pipe, backend: str, held_from: dict[int, int]) -> list[float]:

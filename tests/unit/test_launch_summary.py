@@ -108,3 +108,15 @@ def test_the_summary_and_a_stop_start_below_the_progress_bar(monkeypatch, capsys
         assert capsys.readouterr().err.startswith(bar_line + "pipeline ranks failed, root cause first:")
         assert main(["train", "--stages", "2", *json_flag]) == 130
         assert capsys.readouterr().err == bar_line + "pipert train: stopped by SIGINT\n"
+
+
+def test_rank_zeros_progress_bar_leaves_no_semaphore_when_the_rank_exits_at_once():
+    """A rank (a fork-server child) that draws the bar and leaves by os._exit, as a failed rank
+    does, leaves no semaphore for the resource tracker to warn about below the summary."""
+    import subprocess
+    import sys
+    code = ("import multiprocessing, os, sys; multiprocessing.set_start_method('forkserver'); "
+            "from pipert.train import progress_bar; progress_bar(3, 'x').update(1); sys.stderr.flush(); os._exit(0)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "1/3" in run.stderr, run.stderr
+    assert "leaked semaphore" not in run.stderr, run.stderr
