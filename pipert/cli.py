@@ -157,9 +157,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         run_train(TrainConfig(**values))
     except LaunchError as e:
+        _end_progress_line(values)
         print(e.report(), file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        _end_progress_line(values)
+        raise
     return 0
+
+
+def _end_progress_line(values: dict) -> None:
+    """Without --json rank 0 draws a progress bar on stderr, which a stopped or failed job leaves
+    without its newline: what follows starts on a line of its own."""
+    if not values["json"]:
+        sys.stderr.write("\n")
 
 
 class _Given(argparse.Action):

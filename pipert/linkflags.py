@@ -146,6 +146,10 @@ class LinkOptions:
         from .cost.topology import Links, LinkSpec, Topology
         if num_ranks % self.dcs:
             raise ValueError(f"--dcs {self.dcs} does not divide the {num_ranks} ranks into equal datacenters")
+        per_dc, rpn = num_ranks // self.dcs, self.ranks_per_node
+        if rpn is not None and (rpn < 1 or per_dc % rpn):
+            raise ValueError(f"--ranks-per-node {rpn} does not divide the {per_dc} ranks of each datacenter; "
+                             f"allowed: a divisor of {per_dc}")
         topo = Topology(num_ranks, self.ranks_per_node, self.dcs)
         specs = {"inter_dc": LinkSpec(self.dc_latency, self.dc_bandwidth)}
         if self.ranks_per_node is not None:

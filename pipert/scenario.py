@@ -252,8 +252,9 @@ def _analytic(args: argparse.Namespace, topo: Topology, tp: int = 1, sp: bool = 
         if num_units == 2 * spec.layers + 1:
             return TransformerCost(spec, device, partition_helix(spec), **kw)
         if num_units > spec.layers:
-            raise ValueError(f"{num_units} units: the {spec.layers}-layer model has at most {spec.layers} "
-                             f"units of whole layers, or {2 * spec.layers + 1} HelixPipe units")
+            raise ValueError(f"--model {args.model} has {spec.layers} layers, too few for {num_units} units (--stages x "
+                             f"chunks per stage); allowed: at most {spec.layers} units of whole layers, or "
+                             f"{2 * spec.layers + 1} HelixPipe units")
         return TransformerCost(spec, device, partition_layers(spec, num_units), **kw)
     dc = dc_link(args, specs["inter_dc"])
     if dc is not None:

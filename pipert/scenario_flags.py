@@ -52,6 +52,15 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _uniform_time(text: str) -> float:
+    """A uniform cost as argparse reads it: a bare number (its range is checked with the others)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: uniform costs are bare numbers in one time unit, that of --tf "
+                                         f"(e.g. 2); for costs in seconds give --model instead") from None
+
+
 def add_scenario_args(p: argparse.ArgumentParser) -> None:
     """The scenario flags; every one defaults to None (not given): the shape flags fall back to a
     schedule file's shape, else DEFAULT_STAGES and DEFAULT_MICROBATCHES."""
@@ -64,10 +73,11 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chunks", "-V", type=int, default=None,
                    help="units per rank for interleaved schedules (a schedule file's: its units / ranks)")
     u = p.add_argument_group("uniform costs: bare numbers in one time unit, that of --tf (not with --model)")
-    u.add_argument("--tf", type=float, default=None, help="forward time of one unit and micro-batch (default 1.0)")
-    u.add_argument("--tb", type=float, default=None, help="full backward time (default 2.0)")
-    u.add_argument("--td", type=float, default=None, help="input-gradient time (default tb/2)")
-    u.add_argument("--tw", type=float, default=None, help="weight-gradient time (default tb/2)")
+    u.add_argument("--tf", type=_uniform_time, default=None,
+                   help="forward time of one unit and micro-batch (default 1.0)")
+    u.add_argument("--tb", type=_uniform_time, default=None, help="full backward time (default 2.0)")
+    u.add_argument("--td", type=_uniform_time, default=None, help="input-gradient time (default tb/2)")
+    u.add_argument("--tw", type=_uniform_time, default=None, help="weight-gradient time (default tb/2)")
     m = p.add_argument_group("analytic transformer costs, in seconds (instead of uniform)")
     m.add_argument("--model", default=None, help="model preset: tiny, 1b, 7b, 13b, 70b (LLaMA-style), gpt-1.3b, "
                    "gpt-3b, gpt-7b (HelixPipe's GPT-3-style models), gpt3-58b, llama2-55b (PipeMesh's)")

@@ -176,6 +176,12 @@ class TrainConfig:
                              f"backward copies), got {self.zero3_buffers}")
         if self.zero != "0" and self.dp == 1:
             raise ValueError(f"--zero {self.zero} shards over data-parallel replicas: give --dp > 1")
+        if self.zero3_buffers == 2:
+            from .schedules.zero_rules import spec_stages
+            if self.dp == 1 or 3 not in spec_stages(self.zero):
+                raise ValueError(f"--zero3-buffers 2 keeps two gathered copies of ZeRO-3 weights, but --dp {self.dp} "
+                                 f"--zero {self.zero} shards no weight with ZeRO-3; give --dp > 1 and --zero 3 (or a "
+                                 f"per-parameter --zero with stage 3), or leave --zero3-buffers out")
         if self.microbatches % self.dp:
             raise ValueError(f"--microbatches {self.microbatches} do not split over --dp {self.dp} replicas; use a "
                              f"multiple of {self.dp}")
@@ -499,12 +505,10 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
                     instrument=Instrumentation(trace=True) if cfg.profile else None)
     bar = None
     if rank == 0 and not cfg.json:
-        from tqdm import tqdm
         if links is not None:
             print(f"pipert train: emulated links: {link_opts.describe()}", file=sys.stderr)
         dp = f" D={cfg.dp}" + (f" ZeRO {cfg.zero}" if cfg.zero != "0" else "") if cfg.dp > 1 else ""
-        bar = tqdm(total=cfg.steps, desc=f"pipert train {cfg.schedule} P={cfg.stages}{dp} M={cfg.microbatches}",
-                   file=sys.stderr)
+        bar = progress_bar(cfg.steps, f"pipert train {cfg.schedule} P={cfg.stages}{dp} M={cfg.microbatches}")
     first = _resume(cfg, pipe, ref_units, ref_opt)
     if bar is not None:
         bar.update(first)
@@ -548,6 +552,17 @@ def _loop(cfg: TrainConfig, rank: int, backend: str, device: torch.device, progr
         if cfg.profile and len(timed) > 1:
             _print_fidelity(timed[1:], times[1:])
     return losses
+
+
+def progress_bar(total: int, desc: str) -> Any:
+    """Rank 0's tqdm bar on stderr, under a thread lock: one process draws it, and tqdm's default
+    lock adds a multiprocessing one, whose semaphore a rank that leaves by ``os._exit`` on a failure
+    leaves to the resource tracker (a "leaked semaphore" warning below the failure summary)."""
+    import threading
+
+    from tqdm import tqdm
+    tqdm.set_lock(threading.RLock())
+    return tqdm(total=total, desc=desc, file=sys.stderr)
 
 
 def _collective_link_s(pipe, backend: str, held_from: dict[int, int]) -> list[float]:

@@ -160,7 +160,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
             raise ValueError(f"--tp {tp}: --profile measures whole units on this machine; allowed --tp: 1")
         tp = 1
         from .measure import measured_cluster
-        cluster, cost_for, measured = measured_cluster(name, spec, cluster)
+        cluster, cost_for, measured = measured_cluster(train_model(name, spec) or name, spec, cluster)
     families = tuple(args.schedules.split(",")) if args.schedules else FAMILIES
     res = search(spec, cluster, batch, families=families, tp=tp, sp=bool(args.sp), stages=args.stages,
                  dp=args.dp, micro_batch=args.micro_batch_size, top=args.top or 5,
@@ -239,10 +239,12 @@ def _best_runnable(cands: list, name: str, model: str | None, spec: Any, cluster
         argv = train_argv(c, model or name, spec.seq, spec.dtype_bytes, schedule)
         models = runtime_models()
         cpu = None
-        if models is not None and name not in models:
+        if models is not None and model != name:
             cpu = cpu_argv(c)
             said = (f"pipert train has no model {name!r} (its presets: {', '.join(models)}): the layout flags "
                     f"stand for your own model" if model is None else
+                    f"pipert train's preset {name!r} is another model: --model gives the sizes planned"
+                    if name in models else
                     f"pipert train has no preset {name!r}: --model gives its sizes" if "=" in model else
                     f"pipert train's preset {model!r} has the sizes of {name!r}")
             notes.append(f"{said}; scaled down to a CPU (--model tiny, P=2, D<=2, T=1, gloo): pipert train "

@@ -94,17 +94,18 @@ def runtime_models() -> tuple[str, ...] | None:
 
 def train_model(name: str, spec: Any) -> str | None:
     """What ``pipert train --model`` takes for the planned model ``name`` of sizes ``spec``: the name
-    where it is a train preset; else the train preset of the same sizes (layers, widths, heads,
-    vocabulary, GPT or LLaMA shape, positions for ``spec.seq``); else, for a LLaMA-shaped model,
+    where it is a train preset of those sizes (plan's ``tiny`` is not train's); else the train preset
+    of the same sizes (layers, widths, heads, vocabulary, GPT or LLaMA shape, positions for
+    ``spec.seq``); else, for a LLaMA-shaped model,
     its sizes (``pipert.models.zoo.SIZES``); else None (no model of train's is that one; also
     where torch is missing)."""
     models = runtime_models()
-    if models is None or name in models:
-        return name if models is not None else None
+    if models is None:
+        return None
     from ..models import GPTConfig, model_config
     shape = (spec.layers, spec.hidden, spec.ffn, spec.heads, spec.kv_heads, spec.vocab)
     llama = spec.gated_mlp and not spec.positions and not spec.dropout and not spec.tied_embedding
-    for other in models:
+    for other in sorted(models, key=lambda m: m != name):  # the same name first, if its sizes agree
         c = model_config(other)
         gpt = isinstance(c, GPTConfig)
         if (c.layers, c.hidden, c.ffn, c.heads, getattr(c, "kv_heads", c.heads), c.vocab) == shape and \

@@ -123,12 +123,13 @@ def _pingpong(rank: int, port: int, reps: int, q: Any) -> None:
 
 def measured_cluster(name: str, spec: Any, cluster: Cluster) -> tuple[Cluster, Any, dict]:
     """(the cluster with the measured intra-node link, a ``cost_for`` of measured units, what was
-    measured) for ``pipert train``'s model ``name`` at ``spec``'s sequence length."""
+    measured) for ``pipert train``'s model ``name`` (a preset or LLaMA sizes, ``command.train_model``) at
+    ``spec``'s sequence length."""
     try:
         from ..models import model_config, model_names
     except ImportError:
         raise ValueError("--profile measures the model with torch, which is not installed") from None
-    if name not in model_names():
+    if name not in model_names() and "=" not in name:
         raise ValueError(f"--profile runs --model on this machine: {name!r} is not a pipert train model; allowed: "
                          f"{', '.join(model_names())}")
     max_seq = model_config(name).max_seq

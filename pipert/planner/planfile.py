@@ -126,9 +126,10 @@ def load_plan(path: str) -> dict[str, Any]:
 
 def train_settings(doc: dict[str, Any]) -> dict[str, Any]:
     """The ``TrainConfig`` fields (``PLAN_FIELDS``) that run ``doc``: micro-batches per step are
-    B per pipeline times D."""
+    B per pipeline times D; one gathered copy where no weight is ZeRO-3 (train refuses two)."""
     seq = ";".join(f"{k}={','.join(map(str, doc[k]))}" for k in ("enqueue", "dequeue"))
     return {"schedule": "pipemesh", "stages": doc["P"], "microbatches": doc["B"] * doc["D"], "chunks": doc["M"],
             "dp": doc["D"], "options": f"{seq};units_per_chunk={doc['buckets']['units_per_chunk']}",
-            "zero": doc["zero"]["spec"] if doc["D"] > 1 else "0", "zero3_buffers": doc["zero"].get("zero3_buffers", 2),
+            "zero": doc["zero"]["spec"] if doc["D"] > 1 else "0",
+            "zero3_buffers": doc["zero"].get("zero3_buffers", 2) if doc["D"] > 1 and doc["zero"]["zero3"] > 0 else 1,
             "recompute": doc["recompute"]["runtime"], "tp": doc["tp"], "sp": doc["tp"] > 1}

@@ -19,7 +19,7 @@ import re
 from fnmatch import fnmatchcase
 from typing import Sequence
 
-__all__ = ["resolve_zero", "check_zero_spec", "SPEC_HELP"]
+__all__ = ["resolve_zero", "check_zero_spec", "spec_stages", "SPEC_HELP"]
 
 SPEC_HELP = ("a stage 0-3; rules 'STAGE:PATTERN,...,STAGE' (first pattern contained in the parameter name "
              "wins, the last entry the default stage; e.g. '3:mlp,2:attn,1'); or shares 'p=X,g=Y' "
@@ -77,6 +77,18 @@ def _parse(spec: str) -> tuple[str, object]:
 def check_zero_spec(spec: str) -> None:
     """Raise ValueError naming ``spec``, what is wrong and what is allowed, if it does not parse."""
     _parse(spec)
+
+
+def spec_stages(spec: str) -> set[int]:
+    """The ZeRO stages a spec (a stage, rules or shares) can give a parameter, whatever its name
+    or size: rules their stages; shares 3 where p > 0, 2 where g > p, 1 where g < 1."""
+    if spec.strip() in ("0", "1", "2", "3"):
+        return {int(spec)}
+    kind, val = _parse(spec)
+    if kind == "rules":
+        return {stage for _, stage in val}
+    p, g = val
+    return {s for s, on in ((3, p > 0), (2, g > p), (1, g < 1)) if on}
 
 
 def _by_rules(rules: list, params: Params) -> tuple[int, ...]:

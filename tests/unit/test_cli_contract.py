@@ -118,6 +118,21 @@ def test_a_node_link_without_ranks_per_node_is_refused(capsys):
             "--node-bandwidth 100Gbps describes the link between nodes of a datacenter: give --ranks-per-node")
 
 
+# --- a flag that would do nothing is refused, naming the flags it needs ----------------------
+@pytest.mark.parametrize("extra, zero", [([], "0"), (["--dp", "2", "--zero", "1"], "1"),
+                                         (["--dp", "2", "--zero", "2:mlp,1"], "2:mlp,1"),
+                                         (["--dp", "2", "--zero", "p=0,g=0.5"], "p=0,g=0.5")])
+def test_zero3_buffers_without_zero3_weights_is_refused(capsys, extra, zero):
+    refused(capsys, ["train", "--stages", "2", "--zero3-buffers", "2", *extra],
+            f"--zero3-buffers 2 keeps two gathered copies of ZeRO-3 weights, but --dp {2 if extra else 1} "
+            f"--zero {zero} shards no weight with ZeRO-3", "give --dp > 1 and --zero 3")
+
+
+@pytest.mark.parametrize("zero", ["3", "3:mlp,1", "p=0.4,g=0.7"])
+def test_zero3_buffers_with_zero3_weights_is_accepted(zero):
+    TrainConfig(stages=2, dp=2, zero=zero, zero3_buffers=2, microbatches=4, batch_size=8).validate()
+
+
 # --- checked before any process starts: save folder, bf16 + ZeRO, batch size -----------------
 def test_an_unwritable_save_folder_is_refused_before_any_step(capsys, tmp_path):
     blocker = tmp_path / "a-file"

@@ -41,13 +41,21 @@ CASES = [
     (["train", "--dtype", "int8"], "--dtype 'int8' unknown; allowed: float32, float64, bfloat16"),
     (["train", "--schedule", "nope"], "unknown schedule 'nope'; available: gpipe, 1f1b"),
     (["simulate", "1f1b", "--tf", "-1"], "--tf must be a finite number > 0, got -1.0"),
+    (["simulate", "1f1b", "--tb", "2ms"], "argument --tb: '2ms': uniform costs are bare numbers in one time unit, "
+                                          "that of --tf (e.g. 2); for costs in seconds give --model instead"),
+    (["compare", "--tf", "1s"], "argument --tf: '1s': uniform costs are bare numbers"),
     (["simulate", "1f1b", "--dcs", "2", "--dc-latency", "-2"], "--dc-latency must be a finite number >= 0, got -2.0"),
     (["simulate", "1f1b", "-P", "4", "--dcs", "3"], "--dcs 3 does not divide the 4 stages into equal blocks"),
     (["simulate", "1f1b", "--memory-limit", "0"], "--memory-limit must be a finite number > 0, got 0.0"),
     (["simulate", "1f1b", "--model", "7b", "--seq", "0"], "--seq must be >= 1, got 0"),
     (["simulate", "1f1b", "--model", "9t"], "--model '9t' unknown; allowed:"),
     (["compare", "-M", "0"], "--microbatches must be >= 1, got 0"),
+    (["simulate", "interleaved-1f1b", "--model", "tiny"], "--model tiny has 4 layers, too few for 8 units "
+                                                           "(--stages x chunks per stage); allowed: at most 4"),
+    (["plan", "--model", "tiny"], "--model tiny has 4 layers, too few for 8 units"),
     (["compare", "--ranks-per-node", "3"], "--ranks-per-node 3 does not divide the 4 ranks of each datacenter"),
+    (["train", "--ranks-per-node", "3"], "--ranks-per-node 3 does not divide the 4 ranks of each datacenter; "
+                                         "allowed: a divisor of 4"),
     (["emulate", "1f1b", "--real", "--steps", "0"], "--steps must be >= 1, got 0"),
     (["emulate", "1f1b", "--time-unit", "0"], "--time-unit must be a finite time > 0, got '0'"),
     (["emulate", "1f1b", "--real", "--real-model", "huge"], "--real-model 'huge' unknown; allowed: tiny"),

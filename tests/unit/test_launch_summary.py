@@ -87,3 +87,36 @@ def test_the_summary_names_where_each_rank_raised():
     err = LaunchError({0: trace, 1: "killed by signal SIGKILL"}, [0, 1])
     assert str(err).splitlines()[1:] == ["  rank 0: EOFError: short read (at /x/ckpt.py:42 in read_shard)",
                                          "  rank 1: killed by signal SIGKILL"]
+
+
+def test_the_summary_and_a_stop_start_below_the_progress_bar(monkeypatch, capsys, tmp_path):
+    """Without --json rank 0's progress bar ends without a newline when the job fails or is
+    stopped: the summary (and the CLI's "stopped by") start on their own line; with --json, where
+    no bar is drawn, nothing is added."""
+    import pipert.train
+    from pipert.cli import main
+    monkeypatch.chdir(tmp_path)
+    end = RankEnd(1, "exited with code 3", "exited with code 3", 1.0)
+    failures: list[BaseException] = []
+
+    def fail(cfg):
+        raise failures.pop(0)
+    monkeypatch.setattr(pipert.train, "run_train", fail)
+    for json_flag, bar_line in (([], "\n"), (["--json"], "")):
+        failures[:] = [LaunchError({1: end.text}, [1], {1: end.message}), KeyboardInterrupt()]
+        assert main(["train", "--stages", "2", *json_flag]) == 1
+        assert capsys.readouterr().err.startswith(bar_line + "pipeline ranks failed, root cause first:")
+        assert main(["train", "--stages", "2", *json_flag]) == 130
+        assert capsys.readouterr().err == bar_line + "pipert train: stopped by SIGINT\n"
+
+
+def test_rank_zeros_progress_bar_leaves_no_semaphore_when_the_rank_exits_at_once():
+    """A rank (a fork-server child) that draws the bar and leaves by os._exit, as a failed rank
+    does, leaves no semaphore for the resource tracker to warn about below the summary."""
+    import subprocess
+    import sys
+    code = ("import multiprocessing, os, sys; multiprocessing.set_start_method('forkserver'); "
+            "from pipert.train import progress_bar; progress_bar(3, 'x').update(1); sys.stderr.flush(); os._exit(0)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "1/3" in run.stderr, run.stderr
+    assert "leaked semaphore" not in run.stderr, run.stderr

@@ -313,3 +313,21 @@ def test_a_search_cut_short_by_the_time_limit_says_so_and_a_complete_one_does_no
     rc, out, _ = _plan(capsys, "--model", "tiny", "--gpus-per-node", "2", "--nodes", "1", "--tp", "1",
                        "--schedules", "1f1b", "--time-limit", "600s")
     assert rc == 0 and "time limit" not in out
+
+
+@pytest.mark.parametrize("name", ["tiny", "gpt-1.3b"])
+def test_the_commands_model_is_the_planned_model(capsys, name):
+    """The command's --model has the planned sizes: plan's ``tiny`` (hidden 256) is not train's
+    (hidden 64), so its command gives the sizes; a name both know with the same sizes stays."""
+    from pipert.models import model_config
+    rc, out, _ = _plan(capsys, "--model", name, "--gpus-per-node", "2", "--batch", "4", "--seq", "16",
+                       "--schedules", "1f1b", "--json")
+    d = json.loads(out)
+    argv = d["best"]["train_args"]
+    got = argv[argv.index("--model") + 1]
+    c, spec = model_config(got), ModelSpec.preset(name)
+    assert rc == 0 and (got == name) == (name != "tiny")
+    assert (c.layers, c.hidden, c.ffn, c.heads, getattr(c, "kv_heads", c.heads), c.vocab) == \
+        (spec.layers, spec.hidden, spec.ffn, spec.heads, spec.kv_heads, spec.vocab)
+    assert any(note.startswith(f"pipert train's preset {name!r} is another model") for note in d["best"]["notes"]) \
+        == (name == "tiny")
