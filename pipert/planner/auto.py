@@ -46,11 +46,10 @@ no costs (shared between layouts) and their simulations are the shortest, so the
 weight-passing layouts slower (:func:`_slower`) is finite before the first of those is tried."""
 HELIX = ("helixpipe", "helixpipe-2fold")
 """Families whose layouts are proven slower before they are built (their placement is a formula)."""
-PROVEN_SLOWER = tuple(f for f in WEIGHT_PASSING if f != "tawpipe") + HELIX
-"""Families whose layouts :func:`_slower` tries to prove slower than the top before simulating them.
-Not TawPipe: its weights reach a node's ranks by broadcasts, which the schedule bound does not
-chain to the message before them (prune.py), so the bound never proved one (7B, 8 x 8 GPUs, 2
-DCs: 0 of 21 tried) and only cost its time."""
+PROVEN_SLOWER = WEIGHT_PASSING + HELIX
+"""Families whose layouts :func:`_slower` tries to prove slower than the top before simulating them:
+weight passing from its built schedule's chained bound (:func:`pipert.planner.prune.finish_bounds`),
+HelixPipe from its placement."""
 BUILD_OPTIONS = {"zb-v": {"order": "handcrafted"}}
 """Generator options the planner fixes, and ``pipert train --options`` repeats: ZB-V's handcrafted
 order (its search over greedy orders costs seconds per layout)."""
@@ -407,8 +406,9 @@ def _slower(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cos
     top-th best found), without simulating its step. The step is at least, on each rank, the end of
     its last non-OPT compute, ``finish``, plus the least its data-parallel tail takes
     (:func:`_dp_tails`); ``finish`` is bounded by :func:`pipert.planner.prune.finish_bounds` from
-    the built schedule (messages a link carries in turn), or for HelixPipe, unbuilt, by the
-    compute its placement puts on the rank (:func:`pipert.planner.prune.placement_busy`). A step
+    the built schedule (the engine's chains of computes, messages and collectives), for HelixPipe
+    first, unbuilt, by the compute its placement puts on the rank
+    (:func:`pipert.planner.prune.placement_busy`), and built only where that does not prove it. A step
     too large to simulate is the line through the simulated m and m/2 (:mod:`pipert.planner.pipe`),
     at M a rising function of the finish at m: the line through the bound at m and the finish
     simulated at m/2 lies below it at M, so only m/2, the cheaper one, is simulated."""
@@ -426,10 +426,13 @@ def _slower(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cos
         placement = helix_placement(lay.stages, lay.stages * lay.chunks, counts[0], folds)
         at_m = placement_busy(placement, cost, lay.stages)
     else:
+        placement, at_m = None, []
+    tails = _dp_tails(model, cluster, lay, cost, placement.weight_owner) if placement is not None else None
+    if tails is None or max(x + t for x, t in zip(at_m, tails)) <= above:
+        # the built schedule's bound (the build is shared with the layout's own simulation)
         sched = _build(replace(lay, microbatches=counts[0]), cost, links, out.budget, recompute, builds)
-        placement = sched.placement
-        at_m = finish_bounds(sched, cost, links)
-    tails = _dp_tails(model, cluster, lay, cost, placement.weight_owner)
+        tails = tails or _dp_tails(model, cluster, lay, cost, sched.placement.weight_owner)
+        at_m = [max(x, y) for x, y in zip(at_m or [0.0] * lay.stages, finish_bounds(sched, cost, links))]
     if max(x + t for x, t in zip(at_m, tails)) <= above:
         return False    # not tried further: the m/2 simulation would rarely prove it
     if len(counts) == 1:

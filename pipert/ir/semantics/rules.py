@@ -174,6 +174,19 @@ class Semantics:
         return Plan(self._apply(a, rank, spec.reads, units), self._apply(a, rank, writes, units),
                     self._apply(a, rank, spec.frees, units) if spec.frees else ())
 
+    def plan_key(self, a: "Action", rank: int, keeps: bool = False) -> tuple:
+        """Everything ``plan(a, rank, keeps)`` and :meth:`counted` of its effects depend on: equal keys
+        give equal plans, so one plan serves every rank (and action) with the key. ``rank`` enters
+        only through whether it is the action's root and whether it holds the action's unit (the
+        unit's weights and gradient, :meth:`_own`; an OPT without a unit: the units it holds);
+        per-micro-batch values are counted on every rank alike."""
+        u = a.unit
+        if u is None:
+            held: Any = tuple(self.held_units(rank)) if a.op is Op.OPT else None
+        else:
+            held = 0 <= u < self.num_units and rank in self.units[u].holders
+        return (a.op, a.payload, u, rank == a.root, keeps, a.zclass, a.side, held)
+
     def reads(self, a: "Action", rank: int) -> list[ValueKey]:
         return [k for e in self.plan(a, rank).reads for k in e.keys(a.mb)]
 
