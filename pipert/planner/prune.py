@@ -59,7 +59,6 @@ class _ChainBound:
         self.gathering: dict[tuple, list] = {}     # (group, k) -> [members posted, latest ready]
         self.known: dict[tuple, float] = {}
         self.waiting: dict[tuple, list[int]] = {}
-        self.plans: dict[tuple, tuple] = {}        # Semantics.plan_key -> (reads, writes)
         self.mine: list[dict] = [{} for _ in range(P)]   # per rank: the action's fields -> (reads, writes)
 
     def run(self) -> list[float]:
@@ -81,12 +80,8 @@ class _ChainBound:
         key = (a.op, a.payload, a.unit, d == a.root, a.zclass, a.side)
         plan = mine.get(key)
         if plan is None:
-            skey = self.sem.plan_key(a, d)
-            plan = self.plans.get(skey)
-            if plan is None:
-                p = self.sem.plan(a, d)
-                plan = self.plans[skey] = (p.reads, p.writes)
-            mine[key] = plan
+            p = self.sem.cached_plan(a, d)
+            plan = mine[key] = (p.reads, p.writes)
         return plan
 
     def _ready(self, d: int, reads: tuple, mb: tuple, t: float) -> float | None:

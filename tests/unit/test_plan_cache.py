@@ -124,3 +124,18 @@ def test_a_walk_that_would_deadlock_bounds_nothing():
     s = ok.with_actions(acts)
     assert finish_bounds(s, COST, None) == [0.0, 0.0]
     assert finish_bounds(ok, COST, None)[1] > 0
+
+
+@pytest.mark.parametrize("name", ["zb-h1", "1f1b"])
+def test_split_folds_makes_the_actions_replace_makes(name):
+    """The unchecked copies of a fold's pieces equal ``dataclasses.replace(a, mb=(m,))``, field for
+    field, for computes, messages and the others (a replicated fold's collectives)."""
+    from pipert.ir.passes import fold_microbatches, split_folds
+    s = build_schedule(name, stages=2, microbatches=8)
+    s = fold_microbatches(s, 2) if name == "1f1b" else replicate(fold_microbatches(s, 2), 2, 1)
+    want = [[p for a in acts for p in ([dataclasses.replace(a, mb=(m,)) for m in a.mb] if len(a.mb) > 1 and (
+        a.op in (Op.F, Op.B, Op.D, Op.W, Op.RECOMPUTE) or a.payload in (Payload.ACT, Payload.GRAD)) else [a])]
+        for acts in s.actions]
+    got = split_folds(s).actions
+    assert any(len(a.mb) > 1 for acts in s.actions for a in acts)
+    assert [[(type(a), repr(a)) for a in acts] for acts in got] == [[(type(a), repr(a)) for a in acts] for acts in want]
