@@ -32,6 +32,8 @@ from ..sim.comm import message_bytes
 
 __all__ = ["finish_bounds", "placement_busy"]
 
+_SEND, _RECV, _OPT = Op.SEND, Op.RECV, Op.OPT   # module constants: each ``Op.X`` is a lookup on 3.11
+
 
 def finish_bounds(schedule: Any, cost: Any, links: Any) -> list[float]:
     """Per rank, a time its last non-OPT compute cannot end before (module doc)."""
@@ -60,6 +62,9 @@ class _ChainBound:
         self.known: dict[tuple, float] = {}
         self.waiting: dict[tuple, list[int]] = {}
         self.mine: list[dict] = [{} for _ in range(P)]   # per rank: the action's fields -> (reads, writes)
+        self.nbytes: dict[tuple, float] = {}
+        self.transfers: dict[tuple, tuple[float, float]] = {}
+        self.collectives: dict[tuple, float] = {}
 
     def run(self) -> list[float]:
         todo = list(range(self.P))
@@ -75,14 +80,6 @@ class _ChainBound:
         if any(self.pos[d] < len(acts) for d, acts in enumerate(self.s.actions)):
             return [0.0] * self.P     # a rank never got past a value: the engine finds a deadlock
         return self.finish
-
-    def _plan(self, a: Any, d: int, mine: dict) -> tuple:
-        key = (a.op, a.payload, a.unit, d == a.root, a.zclass, a.side)
-        plan = mine.get(key)
-        if plan is None:
-            p = self.sem.cached_plan(a, d)
-            plan = mine[key] = (p.reads, p.writes)
-        return plan
 
     def _ready(self, d: int, reads: tuple, mb: tuple, t: float) -> float | None:
         """The latest of ``t`` and the times of the values ``reads`` names on rank d (None: one
@@ -104,7 +101,7 @@ class _ChainBound:
     def _advance(self, d: int) -> list[tuple]:
         """Walk rank d until it waits or ends; returns the tokens it timed."""
         acts, mine, timed = self.s.actions[d], self.mine[d], []
-        writer, price, known = self.writer[d], self.cost.compute_time, self.known
+        writer, price, known, queue = self.writer[d], self.cost.compute_time, self.known, self.queue
         i, host = self.pos[d], self.host[d]
         while True:
             held = self.held[d]
@@ -119,31 +116,35 @@ class _ChainBound:
             if i >= len(acts):
                 break
             a = acts[i]
-            op = a.op
-            reads, writes = self._plan(a, d, mine)
-            if op is Op.RECV:
+            op, mb = a.op, a.mb
+            key = (op, a.payload, a.unit, d == a.root, a.zclass, a.side)
+            plan = mine.get(key)
+            if plan is None:
+                p = self.sem.cached_plan(a, d)
+                plan = mine[key] = (p.reads, p.writes)
+            reads, writes = plan
+            if op is _RECV:
                 k = self.recvs[d].get(a.peer, 0)
                 self.recvs[d][a.peer] = k + 1
                 token: tuple = ("t", a.peer, d, k)
                 for e in writes:
-                    for v in e.keys(a.mb):
+                    for v in e.keys(mb):
                         writer[v] = token
-            elif op is Op.SEND:
-                ready = self._ready(d, reads, a.mb, host)
+            elif op is _SEND:
+                ready = self._ready(d, reads, mb, host) if reads else host
                 if ready is None:
                     break
                 k = self.sends[d].get(a.peer, 0)
                 self.sends[d][a.peer] = k + 1
                 link = (d, a.peer)
-                occupancy, latency = self.links.transfer(d, a.peer, self._bytes(a)) if self.links is not None \
-                    else (0.0, 0.0)
+                occupancy, latency = self._transfer(d, a)
                 start = max(ready, self.link_free.get(link, 0.0))
                 self.link_free[link] = start + occupancy
                 token = ("t", d, a.peer, k)
                 known[token] = start + occupancy + latency
                 timed.append(token)
             elif op in COLLECTIVE_OPS:
-                ready = self._ready(d, reads, a.mb, host)
+                ready = self._ready(d, reads, mb, host) if reads else host
                 if ready is None:
                     break
                 g = tuple(sorted(a.group))
@@ -154,35 +155,60 @@ class _ChainBound:
                 got[0] += 1
                 got[1] = max(got[1], ready)
                 if got[0] == len(g):            # its last member: the collective is timed
-                    took = self.links.collective(op.value.lower(), a.group, self._bytes(a)) \
-                        if self.links is not None else 0.0
-                    known[token] = self.group_end[g] = max(got[1], self.group_end.get(g, 0.0)) + took
+                    known[token] = self.group_end[g] = max(got[1], self.group_end.get(g, 0.0)) + \
+                        self._collective(a)
                     del self.gathering[token]
                     timed.append(token)
                 for e in writes:
-                    for v in e.keys(a.mb):
+                    for v in e.keys(mb):
                         writer[v] = token
-                if self.queue[op] is Queue.COMPUTE:
+                if queue[op] is Queue.COMPUTE:
                     self.held[d] = token
                     continue
-            elif self.queue[op] is Queue.COMPUTE:
+            elif queue[op] is Queue.COMPUTE:
                 start = host
-                if op in UNIT_COMPUTE_OPS:
-                    start = self._ready(d, reads, a.mb, host)
+                if reads and op in UNIT_COMPUTE_OPS:
+                    start = self._ready(d, reads, mb, host)
                     if start is None:
                         break
-                host = start + (action_time(price, a, d) if op in TIMED_OPS else 0.0)
-                if op is not Op.OPT:
+                if op in TIMED_OPS:   # as the engine prices it (Builder.run)
+                    host = start + (price(a, d) if a.sub is None and len(mb) < 2 else action_time(price, a, d))
+                else:
+                    host = start
+                if op is not _OPT:
                     self.finish[d] = host
                 for e in writes:
-                    for v in e.keys(a.mb):
+                    for v in e.keys(mb):
                         writer[v] = host
             i += 1
         self.pos[d], self.host[d] = i, host
         return timed
 
     def _bytes(self, a: Any) -> float:
-        return message_bytes(self.cost, self.s.placement, a)
+        """Bytes of message or collective ``a`` (CommState.message_bytes), once per kind."""
+        key = (a.payload, a.unit, len(a.mb) or 1, a.zclass)
+        got = self.nbytes.get(key)
+        if got is None:
+            got = self.nbytes[key] = message_bytes(self.cost, self.s.placement, a)
+        return got
+
+    def _transfer(self, d: int, a: Any) -> tuple[float, float]:
+        """(occupancy, latency) of SEND ``a`` of rank d, once per link and kind."""
+        key = (d, a.peer, a.payload, a.unit, len(a.mb) or 1, a.zclass)
+        got = self.transfers.get(key)
+        if got is None:
+            got = self.transfers[key] = self.links.transfer(d, a.peer, self._bytes(a)) \
+                if self.links is not None else (0.0, 0.0)
+        return got
+
+    def _collective(self, a: Any) -> float:
+        """Seconds of collective ``a`` (Links.collective), once per op, group and kind."""
+        key = (a.op, a.group, a.payload, a.unit, len(a.mb) or 1, a.zclass)
+        got = self.collectives.get(key)
+        if got is None:
+            got = self.collectives[key] = self.links.collective(a.op.value.lower(), a.group, self._bytes(a)) \
+                if self.links is not None else 0.0
+        return got
 
 
 def placement_busy(placement: Any, cost: Any, ranks: int) -> list[float]:
