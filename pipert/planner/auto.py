@@ -438,9 +438,32 @@ def _slower(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cos
     if len(counts) == 1:
         return True
     m, h = counts   # the m/2 simulation is kept (sims) for the layout's own evaluation
-    half = _pipe(*run(replace(lay, microbatches=h))).finish
+    half_lay = replace(lay, microbatches=h)
+    half = _retimed_finish(half_lay, recompute, cost, links, out.budget, builds, sims,
+                           lambda rc: cost_for(model, lay, rc, lay.units,
+                                               family_default(lay.family, "loss_in_backward", False)))
+    if half is None:
+        half = _pipe(*run(half_lay)).finish
     rise = (lay.microbatches - m) / (m - h)
     return any(x + (x - y) * rise + t > above for x, y, t in zip(at_m, half, tails))
+
+
+def _retimed_finish(shape: Layout, recompute: str, cost: Any, links: Any, budget: float, builds: dict | None,
+                    sims: dict, cost_of: Callable[[str], Any]) -> list[float] | None:
+    """The finish per rank of ``shape`` with ``recompute`` (cost model ``cost``), re-timed from a
+    simulation of the same built schedule under another recomputation (``sims``; ``cost_of``: the
+    cost model of a recomputation), without pass 1 (:func:`pipert.sim.timing.retimed`); None where
+    there is none or its messages cost other bytes."""
+    from ..sim.timing import retimed
+    from .pipe import finish_times
+    for (done, (other, dp_op)), (sched, res) in list(sims.items()):
+        if done != shape or other == recompute or dp_op is not None:
+            continue
+        if _build(shape, cost, links, budget, recompute, builds) is not sched:
+            return None
+        times = retimed(res.graph, cost, cost_of(other))
+        return finish_times(res.graph, times) if times is not None else None
+    return None
 
 
 def _build(lay: Layout, cost: Any, links: Any, budget: float, recompute: str, cache: dict | None = None,

@@ -95,16 +95,16 @@ def simulate_pipe(lay: Layout, run: Callable[[Layout], tuple[Any, Any]]) -> Pipe
 
 def _pipe(sched: Any, res: Any) -> Pipe:
     return Pipe(res.makespan, sum(res.busy), list(res.peak_memory), max(res.exposed_comm, default=0.0),
-                finish_times(res))
+                finish_times(res.graph, res.times))
 
 
-def finish_times(res: Any) -> list[float]:
-    """Per rank, when its last compute-queue action other than OPT ends (0 without one): the latest
-    such end of ``res.events``. A rank's compute-queue nodes run in list order, each starting after
-    the one before ends (the engine's chain edges), so their ends never decrease along the list and
-    the last such action's end is the latest; read off the graph without the events."""
+def finish_times(g: Any, times: Any) -> list[float]:
+    """Per rank of graph ``g`` timed by ``times``, when its last compute-queue action other than OPT
+    ends (0 without one): the latest such end of the SimResult's ``events``. A rank's compute-queue
+    nodes run in list order, each starting after the one before ends (the engine's chain edges), so
+    their ends never decrease along the list and the last such action's end is the latest."""
     from ..ir.action import Op
-    g, end0 = res.graph, res.times.end0
+    end0 = times.end0
     out = []
     for acts, queues, nodes in zip(g.schedule.actions, g.queues, g.node_of):
         end = 0.0

@@ -7,7 +7,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from ..ir.action import Action
 from .errors import ScheduleError
@@ -15,7 +16,7 @@ from .. import native
 from .graph import Graph
 from .keys import K_TRANSFER
 
-__all__ = ["Times", "run_timing", "locate"]
+__all__ = ["Times", "run_timing", "retimed", "locate"]
 
 
 @dataclass
@@ -66,6 +67,39 @@ def run_timing(g: Graph) -> tuple[Times, list[int], list[ScheduleError]]:
             if not c:
                 push(m)
     return _checked(g, Times(ready, end0, end1), order, indeg)
+
+
+def retimed(g: Graph, cost: Any, built_with: Any) -> Times | None:
+    """The node times of graph ``g`` (built under cost model ``built_with``) with every compute
+    priced by ``cost`` as pass 1 prices it (``Builder.run``): the times pass 2 gives the graph
+    ``simulate(g.schedule, cost, ...)`` builds, where each message and collective of the schedule
+    moves the same bytes under both models (then pass 1 builds the same nodes and edges and prices
+    the same transfers; it reads the cost model otherwise only for memory). None where a message's
+    bytes differ."""
+    from ..ir.semantics import COLLECTIVE_OPS, P2P_OPS, TIMED_OPS, action_time
+    s = g.schedule
+    seen: set[tuple] = set()
+    for acts in s.actions:
+        for a in acts:
+            if a.op in P2P_OPS or a.op in COLLECTIVE_OPS:
+                what = (a.payload, a.unit, len(a.mb) or 1)
+                if what not in seen:
+                    seen.add(what)
+                    if cost.message_bytes(*what) != built_with.message_bytes(*what):
+                        return None
+    dur = g.dur.tolist() if hasattr(g.dur, "tolist") else list(g.dur)
+    price = cost.compute_time
+    for r, (acts, nodes) in enumerate(zip(s.actions, g.node_of)):
+        for a, n in zip(acts, nodes):
+            if n >= 0 and g.kind[n] == 0 and a.op in TIMED_OPS and a.op not in COLLECTIVE_OPS:
+                dur[n] = price(a, r) if a.sub is None and len(a.mb) < 2 else action_time(price, a, r)
+    arrays = native.node_arrays()[1]
+    if hasattr(arrays, "tolist"):     # pipert._simc's typed array for its sweep
+        for x in dur:
+            arrays.append(x)
+        dur = arrays
+    times, _, errors = run_timing(replace(g, dur=dur))
+    return None if errors else times
 
 
 def _checked(g: Graph, times: Times, order: list[int], indeg: list[int]) -> tuple[Times, list[int],

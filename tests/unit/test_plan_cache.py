@@ -99,7 +99,7 @@ def test_finish_times_are_the_latest_non_opt_compute_end_of_the_events(s):
     for rank, queue, a, _, end in res.events:
         if queue == "compute" and a.op is not Op.OPT:
             want[rank] = max(want[rank], end)
-    assert finish_times(res) == want and max(want) > 0
+    assert finish_times(res.graph, res.times) == want and max(want) > 0
 
 
 def test_the_chained_bound_holds_with_blocking_collectives():
@@ -110,7 +110,7 @@ def test_the_chained_bound_holds_with_blocking_collectives():
     assert Semantics.of(s).queue(Op.BROADCAST) is Queue.COMPUTE
     links = _links(s)
     res = simulate(s, COST, links=links)
-    finish, bound = finish_times(res), finish_bounds(s, COST, links)
+    finish, bound = finish_times(res.graph, res.times), finish_bounds(s, COST, links)
     assert all(b <= f * (1 + 1e-12) for b, f in zip(bound, finish)), (bound, finish)
     computed = [sum(end - start for r, q, a, start, end in res.events if r == d and q == "compute" and a.op in
                     (Op.F, Op.B)) for d in range(s.num_ranks)]
@@ -139,3 +139,27 @@ def test_split_folds_makes_the_actions_replace_makes(name):
     got = split_folds(s).actions
     assert any(len(a.mb) > 1 for acts in s.actions for a in acts)
     assert [[(type(a), repr(a)) for a in acts] for acts in got] == [[(type(a), repr(a)) for a in acts] for acts in want]
+
+
+@pytest.mark.parametrize("name", ["weipipe-interleave", "tawpipe", "helixpipe-2fold"])
+def test_a_graph_retimed_under_another_recomputation_has_the_times_of_its_simulation(name):
+    """The graph simulated without recomputation, re-timed with recomputation's compute prices, has
+    the node times of the simulation with recomputation (its messages move the same bytes); a cost
+    model whose messages differ is refused (None)."""
+    from pipert.cost.transformer import ModelSpec
+    from pipert.planner import auto
+    from pipert.planner.cluster import Cluster
+    from pipert.planner.layouts import layouts
+    from pipert.sim.timing import retimed
+    spec, cl = ModelSpec.preset("tiny"), Cluster(2, 2, 2)
+    lay = next(lay for lay in layouts(cl, spec, 16, (name,)) if lay.stages == 4)
+    cost_of = {rc: auto.analytic_cost(cl)(spec, lay, rc, lay.units) for rc in auto.RECOMPUTE}
+    links = lay.links(cl)
+    s = auto._build(lay, cost_of["none"], links, cl.device.memory, "none")
+    base = simulate(s, cost_of["none"], links=links)
+    want = simulate(s, cost_of["no_attention"], links=links).times
+    got = retimed(base.graph, cost_of["no_attention"], cost_of["none"])
+    assert (got.start, got.end0, got.end1) == (want.start, want.end0, want.end1)
+    assert want.end0 != base.times.end0
+    wider = auto.analytic_cost(cl)(dataclasses.replace(spec, hidden=2 * spec.hidden), lay, "none", lay.units)
+    assert retimed(base.graph, wider, cost_of["none"]) is None
