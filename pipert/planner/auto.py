@@ -433,11 +433,10 @@ def _slower(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cos
         sched = _build(replace(lay, microbatches=counts[0]), cost, links, out.budget, recompute, builds)
         tails = tails or _dp_tails(model, cluster, lay, cost, sched.placement.weight_owner)
         at_m = [max(x, y) for x, y in zip(at_m or [0.0] * lay.stages, finish_bounds(sched, cost, links))]
-    if max(x + t for x, t in zip(at_m, tails)) <= above:
-        return False    # not tried further: the m/2 simulation would rarely prove it
     if len(counts) == 1:
-        return True
-    m, h = counts   # the m/2 simulation is kept (sims) for the layout's own evaluation
+        return max(x + t for x, t in zip(at_m, tails)) > above
+    # the m/2 simulation is kept (sims) for the layout's own evaluation, which runs it too
+    m, h = counts
     half_lay = replace(lay, microbatches=h)
     half = _retimed_finish(half_lay, recompute, cost, links, out.budget, builds, sims,
                            lambda rc: cost_for(model, lay, rc, lay.units,

@@ -85,8 +85,9 @@ class _ChainBound:
         """The latest of ``t`` and the times of the values ``reads`` names on rank d (None: one
         is not timed yet; the rank then waits for its token)."""
         writer, known = self.writer[d], self.known
-        for e in reads:
-            for v in e.keys(mb):
+        for kind, u, slots in reads:
+            for m in mb if slots is None else slots:
+                v = (kind, u, m)
                 w = writer.get(v, 0.0)
                 if type(w) is tuple:
                     got = known.get(w)
@@ -121,15 +122,15 @@ class _ChainBound:
             plan = mine.get(key)
             if plan is None:
                 p = self.sem.cached_plan(a, d)
-                plan = mine[key] = (p.reads, p.writes)
+                plan = mine[key] = (_flat(p.reads), _flat(p.writes))
             reads, writes = plan
             if op is _RECV:
                 k = self.recvs[d].get(a.peer, 0)
                 self.recvs[d][a.peer] = k + 1
                 token: tuple = ("t", a.peer, d, k)
-                for e in writes:
-                    for v in e.keys(mb):
-                        writer[v] = token
+                for kind, u, slots in writes:
+                    for m in mb if slots is None else slots:
+                        writer[(kind, u, m)] = token
             elif op is _SEND:
                 ready = self._ready(d, reads, mb, host) if reads else host
                 if ready is None:
@@ -159,9 +160,9 @@ class _ChainBound:
                         self._collective(a)
                     del self.gathering[token]
                     timed.append(token)
-                for e in writes:
-                    for v in e.keys(mb):
-                        writer[v] = token
+                for kind, u, slots in writes:
+                    for m in mb if slots is None else slots:
+                        writer[(kind, u, m)] = token
                 if queue[op] is Queue.COMPUTE:
                     self.held[d] = token
                     continue
@@ -177,9 +178,9 @@ class _ChainBound:
                     host = start
                 if op is not _OPT:
                     self.finish[d] = host
-                for e in writes:
-                    for v in e.keys(mb):
-                        writer[v] = host
+                for kind, u, slots in writes:
+                    for m in mb if slots is None else slots:
+                        writer[(kind, u, m)] = host
             i += 1
         self.pos[d], self.host[d] = i, host
         return timed
@@ -209,6 +210,12 @@ class _ChainBound:
             got = self.collectives[key] = self.links.collective(a.op.value.lower(), a.group, self._bytes(a)) \
                 if self.links is not None else 0.0
         return got
+
+
+def _flat(effects: tuple) -> tuple[tuple[int, int, tuple | None], ...]:
+    """(kind as an int, unit, slots) of each Effect: a value is (kind, unit, micro-batch or slot)
+    (``Effect.keys`` with an int kind, hashed without a Python-level call)."""
+    return tuple((int(e.kind), e.unit, e.slots) for e in effects)
 
 
 def placement_busy(placement: Any, cost: Any, ranks: int) -> list[float]:
