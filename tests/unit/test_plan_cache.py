@@ -163,3 +163,27 @@ def test_a_graph_retimed_under_another_recomputation_has_the_times_of_its_simula
     assert want.end0 != base.times.end0
     wider = auto.analytic_cost(cl)(dataclasses.replace(spec, hidden=2 * spec.hidden), lay, "none", lay.units)
     assert retimed(base.graph, wider, cost_of["none"]) is None
+
+
+@pytest.mark.parametrize("name", ["weipipe-interleave", "tawpipe"])
+def test_a_bound_is_borrowed_only_by_a_cost_model_with_no_earlier_times(name):
+    """Recomputation prices every compute no shorter and every message alike: no_earlier holds, and
+    every simulated node ends no earlier (so the bound without recomputation bounds it); the other
+    way round, or with messages of other bytes, it does not hold."""
+    from pipert.cost.transformer import ModelSpec
+    from pipert.planner import auto
+    from pipert.planner.cluster import Cluster
+    from pipert.planner.layouts import layouts
+    from pipert.sim.timing import no_earlier
+    spec, cl = ModelSpec.preset("tiny"), Cluster(2, 2, 2)
+    lay = next(lay for lay in layouts(cl, spec, 16, (name,)) if lay.stages == 4)
+    none, rec = (auto.analytic_cost(cl)(spec, lay, rc, lay.units) for rc in auto.RECOMPUTE)
+    links = lay.links(cl)
+    s = auto._build(lay, none, links, cl.device.memory, "none")
+    assert no_earlier(s, rec, none) and not no_earlier(s, none, rec)
+    fast, slow = simulate(s, none, links=links).times, simulate(s, rec, links=links).times
+    assert all(b >= a for a, b in zip(fast.end1, slow.end1)) and slow.end1 != fast.end1
+    bound = finish_bounds(s, none, links)
+    assert all(b <= f * (1 + 1e-12) for b, f in zip(bound, finish_times(simulate(s, rec, links=links).graph, slow)))
+    wider = auto.analytic_cost(cl)(dataclasses.replace(spec, hidden=2 * spec.hidden), lay, "none", lay.units)
+    assert not no_earlier(s, wider, none)
