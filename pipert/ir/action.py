@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, fields
 from .. import native
 from .ops import Op, Payload
 from .semantics.fields import fields_error
-from .semantics.opsets import BACKWARD_OPS, COLLECTIVE_OPS, COMPUTE_OPS, MEMORY_OPS, P2P_OPS, UNIT_COMPUTE_OPS
+from .semantics.opsets import (BACKWARD_OPS, COLLECTIVE_OPS, COMPUTE_OPS, MEMORY_OPS, P2P_OPS, ROOTED_OPS,
+                               UNIT_COMPUTE_OPS)
 
 __all__ = [
     "Op", "Payload", "Action", "parse_action", "ScheduleFormatError",
@@ -168,15 +169,30 @@ class Action:
 
 def _plain(op: Op, unit: int | None, mb: tuple, payload: Payload | None, peer: int | None, group: tuple,
            root: int | None, sub: tuple | None, waits: Op | None) -> bool:
-    """The common valid shapes, accepted without the full check: a compute of a unit's
-    micro-batches, or a SEND/RECV of an activation or gradient (fields as _check requires)."""
-    if sub is not None or waits is not None or group or root is not None:
+    """The common valid shapes, accepted without the full check (fields as _check requires, and
+    zclass and side unset: the caller's condition): a compute of a unit's micro-batches; a SEND or
+    RECV of an activation or gradient (with micro-batches) or of a unit's weights or weight
+    gradient; a WAIT for a SEND or RECV of those; a BROADCAST or REDUCE of weights or weight
+    gradients with its root in its group; a FREE of weights or weight gradients."""
+    if sub is not None or unit is None or unit < 0 or (mb and min(mb) < 0):
         return False
-    if unit is None or unit < 0 or not mb or min(mb) < 0:
+    if waits is not None:
+        return op is _WAIT and type(waits) is Op and waits in P2P_OPS and peer is not None and not group and \
+            root is None and payload in _COMM_PAYLOADS
+    if group:
+        return op in ROOTED_OPS and root is not None and root in group and peer is None and payload in _UNIT_PAYLOADS
+    if root is not None:
         return False
     if op in UNIT_COMPUTE_OPS:
-        return payload is None and peer is None
-    return op in P2P_OPS and peer is not None and (payload is Payload.ACT or payload is Payload.GRAD)
+        return bool(mb) and payload is None and peer is None
+    if op in P2P_OPS:
+        return peer is not None and (payload in _UNIT_PAYLOADS or bool(mb) and payload in _COMM_PAYLOADS)
+    return op is _FREE and peer is None and payload in _UNIT_PAYLOADS
+
+
+_WAIT, _FREE = Op.WAIT, Op.FREE
+_UNIT_PAYLOADS = frozenset({Payload.WEIGHT, Payload.WGRAD})
+_COMM_PAYLOADS = frozenset({Payload.ACT, Payload.GRAD, Payload.WEIGHT, Payload.WGRAD})
 
 
 (_set_op, _set_unit, _set_mb, _set_payload, _set_peer, _set_group, _set_root, _set_tag, _set_sub, _set_waits,

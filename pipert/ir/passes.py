@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from .action import COMPUTE_OPS, Action, Op, Payload
+from .action import COMPUTE_OPS, P2P_OPS, Action, Op, Payload, compute_action, message_action
 from .schedule import Schedule
 from .semantics import (PAYLOAD_VALUE, PER_MB_PAYLOADS, PER_UNIT, PIECEWISE_OPS, STASH_READERS, UNIT_COMPUTE_OPS,
                         WEIGHT_READERS, Queue, Semantics, slot)
@@ -202,11 +202,24 @@ def split_folds(schedule: Schedule) -> Schedule:
         for a in acts:
             if len(a.mb) > 1 and (a.op in COMPUTE_OPS or a.payload in PER_MB_PAYLOADS):
                 changed = True
-                new.extend(dataclasses.replace(a, mb=(m,)) for m in a.mb)
+                new.extend(_one_microbatch(a, m) for m in a.mb)
             else:
                 new.append(a)
         out.append(new)
     return _with(schedule, out) if changed else schedule
+
+
+def _one_microbatch(a: Action, m: int) -> Action:
+    """``dataclasses.replace(a, mb=(m,))`` for a valid fold ``a`` and one of its micro-batches;
+    without the checks (compute_action, message_action) where ``a`` sets only the fields those
+    set: a unit compute, or a SEND/RECV (the fold's own check covers the piece)."""
+    if a.sub is None and a.tag == 0 and a.root is None and a.waits is None and a.zclass is None and \
+            a.side is None and not a.group:
+        if a.op in UNIT_COMPUTE_OPS and a.payload is None and a.peer is None:
+            return compute_action(a.op, a.unit, (m,))
+        if a.op in P2P_OPS:
+            return message_action(a.op, a.unit, (m,), a.payload, a.peer)
+    return dataclasses.replace(a, mb=(m,))
 
 
 PASSES = {"post_receives_early": post_receives_early, "receives_at_consumer": receives_at_consumer,

@@ -46,11 +46,10 @@ no costs (shared between layouts) and their simulations are the shortest, so the
 weight-passing layouts slower (:func:`_slower`) is finite before the first of those is tried."""
 HELIX = ("helixpipe", "helixpipe-2fold")
 """Families whose layouts are proven slower before they are built (their placement is a formula)."""
-PROVEN_SLOWER = tuple(f for f in WEIGHT_PASSING if f != "tawpipe") + HELIX
-"""Families whose layouts :func:`_slower` tries to prove slower than the top before simulating them.
-Not TawPipe: its weights reach a node's ranks by broadcasts, which the schedule bound does not
-chain to the message before them (prune.py), so the bound never proved one (7B, 8 x 8 GPUs, 2
-DCs: 0 of 21 tried) and only cost its time."""
+PROVEN_SLOWER = WEIGHT_PASSING + HELIX
+"""Families whose layouts :func:`_slower` tries to prove slower than the top before simulating them:
+weight passing from its built schedule's chained bound (:func:`pipert.planner.prune.finish_bounds`),
+HelixPipe from its placement."""
 BUILD_OPTIONS = {"zb-v": {"order": "handcrafted"}}
 """Generator options the planner fixes, and ``pipert train --options`` repeats: ZB-V's handcrafted
 order (its search over greedy orders costs seconds per layout)."""
@@ -206,9 +205,11 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
     def evaluate(lay: Layout, bound: float, cutoff: float) -> Outcome:
         mine = Search([], out.budget)
         sims: dict[tuple, Any] = {}   # (shape, recompute) -> (schedule, SimResult) of this layout
+        bounds: dict[tuple, Any] = {}  # (shape, recompute) -> (schedule or None, bound per rank)
         try:
             if cutoff < math.inf and lay.family in PROVEN_SLOWER and \
-                    all(_slower(model, cluster, lay, rc, cost_for, mine, builds, sims, cutoff) for rc in RECOMPUTE):
+                    all(_slower(model, cluster, lay, rc, cost_for, mine, builds, sims, cutoff, bounds)
+                        for rc in RECOMPUTE):
                 return None, mine.simulated, mine.failed, True
             return _evaluate(model, cluster, lay, bound, cost_for, mine, builds, sims), mine.simulated, mine.failed, \
                 False
@@ -402,13 +403,16 @@ def _runner(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cos
 
 
 def _slower(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cost_for: CostFor, out: Search,
-            builds: dict | None, sims: dict, cutoff: float) -> bool:
+            builds: dict | None, sims: dict, cutoff: float, bounds: dict | None = None) -> bool:
     """Whether ``lay`` with ``recompute`` provably steps slower than ``cutoff`` (the step of the
     top-th best found), without simulating its step. The step is at least, on each rank, the end of
     its last non-OPT compute, ``finish``, plus the least its data-parallel tail takes
     (:func:`_dp_tails`); ``finish`` is bounded by :func:`pipert.planner.prune.finish_bounds` from
-    the built schedule (messages a link carries in turn), or for HelixPipe, unbuilt, by the
-    compute its placement puts on the rank (:func:`pipert.planner.prune.placement_busy`). A step
+    the built schedule (the engine's chains of computes, messages and collectives), for HelixPipe
+    first, unbuilt, by the compute its placement puts on the rank
+    (:func:`pipert.planner.prune.placement_busy`), and built only where that does not prove it; or
+    first by another recomputation's bound of the same schedule (``bounds``) where no time of this
+    one is earlier (:func:`_borrowed_bound`). A step
     too large to simulate is the line through the simulated m and m/2 (:mod:`pipert.planner.pipe`),
     at M a rising function of the finish at m: the line through the bound at m and the finish
     simulated at m/2 lies below it at M, so only m/2, the cheaper one, is simulated."""
@@ -419,25 +423,82 @@ def _slower(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cos
         return False
     cost, links, run = _runner(model, cluster, lay, recompute, cost_for, out, builds, sims)
     above = cutoff * (1 + 1e-9)
-    if lay.family in HELIX:
-        from ..schedules.helixpipe import check_helixpipe, helix_placement
-        folds = family_default(lay.family, "folds", 1)
-        check_helixpipe(lay.family, lay.stages, counts[0], lay.chunks, folds)   # refused as its build refuses
-        placement = helix_placement(lay.stages, lay.stages * lay.chunks, counts[0], folds)
-        at_m = placement_busy(placement, cost, lay.stages)
-    else:
-        sched = _build(replace(lay, microbatches=counts[0]), cost, links, out.budget, recompute, builds)
-        placement = sched.placement
-        at_m = finish_bounds(sched, cost, links)
-    tails = _dp_tails(model, cluster, lay, cost, placement.weight_owner)
-    if max(x + t for x, t in zip(at_m, tails)) <= above:
-        return False    # not tried further: the m/2 simulation would rarely prove it
-    if len(counts) == 1:
-        return True
-    m, h = counts   # the m/2 simulation is kept (sims) for the layout's own evaluation
-    half = _pipe(*run(replace(lay, microbatches=h))).finish
-    rise = (lay.microbatches - m) / (m - h)
-    return any(x + (x - y) * rise + t > above for x, y, t in zip(at_m, half, tails))
+    at_lay = replace(lay, microbatches=counts[0])
+
+    def cost_of(rc: str) -> Any:
+        return cost_for(model, lay, rc, lay.units, family_default(lay.family, "loss_in_backward", False))
+
+    def own() -> tuple[list[float], list[float]]:
+        """(bound at m per rank, data-parallel tails) of this recomputation (bounds: recorded)."""
+        sched = None
+        if lay.family in HELIX:
+            from ..schedules.helixpipe import check_helixpipe, helix_placement
+            folds = family_default(lay.family, "folds", 1)
+            check_helixpipe(lay.family, lay.stages, counts[0], lay.chunks, folds)   # refused as its build refuses
+            placement = helix_placement(lay.stages, lay.stages * lay.chunks, counts[0], folds)
+            at_m = placement_busy(placement, cost, lay.stages)
+            tails = _dp_tails(model, cluster, lay, cost, placement.weight_owner)
+        else:
+            at_m, tails = [0.0] * lay.stages, None
+        if tails is None or max(x + t for x, t in zip(at_m, tails)) <= above:
+            # the built schedule's bound (the build is shared with the layout's own simulation)
+            sched = _build(at_lay, cost, links, out.budget, recompute, builds)
+            tails = tails or _dp_tails(model, cluster, lay, cost, sched.placement.weight_owner)
+            at_m = [max(x, y) for x, y in zip(at_m, finish_bounds(sched, cost, links))]
+        if bounds is not None:
+            bounds[(at_lay, recompute)] = (sched, at_m)
+        return at_m, tails
+    half: list[float] = []
+
+    def proves(at_m: list[float], tails: list[float]) -> bool:
+        if len(counts) == 1:
+            return max(x + t for x, t in zip(at_m, tails)) > above
+        # the m/2 simulation is kept (sims) for the layout's own evaluation, which runs it too
+        m, h = counts
+        if not half:
+            half_lay = replace(lay, microbatches=h)
+            half[:] = _retimed_finish(half_lay, recompute, cost, links, out.budget, builds, sims, cost_of) or \
+                _pipe(*run(half_lay)).finish
+        rise = (lay.microbatches - m) / (m - h)
+        return any(x + (x - y) * rise + t > above for x, y, t in zip(at_m, half, tails))
+    borrowed = _borrowed_bound(at_lay, recompute, cost, links, out.budget, builds, bounds, cost_of)
+    if borrowed is not None:
+        sched, at_m = borrowed
+        if proves(at_m, _dp_tails(model, cluster, lay, cost, sched.placement.weight_owner)):
+            return True
+    return proves(*own())
+
+
+def _borrowed_bound(shape: Layout, recompute: str, cost: Any, links: Any, budget: float, builds: dict | None,
+                    bounds: dict | None, cost_of: Callable[[str], Any]) -> tuple[Any, list[float]] | None:
+    """(schedule, bound at ``shape`` per rank) recorded for another recomputation of the same built
+    schedule, where it bounds ``recompute`` too: no time the engine gives the schedule under
+    ``cost`` is earlier than under the other's (:func:`pipert.sim.timing.no_earlier`); else None."""
+    from ..sim.timing import no_earlier
+    for (done, other), (sched, at_m) in (bounds or {}).items():
+        if done != shape or other == recompute or sched is None:
+            continue
+        if _build(shape, cost, links, budget, recompute, builds) is sched and no_earlier(sched, cost, cost_of(other)):
+            return sched, at_m
+    return None
+
+
+def _retimed_finish(shape: Layout, recompute: str, cost: Any, links: Any, budget: float, builds: dict | None,
+                    sims: dict, cost_of: Callable[[str], Any]) -> list[float] | None:
+    """The finish per rank of ``shape`` with ``recompute`` (cost model ``cost``), re-timed from a
+    simulation of the same built schedule under another recomputation (``sims``; ``cost_of``: the
+    cost model of a recomputation), without pass 1 (:func:`pipert.sim.timing.retimed`); None where
+    there is none or its messages cost other bytes."""
+    from ..sim.timing import retimed
+    from .pipe import finish_times
+    for (done, (other, dp_op)), (sched, res) in list(sims.items()):
+        if done != shape or other == recompute or dp_op is not None:
+            continue
+        if _build(shape, cost, links, budget, recompute, builds) is not sched:
+            return None
+        times = retimed(res.graph, cost, cost_of(other))
+        return finish_times(res.graph, times) if times is not None else None
+    return None
 
 
 def _build(lay: Layout, cost: Any, links: Any, budget: float, recompute: str, cache: dict | None = None,

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from .layouts import PLAN_PAIR_LIMIT, PLAN_PAIRS, Layout
 
-__all__ = ["Pipe", "simulate_pipe", "sim_microbatches", "STEADY", "PEAK_GROWS"]
+__all__ = ["Pipe", "simulate_pipe", "sim_microbatches", "finish_times", "STEADY", "PEAK_GROWS"]
 
 STEADY = {"zb-v": 2, "helixpipe": 2, "helixpipe-2fold": 2}
 """Families whose smaller step must hold 2P micro-batches (others: P) to be on the line: ZB-V's
@@ -94,9 +94,24 @@ def simulate_pipe(lay: Layout, run: Callable[[Layout], tuple[Any, Any]]) -> Pipe
 
 
 def _pipe(sched: Any, res: Any) -> Pipe:
+    return Pipe(res.makespan, sum(res.busy), list(res.peak_memory), max(res.exposed_comm, default=0.0),
+                finish_times(res.graph, res.times))
+
+
+def finish_times(g: Any, times: Any) -> list[float]:
+    """Per rank of graph ``g`` timed by ``times``, when its last compute-queue action other than OPT
+    ends (0 without one): the latest such end of the SimResult's ``events``. A rank's compute-queue
+    nodes run in list order, each starting after the one before ends (the engine's chain edges), so
+    their ends never decrease along the list and the last such action's end is the latest."""
     from ..ir.action import Op
-    finish = [0.0] * res.num_ranks
-    for rank, queue, action, _start, end in res.events:
-        if queue == "compute" and action.op is not Op.OPT and end > finish[rank]:
-            finish[rank] = end
-    return Pipe(res.makespan, sum(res.busy), list(res.peak_memory), max(res.exposed_comm, default=0.0), finish)
+    end0 = times.end0
+    out = []
+    for acts, queues, nodes in zip(g.schedule.actions, g.queues, g.node_of):
+        end = 0.0
+        for i in range(len(nodes) - 1, -1, -1):
+            n = nodes[i]
+            if n >= 0 and queues[i] == "compute" and acts[i].op is not Op.OPT:
+                end = end0[n]
+                break
+        out.append(end)
+    return out

@@ -50,8 +50,9 @@ def run_in_order(items: list, evaluate: Callable[[Any, float, float], Outcome], 
     """(candidates found, fastest first; counts: simulated, pruned_memory, pruned_bound, not_run,
     failed, and next_bound: the lowest bound of the layouts the time budget left out, None if none).
     ``items``: (bound, layout) sorted by bound; ``cheap(layout)``: whether it goes first (module doc).
-    ``meanwhile``: run once here while the forked workers evaluate the first layouts (after every
-    fork: it may start threads or import torch), not at all with ``jobs <= 1``."""
+    ``meanwhile``: run once in a thread of this process while the forked workers evaluate (started
+    after every fork: it may start threads or import torch; joined before this returns), not at
+    all with ``jobs <= 1``."""
     from .auto import _order
     found: list = []
     stats: dict[str, Any] = {"simulated": 0, "pruned_memory": 0, "pruned_bound": 0, "not_run": 0, "failed": {},
@@ -103,15 +104,19 @@ def run_in_order(items: list, evaluate: Callable[[Any, float, float], Outcome], 
             if k not in skipped:
                 merge(evaluate(items[order[k]][1], items[order[k]][0], cutoff()))
         return found, stats
-    _forked(items, order, evaluate, jobs, stop, skipped, merge, cutoff, meanwhile)
+    _forked(items, order, evaluate, jobs, stop, skipped, merge, cutoff, meanwhile, len(first))
     return found, stats
 
 
 def _forked(items: list, order: list[int], evaluate: Callable, jobs: int, stop: Callable[[int], bool],
             skipped: set[int], merge: Callable[[Outcome], None], cutoff: Callable[[], float],
-            meanwhile: Callable[[], Any] | None = None) -> None:
+            meanwhile: Callable[[], Any] | None = None, cheap: int = 0) -> None:
+    """Up to ``2 * jobs`` items of ``order`` at once; past the ``cheap`` first ones, an item is
+    started only once the cutoff is finite or nothing else runs (as one process would reach it:
+    an evaluation started with an infinite cutoff cannot prove its layout slower unsimulated)."""
     import gc
     import multiprocessing
+    import threading
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     global _JOB
     _JOB = (evaluate, items)
@@ -119,12 +124,15 @@ def _forked(items: list, order: list[int], evaluate: Callable, jobs: int, stop: 
     # dropped Pipeline in a reference cycle) is collected before the fork, or a worker's collector
     # would run its finalizers, which stop stream worker threads the worker does not have (a hang).
     gc.collect()
+    beside = None
     try:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
             pending: set = set()
             k, stopped = 0, False
             while pending or (k < len(items) and not stopped):
                 while not stopped and k < len(items) and len(pending) < 2 * jobs:
+                    if k >= cheap and pending and cutoff() == math.inf:
+                        break
                     if stop(k):
                         stopped = True
                         break
@@ -134,10 +142,13 @@ def _forked(items: list, order: list[int], evaluate: Callable, jobs: int, stop: 
                 if not pending:
                     break
                 if meanwhile is not None:   # a fork context starts every worker at the first submit
-                    meanwhile()
+                    beside = threading.Thread(target=meanwhile, daemon=True)   # results keep arriving
+                    beside.start()
                     meanwhile = None
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for f in done:
                     merge(f.result())
     finally:
         _JOB = None
+        if beside is not None:
+            beside.join()

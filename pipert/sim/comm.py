@@ -17,9 +17,19 @@ from .. import native
 from ..ir.action import Action, Op
 from .keys import K_COLLECTIVE, K_TRANSFER
 
-__all__ = ["CommState"]
+__all__ = ["CommState", "message_bytes"]
 
 _SEND = Op.SEND   # a module constant: on Python 3.11 each ``Op.X`` goes through EnumType.__getattr__
+
+
+def message_bytes(cost: Any, placement: Any, a: Action) -> float:
+    """Bytes message or collective ``a`` moves: the cost model's message, times its ZeRO class's
+    share of the unit."""
+    nbytes = cost.message_bytes(a.payload, a.unit, len(a.mb) or 1)
+    if a.zclass is None:
+        return nbytes
+    num, den = placement.class_fraction(a.unit, a.zclass)
+    return nbytes * num / den
 
 
 class CommState:
@@ -130,12 +140,7 @@ class CommState:
         return end
 
     def message_bytes(self, a: Action) -> float:
-        """Bytes ``a`` moves: the cost model's message, times its ZeRO class's share of the unit."""
-        nbytes = self.cost.message_bytes(a.payload, a.unit, len(a.mb) or 1)
-        if a.zclass is None:
-            return nbytes
-        num, den = self.s.placement.class_fraction(a.unit, a.zclass)
-        return nbytes * num / den
+        return message_bytes(self.cost, self.s.placement, a)
 
     def mismatch(self, a: Action, r: int, i: int, first: tuple[Action, int, int], k: int, is_send: bool) -> None:
         s_a, s_r, s_i = (a, r, i) if is_send else first

@@ -7,7 +7,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from ..ir.action import Action
 from .errors import ScheduleError
@@ -15,7 +16,7 @@ from .. import native
 from .graph import Graph
 from .keys import K_TRANSFER
 
-__all__ = ["Times", "run_timing", "locate"]
+__all__ = ["Times", "run_timing", "retimed", "same_messages", "no_earlier", "locate"]
 
 
 @dataclass
@@ -66,6 +67,72 @@ def run_timing(g: Graph) -> tuple[Times, list[int], list[ScheduleError]]:
             if not c:
                 push(m)
     return _checked(g, Times(ready, end0, end1), order, indeg)
+
+
+def retimed(g: Graph, cost: Any, built_with: Any) -> Times | None:
+    """The node times of graph ``g`` (built under cost model ``built_with``) with every compute
+    priced by ``cost`` as pass 1 prices it (``Builder.run``): the times pass 2 gives the graph
+    ``simulate(g.schedule, cost, ...)`` builds, where each message and collective of the schedule
+    moves the same bytes under both models (then pass 1 builds the same nodes and edges and prices
+    the same transfers; it reads the cost model otherwise only for memory). None where a message's
+    bytes differ."""
+    s = g.schedule
+    if not same_messages(s, cost, built_with):
+        return None
+    dur = g.dur.tolist() if hasattr(g.dur, "tolist") else list(g.dur)
+    for r, (acts, nodes) in enumerate(zip(s.actions, g.node_of)):
+        for a, n in zip(acts, nodes):
+            if n >= 0 and g.kind[n] == 0 and a.op in _PRICED:
+                dur[n] = _price(cost, a, r)
+    arrays = native.node_arrays()[1]
+    if hasattr(arrays, "tolist"):     # pipert._simc's typed array for its sweep
+        for x in dur:
+            arrays.append(x)
+        dur = arrays
+    times, _, errors = run_timing(replace(g, dur=dur))
+    return None if errors else times
+
+
+def same_messages(schedule: Any, cost: Any, other: Any) -> bool:
+    """Whether every message and collective of ``schedule`` moves the same bytes under cost models
+    ``cost`` and ``other``."""
+    from ..ir.semantics import COLLECTIVE_OPS, P2P_OPS
+    seen: set[tuple] = set()
+    for acts in schedule.actions:
+        for a in acts:
+            if a.op in P2P_OPS or a.op in COLLECTIVE_OPS:
+                what = (a.payload, a.unit, len(a.mb) or 1)
+                if what not in seen:
+                    seen.add(what)
+                    if cost.message_bytes(*what) != other.message_bytes(*what):
+                        return False
+    return True
+
+
+def no_earlier(schedule: Any, cost: Any, than: Any) -> bool:
+    """Whether every time the engine gives ``schedule`` under cost model ``cost`` is no earlier than
+    under ``than``: each compute lasts no less and each message moves the same bytes (pass 1 then
+    builds the same graph, and its times are a longest path, which no longer duration shortens)."""
+    if not same_messages(schedule, cost, than):
+        return False
+    return all(_price(cost, a, r) >= _price(than, a, r)
+               for r, acts in enumerate(schedule.actions) for a in acts if a.op in _PRICED)
+
+
+def _price(cost: Any, a: Action, r: int) -> float:
+    """Seconds of compute-queue action ``a`` on rank r as pass 1 prices it (``Builder.run``)."""
+    from ..ir.semantics import action_time
+    price = cost.compute_time
+    return price(a, r) if a.sub is None and len(a.mb) < 2 else action_time(price, a, r)
+
+
+def _priced() -> frozenset:
+    from ..ir.semantics import COLLECTIVE_OPS, TIMED_OPS
+    return frozenset(TIMED_OPS - COLLECTIVE_OPS)
+
+
+_PRICED = _priced()
+"""Ops whose actions pass 1 prices by the cost model (collectives: by the link model)."""
 
 
 def _checked(g: Graph, times: Times, order: list[int], indeg: list[int]) -> tuple[Times, list[int],

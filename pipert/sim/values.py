@@ -47,6 +47,10 @@ class Builder(OpRules, CommState):
         self.size_of = [self.sz[MEMORY_KIND[Value(k)]] for k in range(7)]
         self.q_of = {op: QUEUES.index(sem.queue(op).value) for op in Op}
         self._plan_cache: dict[tuple, tuple] = {}
+        # packed plans and compiled compute plans of every rank, by Semantics.plan_key (the
+        # per-rank caches above and in run() are keyed by the action's fields alone)
+        self._plans: dict[tuple, tuple] = {}
+        self._compiled: dict[tuple, tuple | None] = {}
         # (native.int_map: dicts, or C-owned maps the compiled walk fills directly)
         self.fwd = native.int_map()     # u << 32 | m -> r << 32 | i of its F
         self.bwd = native.int_map()     # -> (r << 32 | i) << 1 | is_D
@@ -308,7 +312,11 @@ class Builder(OpRules, CommState):
         keeps = op is _F and bool(rec) and any((u, m) in rec for m in mb)
         got = self._compute_plans.get((op, u, keeps), False)
         if got is False:
-            got = self._compute_plans[(op, u, keeps)] = self._compute_plan(a, r, keeps)
+            key = self.sem.plan_key(a, r, keeps)
+            got = self._compiled.get(key, False)
+            if got is False:
+                got = self._compiled[key] = self._compute_plan(a, r, keeps)
+            self._compute_plans[(op, u, keeps)] = got
         if got is None or len(mb) != 1:
             self.effects(a, r, i, n)
             return
@@ -374,14 +382,19 @@ class Builder(OpRules, CommState):
 
     def _plan(self, a: Action, r: int, keeps: bool) -> tuple[tuple, tuple, tuple]:
         """(reads, writes, frees) of ``a`` on rank r from the semantics (``keeps``: an F that keeps
-        its input for a later RECOMPUTE), packed (:meth:`_packed`). That depends only on the cache
-        key's fields, so each key is planned once per rank."""
+        its input for a later RECOMPUTE), packed (:meth:`_packed`). That depends only on the rank's
+        cache key's fields, and across ranks only on ``Semantics.plan_key``, so each of those is
+        planned once per simulation."""
         key = (a.op, a.payload, a.unit, r == a.root, keeps, a.zclass, a.side)
         got = self._plan_cache.get(key)
         if got is None:
-            plan = self.sem.plan(a, r, keeps)
-            got = self._plan_cache[key] = (self._packed(plan.reads, r), self._packed(plan.writes, r),
-                                           self._packed(plan.frees, r))
+            shared = self.sem.plan_key(a, r, keeps)
+            got = self._plans.get(shared)
+            if got is None:
+                plan = self.sem.plan(a, r, keeps)
+                got = self._plans[shared] = (self._packed(plan.reads, r), self._packed(plan.writes, r),
+                                             self._packed(plan.frees, r))
+            self._plan_cache[key] = got
         return got
 
     def _packed(self, effects: tuple, r: int) -> tuple:

@@ -107,6 +107,7 @@ class Semantics:
         self._queue = {op: Queue.COMPUTE if blocking and s.queue is Queue.GROUP else s.queue
                        for op, s in TABLE.items()}
         self.units = [self._unit(u) for u in range(num_units)]
+        self._plans: dict[tuple, Plan] = {}   # plan_key -> plan (cached_plan)
 
     @classmethod
     def of(cls, schedule: Any) -> "Semantics":
@@ -174,11 +175,32 @@ class Semantics:
         return Plan(self._apply(a, rank, spec.reads, units), self._apply(a, rank, writes, units),
                     self._apply(a, rank, spec.frees, units) if spec.frees else ())
 
+    def plan_key(self, a: "Action", rank: int, keeps: bool = False) -> tuple:
+        """Everything ``plan(a, rank, keeps)`` and :meth:`counted` of its effects depend on: equal keys
+        give equal plans, so one plan serves every rank (and action) with the key. ``rank`` enters
+        only through whether it is the action's root and whether it holds the action's unit (the
+        unit's weights and gradient, :meth:`_own`; an OPT without a unit: the units it holds);
+        per-micro-batch values are counted on every rank alike."""
+        u = a.unit
+        if u is None:
+            held: Any = tuple(self.held_units(rank)) if a.op is Op.OPT else None
+        else:
+            held = 0 <= u < self.num_units and rank in self.units[u].holders
+        return (a.op, a.payload, u, rank == a.root, keeps, a.zclass, a.side, held)
+
+    def cached_plan(self, a: "Action", rank: int, keeps: bool = False) -> Plan:
+        """``plan(a, rank, keeps)``, computed once per :meth:`plan_key` (a Plan is immutable)."""
+        key = self.plan_key(a, rank, keeps)
+        got = self._plans.get(key)
+        if got is None:
+            got = self._plans[key] = self.plan(a, rank, keeps)
+        return got
+
     def reads(self, a: "Action", rank: int) -> list[ValueKey]:
-        return [k for e in self.plan(a, rank).reads for k in e.keys(a.mb)]
+        return [k for e in self.cached_plan(a, rank).reads for k in e.keys(a.mb)]
 
     def writes(self, a: "Action", rank: int, keeps: bool = False) -> list[ValueKey]:
-        return [k for e in self.plan(a, rank, keeps).writes for k in e.keys(a.mb)]
+        return [k for e in self.cached_plan(a, rank, keeps).writes for k in e.keys(a.mb)]
 
     def _apply(self, a: "Action", rank: int, refs: tuple[Ref, ...], units: list[int] | None) -> tuple[Effect, ...]:
         """The refs that apply to ``a`` on ``rank``: roles, edges, the payload's kind, class and side,
