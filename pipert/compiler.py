@@ -101,15 +101,18 @@ def _build(schedule: Schedule | str, o: CompileOptions, units: Sequence[Any] | N
 
 def replica_options(name: str, dp: int, zero: Any = 0, units: Sequence[Any] | None = None) -> dict:
     """Generator options telling a family that plans its replicas' gradient reductions (one that
-    takes ``dp``: CrossPipe's) that the program is replicated ``dp`` times, with the collective each
-    unit's reduction will be (``ALLREDUCE``, ``REDUCESCATTER`` under ZeRO, as ``replicate`` emits);
-    the family prices them on the links it is given. Options given explicitly override these."""
+    takes ``dp``: CrossPipe's, TawPipe's) that the program is replicated ``dp`` times, and to one that
+    also takes ``dp_op`` (CrossPipe) the collective each unit's reduction will be (``ALLREDUCE``,
+    ``REDUCESCATTER`` under ZeRO, as ``replicate`` emits), which it prices on the links it is given.
+    Options given explicitly override these."""
     from .schedules import family
     accepted = family(name).options()
     if dp == 1 or accepted is None or "dp" not in accepted:
         return {}
     from .schedules.zero_rules import resolve_zero
     zeros, _ = resolve_zero(0 if zero is None else zero, _unit_params(units, len(units) if units else 1, zero))
+    if "dp_op" not in accepted:
+        return {"dp": dp}
     ops = ["allreduce" if not any(z if isinstance(z, tuple) else (z,)) else "reducescatter" for z in zeros]
     return {"dp": dp, "dp_op": ops if units else ops[0]}
 

@@ -333,7 +333,7 @@ def _zero_builds(lay: Layout) -> list[tuple[int, ...]]:
     from ..compiler import replica_options
     if lay.dp == 1:
         return [(0,)]
-    return [(0,), (1, 2, 3)] if replica_options(lay.family, lay.dp) else [(0, 1, 2, 3)]
+    return [(0,), (1, 2, 3)] if "dp_op" in replica_options(lay.family, lay.dp) else [(0, 1, 2, 3)]
 
 
 def _replica_options(lay: Layout, cluster: Cluster, zero: int) -> dict:

@@ -99,19 +99,26 @@ def _pipe(sched: Any, res: Any) -> Pipe:
 
 
 def finish_times(g: Any, times: Any) -> list[float]:
-    """Per rank of graph ``g`` timed by ``times``, when its last compute-queue action other than OPT
-    ends (0 without one): the latest such end of the SimResult's ``events``. A rank's compute-queue
-    nodes run in list order, each starting after the one before ends (the engine's chain edges), so
-    their ends never decrease along the list and the last such action's end is the latest."""
+    """Per rank of graph ``g`` timed by ``times``, when its optimizer step may begin (0 without a
+    compute): the later of the end of its last compute-queue action other than OPT and the start of
+    the first OPT after it (which waits for gradients still arriving: weight passing's sums). A rank's
+    compute-queue nodes run in list order, each starting after the one before ends (the engine's
+    chain edges), so their ends never decrease along the list and the last such action's end is the
+    latest; the data-parallel reduction ``replicate`` puts right before an OPT starts no earlier than
+    that OPT could."""
     from ..ir.action import Op
-    end0 = times.end0
+    end0, dur = times.end0, g.dur
     out = []
     for acts, queues, nodes in zip(g.schedule.actions, g.queues, g.node_of):
-        end = 0.0
+        end, opt = 0.0, None
         for i in range(len(nodes) - 1, -1, -1):
             n = nodes[i]
-            if n >= 0 and queues[i] == "compute" and acts[i].op is not Op.OPT:
+            if n < 0 or queues[i] != "compute":
+                continue
+            if acts[i].op is Op.OPT:
+                opt = end0[n] - dur[n]
+            else:
                 end = end0[n]
                 break
-        out.append(end)
+        out.append(end if opt is None else max(end, opt))
     return out

@@ -28,6 +28,11 @@ and frees around every run of a chunk, ZeRO-2/3 reduce-scatters after every back
 optimizer steps at the end, and the ZeRO-1/2 weights are gathered at the start of the next step,
 before each chunk's first run.
 
+A base schedule's own collectives (TawPipe's BROADCAST and REDUCE over a node) are copied into
+each replica like its P2P: member r of a group becomes ``r + d*P`` (:func:`relabel`), so replica d
+runs them among its own ranks; a ZeRO-3 owner gathers its weights before the first action that
+reads them whole (a compute, a SEND, the root of a BROADCAST: ``sends_payload``).
+
 Program ranks are replica-major: rank = d*P + stage. Which process runs each of them is
 ``pipert.comm.mesh.ProcessLayout``'s (``--mesh-order``; by default the global rank equals the
 program rank without TP, as ``init_device_mesh(..., (D, P), mesh_dim_names=("dp", "pp"))`` numbers it).
@@ -38,7 +43,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..ir import Action, Op, Payload, Placement, Schedule
-from ..ir.semantics import COLLECTIVE_OPS, HOST_OPS, P2P_OPS, TABLE, WEIGHT_READERS
+from ..ir.semantics import COMM_OPS, HOST_OPS, TABLE, WEIGHT_READERS, sends_payload
 
 __all__ = ["replicate", "replica_groups", "relabel", "WEIGHT_READERS", "Replication", "ReplicaProgram", "POLICIES",
            "register_policy", "policy_for"]
@@ -114,7 +119,7 @@ def replicate(base: Schedule, dp: int, zero: int | list = 0, zero_numel: list | 
                           zero3_buffers)
     parts = [placement.zero_parts(u) for u in range(U)]
     split = zero3_buffers == 2
-    moved = sorted({a.unit for _, _, a in base if a.op in P2P_OPS and (placement.mixed(a.unit) or split)
+    moved = sorted({a.unit for _, _, a in base if a.op in COMM_OPS and (placement.mixed(a.unit) or split)
                     and a.payload in (Payload.WEIGHT, Payload.WGRAD)})
     if moved:
         raise ValueError(f"schedule {base.name!r} moves the weights or gradients of unit(s) {moved} between ranks; "
@@ -129,8 +134,6 @@ def replicate(base: Schedule, dp: int, zero: int | list = 0, zero_numel: list | 
     if base.meta.get("update_every"):
         raise ValueError(f"schedule {base.name!r} steps the optimizer several times per batch; data "
                          f"parallelism over it is not supported")
-    if any(a.op in COLLECTIVE_OPS for _, _, a in base):
-        raise ValueError(f"schedule {base.name!r} already has collectives; replicate a pipeline schedule")
     rep = Replication(base, dp, parts, groups, split)
     actions = [program(rep, r, d) for d in range(dp) for r in range(P)]
     meta = dict(base.meta, dp=dp, zero=[list(z) if isinstance(z, (tuple, list)) else z for z in zeros], pp_stages=P)
@@ -144,7 +147,7 @@ def at_opt(rep: Replication, r: int, d: int) -> list[Action]:
     first_use: dict[tuple, int] = {}
     last_use: dict[tuple, int] = {}
     for i, a in enumerate(base.actions[r]):
-        if a.unit is not None and (a.op in WEIGHT_READERS or a.op is Op.SEND and a.payload is Payload.WEIGHT):
+        if a.unit is not None and (a.op in WEIGHT_READERS or a.payload is Payload.WEIGHT and sends_payload(a, r)):
             key = (a.unit, _side(a) if split else None)
             if not (split and a.op is Op.W):  # a W needs the backward copy present, never gathers it
                 first_use.setdefault(key, i)

@@ -16,7 +16,9 @@ Per step of node k on shard j:
 - ``BROADCAST weight j @node ^master`` (one step ahead), then everyone computes;
 - backward: ``REDUCE wgrad j @node ^root``, root = owner if local else staging; the
   staging rank sends each sum to the owner right after its reduce (once per micro-batch
-  step, as the authors' code does); the owner's ``OPT j`` follows as soon as every sum is in.
+  step, as the authors' code does); the owner's ``OPT j`` follows as soon as every sum is in
+  (``opt_last``: after the owner's last compute instead, so that the data-parallel reduction
+  ``replicate`` puts right before it stalls none of the owner's computes).
 - a shard used at two consecutive steps is kept (the turnaround shard P-1, and shard 0
   between one micro-batch's backward and the next one's forward).
 
@@ -62,6 +64,9 @@ class TawPipeConfig:
     stagger: bool = True
     """Node k runs k steps behind node 0 (the paper; balances each node's inter-node
     sends and receives). False: all nodes on the same shard at the same step."""
+    opt_last: bool = False
+    """Each owner steps its shard after its last compute of the iteration, not as soon as the
+    shard's sums are in (the registry builder sets it with data-parallel replicas, ``dp > 1``)."""
 
     def __post_init__(self) -> None:
         check_tawpipe(self.stages, self.microbatches, self.ranks_per_node)
@@ -196,12 +201,13 @@ def tawpipe_schedule(config: TawPipeConfig) -> Schedule:
             else:
                 arrivals[j].append(t)
     for j, slots in arrivals.items():
-        opt_with_waits(prog, owners[j], max(slots), j, owner_sends[j])
+        opt_with_waits(prog, owners[j], max(slots + [plan.turns] * config.opt_last), j, owner_sends[j])
     actions, starts = prog.build()
     turns = plan.turns
     meta = {"family": "tawpipe", "stages": P, "chunks": 1, "split_backward": False,
             "ranks_per_node": config.ranks_per_node, "nodes": config.nodes, "stagger": config.stagger,
-            "turns": turns, "turn_start": [[st.get(t, -1) for t in range(-1, turns + 1)] for st in starts]}
+            "opt_last": config.opt_last, "turns": turns,
+            "turn_start": [[st.get(t, -1) for t in range(-1, turns + 1)] for st in starts]}
     placement = Placement.by_microbatch([m % P for m in range(config.microbatches)], owners)
     return Schedule("tawpipe", P, P, config.microbatches, placement, actions, meta)
 
@@ -219,12 +225,16 @@ def tawpipe_bytes(stages: int, microbatches: int, ranks_per_node: int | None, sh
     return {"local": 0.0, "intra_node": intra * shard_bytes, "inter_node": inter * shard_bytes, "inter_dc": 0.0}
 
 
-def tawpipe(config: PipelineConfig, *, ranks_per_node: int | None = None, stagger: bool = True) -> Schedule:
-    """TawPipe on ``config`` grouped by ``ranks_per_node`` (registry builder)."""
+def tawpipe(config: PipelineConfig, *, ranks_per_node: int | None = None, stagger: bool = True,
+            dp: int = 1) -> Schedule:
+    """TawPipe on ``config`` grouped by ``ranks_per_node`` (registry builder); ``dp``: the replicas the
+    program will have (``pipert.compiler.replica_options``): with more than one, owners step last."""
     if ranks_per_node is None:
         raise ValueError("tawpipe groups ranks by node: give ranks_per_node (--ranks-per-node), a divisor of "
                          f"stages={config.stages}")
-    return tawpipe_schedule(TawPipeConfig(config.stages, config.microbatches, ranks_per_node, stagger))
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise ValueError(f"tawpipe option dp must be an integer >= 1, got {dp!r}")
+    return tawpipe_schedule(TawPipeConfig(config.stages, config.microbatches, ranks_per_node, stagger, dp > 1))
 
 
 def _check(config: PipelineConfig) -> None:

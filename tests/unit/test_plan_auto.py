@@ -331,3 +331,26 @@ def test_the_commands_model_is_the_planned_model(capsys, name):
         (spec.layers, spec.hidden, spec.ffn, spec.heads, spec.kv_heads, spec.vocab)
     assert any(note.startswith(f"pipert train's preset {name!r} is another model") for note in d["best"]["notes"]) \
         == (name == "tiny")
+
+
+def test_tawpipe_with_replicas_runs_and_its_step_is_the_programs():
+    """TawPipe with D = 2 has a command (``replicate`` takes its node collectives), its schedule is
+    built as ``pipert train --dp`` builds it (owners step last), and the planner's step is the
+    simulated step of the whole replicated program within 1 % (its owners' steps wait for sums still
+    arriving after their last compute: ``pipe.finish_times``)."""
+    from pipert.compiler import compile
+    from pipert.planner.auto import schedule_of
+    from pipert.planner.command import not_runnable
+    from pipert.sim import simulate
+    cl = Cluster(2, 4)
+    spec = ModelSpec.preset("1b")
+    found = search(spec, cl, 32, families=("tawpipe",), dp=2, top=2, time_budget=600)
+    assert len(found.ranked) >= 2
+    for cand in found.ranked[:2]:
+        lay = cand.layout
+        assert not_runnable(cand) == "" and schedule_of(spec, cl, cand).meta["opt_last"]
+        links = cl.rank_links(lay.tp)
+        program = compile(schedule_of(spec, cl, cand), dp=lay.dp, zero=cand.zero, check=False).to_schedule()
+        cost = analytic_cost(cl)(spec, lay, cand.recompute, lay.units, False)
+        got = simulate(program, cost, links=links, topology=links.topology).makespan
+        assert got == pytest.approx(cand.step, rel=0.01), (lay, cand.zero)

@@ -60,14 +60,15 @@ from .fields import PER_MB_PAYLOADS, fields_error
 from .opsets import (BACKWARD_OPS, BOUNDARY_OPS, BWD_COPY_READERS, COLLECTIVE_OPS, COMM_OPS, COMPUTE_OPS,
                      DROPPING_OPS, GRAD_WRITERS, HOST_OPS, LOCAL_WGRAD_OPS, MEMORY_OPS, P2P_OPS, PIECEWISE_OPS, ROOTED_OPS,
                      SIDED_OPS, STASH_READERS, TIMED_OPS, UNIT_COMPUTE_OPS, WEIGHT_READERS)
-from .rules import (BWD, Effect, Plan, Semantics, ValueKey, action_time, describe, recomputed, releases_on_send,
-                    slot, slot_class)
+from .rules import (BWD, Effect, Plan, Semantics, ValueKey, action_time, applies, describe, recomputed,
+                    releases_on_send, sends_payload, slot, slot_class)
 from .table import (F_RECOMPUTED, MEMORY_KIND, PAYLOAD, PAYLOAD_VALUE, PER_UNIT, TABLE, Fields, OpSpec, Queue, Ref,
                     Role, Value)
 
 __all__ = ["Op", "Payload", "Value", "Queue", "Role", "Ref", "Fields", "OpSpec", "TABLE", "PAYLOAD", "PAYLOAD_VALUE",
            "MEMORY_KIND", "PER_UNIT", "F_RECOMPUTED", "PER_MB_PAYLOADS", "fields_error",
            "Semantics", "Effect", "Plan", "ValueKey", "BWD", "slot", "slot_class", "describe", "releases_on_send",
+           "applies", "sends_payload",
            "recomputed", "action_time",
            "UNIT_COMPUTE_OPS", "COMPUTE_OPS", "P2P_OPS", "COLLECTIVE_OPS", "COMM_OPS", "MEMORY_OPS", "ROOTED_OPS",
            "BACKWARD_OPS", "STASH_READERS", "WEIGHT_READERS", "BWD_COPY_READERS", "LOCAL_WGRAD_OPS", "BOUNDARY_OPS",

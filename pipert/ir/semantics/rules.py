@@ -54,6 +54,19 @@ def releases_on_send(payload: Payload) -> bool:
     return payload is not Payload.WEIGHT
 
 
+def applies(ref: Ref, rank: int, root: int | None) -> bool:
+    """Whether ``ref`` of an action rooted at ``root`` (None: no root) concerns member ``rank``."""
+    return ref.role is Role.ALL or ref.role is not Role.NONE and (ref.role is Role.ROOT) == (rank == root)
+
+
+def sends_payload(a: "Action", rank: int) -> bool:
+    """Whether communication ``a`` reads its whole payload on ``rank`` (a SEND, an ALLREDUCE, the
+    root of a BROADCAST; not ALLGATHER, which reads a share, nor a RECV)."""
+    return TABLE[a.op].queue in (Queue.SEND, Queue.GROUP) and any(
+        ref.value is None and not ref.shard and not ref.host and applies(ref, rank, a.root)
+        for ref in TABLE[a.op].reads)
+
+
 @dataclass(frozen=True, slots=True)
 class Effect:
     """One value (or one per micro-batch, or one per class slot) an action reads, writes or frees."""
@@ -208,7 +221,7 @@ class Semantics:
         u, out = a.unit, []
         side = TABLE[a.op].side
         for ref in refs:
-            if ref.role is not Role.ALL and (ref.role is Role.NONE or (ref.role is Role.ROOT) != (rank == a.root)):
+            if not applies(ref, rank, a.root):
                 continue
             if ref.edge == "prev" and u == 0 or ref.edge == "next" and u == self.num_units - 1:
                 continue
