@@ -8,7 +8,8 @@ Each layout (:mod:`pipert.planner.layouts`) is priced in two parts:
   ``cost_for``, e.g. measured units) and the links its P ranks cross;
 - the data-parallel part analytically: each stage's gradient collectives over its D replicas
   (ring, on the slowest link the group crosses: ``Links.collective`` over the cluster's ranks),
-  started when that stage's last backward ends, then its optimizer step; ZeRO-1/2 reduce-scatter
+  started when that stage's optimizer step may begin (``pipe.finish_times``: its last backward
+  ended and the gradients still arriving are in), then its optimizer step; ZeRO-1/2 reduce-scatter
   and all-gather (the bytes of an all-reduce, 1/D of the optimizer step), ZeRO-3 also gathers the
   weights once before the step's first forward (counted exposed).
 
