@@ -1,6 +1,7 @@
 """TawPipe under data parallelism: each replica runs its node groups' BROADCAST/REDUCE among its
 own ranks, the owners' gradients are reduced over the replicas right before their OPT, which
-follows the owner's last compute; the program validates under gloo's and NCCL's rules."""
+follows the owner's last compute; the program validates under gloo's and NCCL's rules, trains as
+the reference with every rank in this process, and the emulator runs it in its order."""
 from __future__ import annotations
 
 import pytest
@@ -66,3 +67,22 @@ def test_zero_splits_of_travelling_weights_are_refused(kw):
     base = build_schedule("tawpipe", stages=2, microbatches=2, ranks_per_node=2)
     with pytest.raises(ValueError, match="moves the weights or gradients of unit"):
         replicate(base, 2, **kw)
+
+
+def test_all_ranks_in_one_process_train_as_the_reference():
+    """The local transport (every rank a thread of this process) under ZeRO-3, owners stepping last."""
+    from pipert.testing import Case, run_case
+    r = run_case(Case("tawpipe", 2, 8, dp=2, zero=3, options=(("ranks_per_node", 2), ("dp", 2)), steps=2))
+    assert r.loss_err <= 1e-12 and r.grad_err <= 1e-10 and r.param_err <= 1e-10, r
+
+
+def test_the_emulator_runs_the_program_in_its_order_and_no_faster_than_the_ideal():
+    from pipert.cost.uniform import UniformCost
+    from pipert.emulate.emulator import emulate
+    p = compile("tawpipe", stages=2, microbatches=8, dp=2, zero=1, schedule_options={"ranks_per_node": 2})
+    r = emulate(p, UniformCost(tf=1, tb=2), None, time_unit=2e-3)
+    assert r.ideal_makespan == pytest.approx(r.predicted, abs=1e-6) and r.makespan >= r.ideal_makespan - 1e-6
+    s = p.to_schedule()
+    for rank in range(s.num_ranks):      # each rank's computes ran in its program's order
+        mine = [e[2] for e in r.events if e[0] == rank and e[1] == "compute" and e[2].is_compute]
+        assert mine == [a for a in s.actions[rank] if a.is_compute]
