@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..presets import DTYPE_NAMES, ConfigBase, check_config, preset_of  # noqa: F401  (re-exported)
 from .tp import TensorParallel, enter, row_linear, seq_shard, vocab_embed, vocab_parallel_loss
 
 __all__ = [
@@ -38,88 +39,8 @@ except Exception:  # noqa: BLE001 - any import failure means "not available"
     _flash_attn_func = None
 
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
-DTYPES = {"float32": torch.float32, "float64": torch.float64,
-          "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 _OUT_PROJECTIONS = ("wo.weight", "w2.weight", "proj.weight")  # residual-branch outputs: std / sqrt(2L)
-
-
-@dataclass(frozen=True)
-class ConfigBase:
-    """The fields both model configs have (``LlamaConfig``, ``GPTConfig`` add their own).
-    ``Config.preset(name, **overrides)`` builds one from the family's presets."""
-
-    vocab: int = 256
-    """Vocabulary size; 256 covers byte-level tokens (``pipert.data``)."""
-    hidden: int = 64
-    """Model width."""
-    layers: int = 4
-    """Number of decoder layers."""
-    heads: int = 4
-    """Query heads; must divide ``hidden``."""
-    ffn: int = 176
-    """Inner width of the MLP."""
-    max_seq: int = 128
-    """Longest sequence (rotary tables or the learned position table)."""
-    norm_eps: float = 1e-5
-    """Norm epsilon."""
-    tie_embeddings: bool = False
-    """Use the embedding matrix as the LM head. Pipelined runs need it False (see partition)."""
-    dtype: str = "float32"
-    """Parameter dtype: float32, float64, bfloat16 or float16."""
-    mlp_chunk: int = 0
-    """Token rows per chunk of the chunked MLP (``pipert.kernels``); 0: the plain MLP."""
-    mlp_recompute: bool = False
-    """Chunked MLP only: save just its input and recompute the pre-activations in backward."""
-
-    def __post_init__(self) -> None:
-        check_config(self, ("vocab", "hidden", "layers", "heads", "ffn", "max_seq"))
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-    @classmethod
-    def presets(cls) -> dict:
-        """The family's preset table."""
-        raise NotImplementedError
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> Any:
-        """The named preset with ``overrides`` applied (e.g. ``preset("tiny", dtype="float64")``)."""
-        return preset_of(cls, cls.presets(), name, overrides)
-
-
-def check_config(cfg: Any, positive: Iterable[str]) -> None:
-    """Checks shared by the model configs: positive sizes, head split, dtype, MLP chunking."""
-    kind = type(cfg).__name__
-    for name in positive:
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{kind}.{name} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.hidden % cfg.heads:
-        raise ValueError(f"{kind}: heads={cfg.heads} must divide hidden={cfg.hidden}")
-    if cfg.dtype not in DTYPES:
-        raise ValueError(f"{kind}.dtype={cfg.dtype!r}; allowed: {', '.join(DTYPES)}")
-    if cfg.norm_eps <= 0:
-        raise ValueError(f"{kind}.norm_eps must be > 0, got {cfg.norm_eps}")
-    if cfg.mlp_chunk < 0:
-        raise ValueError(f"{kind}.mlp_chunk must be >= 0 (0: the plain MLP), got {cfg.mlp_chunk}")
-    if cfg.mlp_recompute and not cfg.mlp_chunk:
-        raise ValueError(f"{kind}.mlp_recompute applies to the chunked MLP; set mlp_chunk > 0 as well")
-
-
-def preset_of(cls: type, presets: dict, name: str, overrides: dict) -> Any:
-    """``presets[name]`` with ``overrides`` applied; unknown names and fields raise."""
-    if name not in presets:
-        raise ValueError(f"unknown {cls.__name__} preset {name!r}; allowed: {', '.join(presets)}")
-    known = {f.name for f in fields(cls)}
-    bad = sorted(set(overrides) - known)
-    if bad:
-        raise ValueError(f"unknown {cls.__name__} field(s) {bad}; allowed: {sorted(known)}")
-    return replace(presets[name], **overrides)
 
 
 class RMSNorm(nn.Module):

@@ -12,47 +12,18 @@ Parameter names: ``embed.weight``, ``pos.weight``, ``layers.{i}.attn_norm.{weigh
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .common import Attention, Block, ConfigBase, DecoderModel
+from ..presets import GPT_PRESETS, GPTConfig
+from .common import Attention, Block, DecoderModel
 from .tp import TensorParallel, enter, row_linear
 
 __all__ = ["GPTConfig", "GPT_PRESETS", "GeluMLP", "GPTBlock", "GPTModel", "gpt_mlp"]
 
 GELU_APPROXIMATE = "tanh"
-
-
-@dataclass(frozen=True)
-class GPTConfig(ConfigBase):
-    """Shape and numerics of the GPT-style model (fields: ``ConfigBase``).
-    ``GPTConfig.preset(name, **overrides)`` builds one."""
-
-    ffn: int = 256
-    """Inner width of the GeLU MLP (4 x hidden in GPT-3)."""
-
-    @property
-    def kv_heads(self) -> int:
-        """Multi-head attention: as many key/value heads as query heads."""
-        return self.heads
-
-    @classmethod
-    def presets(cls) -> dict:
-        return GPT_PRESETS
-
-
-GPT_PRESETS: dict[str, GPTConfig] = {
-    "gpt-tiny": GPTConfig(hidden=64, layers=4, heads=4, ffn=256, max_seq=128),
-    "gpt-small": GPTConfig(hidden=256, layers=8, heads=8, ffn=1024, max_seq=512),
-    # the paper's shapes (GPT-3 style, ffn = 4h, vocabulary of GPT-2 padded); max_seq is
-    # overridable for the long-sequence settings (the position table grows with it)
-    "gpt-1.3b": GPTConfig(vocab=50304, hidden=2048, layers=24, heads=16, ffn=8192, max_seq=2048),
-    "gpt-3b": GPTConfig(vocab=50304, hidden=4096, layers=16, heads=32, ffn=16384, max_seq=2048),
-    "gpt-7b": GPTConfig(vocab=50304, hidden=4096, layers=32, heads=32, ffn=16384, max_seq=2048),
-}
 
 
 class GeluMLP(nn.Module):

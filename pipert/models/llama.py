@@ -16,13 +16,13 @@ when untied, ``head.weight``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .common import (Attention, Block, ConfigBase, DecoderModel, RMSNorm, Rotary, apply_rope, attention_core,
+from ..presets import PRESETS, LlamaConfig
+from .common import (Attention, Block, DecoderModel, RMSNorm, Rotary, apply_rope, attention_core,
                      init_parameters, lm_loss, param_seed, project_qkv)
 from .tp import TensorParallel, enter, row_linear
 
@@ -32,39 +32,6 @@ __all__ = [
     "model_config", "build_model", "init_parameters", "param_seed", "default_mlp",
 ]
 
-
-@dataclass(frozen=True)
-class LlamaConfig(ConfigBase):
-    """Shape and numerics of the LLaMA-style model (shared fields: ``ConfigBase``).
-    ``LlamaConfig.preset(name, **overrides)`` builds one."""
-
-    kv_heads: int = 2
-    """Key/value heads (grouped-query attention); must divide ``heads``."""
-    rope_theta: float = 10000.0
-    """Rotary base frequency."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.kv_heads < 1:
-            raise ValueError(f"LlamaConfig.kv_heads must be >= 1, got {self.kv_heads}")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"LlamaConfig: kv_heads={self.kv_heads} must divide heads={self.heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"LlamaConfig: head_dim={self.head_dim} (hidden/heads) must be even for rotary")
-        if self.rope_theta <= 0:
-            raise ValueError(f"LlamaConfig.rope_theta must be > 0, got {self.rope_theta}")
-
-    @classmethod
-    def presets(cls) -> dict:
-        return PRESETS
-
-
-PRESETS: dict[str, LlamaConfig] = {
-    "tiny": LlamaConfig(hidden=64, layers=4, heads=4, kv_heads=2, ffn=176, max_seq=128),
-    "small": LlamaConfig(hidden=256, layers=8, heads=8, kv_heads=4, ffn=688, max_seq=512),
-    "medium": LlamaConfig(hidden=768, layers=12, heads=12, kv_heads=4, ffn=2048, max_seq=1024),
-    "large": LlamaConfig(hidden=2048, layers=16, heads=16, kv_heads=8, ffn=5632, max_seq=2048),
-}
 
 MLPFactory = Callable[[LlamaConfig], nn.Module]
 """Builds the MLP of one layer: a module mapping ``[b, s, hidden] -> [b, s, hidden]`` whose

@@ -144,7 +144,7 @@ def check_auto_flags(args: argparse.Namespace) -> None:
 def cmd_auto(args: argparse.Namespace) -> int:
     from ..linkflags import format_duration
     from .auto import search
-    from .command import not_runnable, runtime_models, train_model
+    from .command import not_runnable, train_model
     from .layouts import FAMILIES
     from .runner import default_jobs
     check_auto_flags(args)
@@ -165,7 +165,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
     res = search(spec, cluster, batch, families=families, tp=tp, sp=bool(args.sp), stages=args.stages,
                  dp=args.dp, micro_batch=args.micro_batch_size, top=args.top or 5,
                  time_budget=args.time_limit if args.time_limit is not None else 25.0, cost_for=cost_for,
-                 jobs=args.jobs or default_jobs(), wanted=lambda c: not not_runnable(c), meanwhile=runtime_models)
+                 jobs=args.jobs or default_jobs(), wanted=lambda c: not not_runnable(c))
     model = train_model(name, spec)
     rows = _rows(res.ranked[:args.top or 5], model or name, spec, cluster)
     best = _best_runnable(res.ranked, name, model, spec, cluster, args.save_schedule)
@@ -239,7 +239,7 @@ def _best_runnable(cands: list, name: str, model: str | None, spec: Any, cluster
         argv = train_argv(c, model or name, spec.seq, spec.dtype_bytes, schedule)
         models = runtime_models()
         cpu = None
-        if models is not None and model != name:
+        if model != name:
             cpu = cpu_argv(c)
             said = (f"pipert train has no model {name!r} (its presets: {', '.join(models)}): the layout flags "
                     f"stand for your own model" if model is None else

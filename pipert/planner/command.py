@@ -82,13 +82,9 @@ def command_line(argv: list[str], cluster: Cluster) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def runtime_models() -> tuple[str, ...] | None:
-    """The model presets of ``pipert train`` (None where torch is missing; it imports torch, which
-    ``plan --auto`` does while its workers simulate)."""
-    try:
-        from ..models import model_names
-    except ImportError:
-        return None
+def runtime_models() -> tuple[str, ...]:
+    """The model presets of ``pipert train`` (``pipert.presets``, which imports no torch)."""
+    from ..presets import model_names
     return tuple(model_names())
 
 
@@ -97,12 +93,9 @@ def train_model(name: str, spec: Any) -> str | None:
     where it is a train preset of those sizes (plan's ``tiny`` is not train's); else the train preset
     of the same sizes (layers, widths, heads, vocabulary, GPT or LLaMA shape, positions for
     ``spec.seq``); else, for a LLaMA-shaped model,
-    its sizes (``pipert.models.zoo.SIZES``); else None (no model of train's is that one; also
-    where torch is missing)."""
+    its sizes (``pipert.presets.SIZES``); else None (no model of train's is that one)."""
     models = runtime_models()
-    if models is None:
-        return None
-    from ..models import GPTConfig, model_config
+    from ..presets import GPTConfig, model_config
     shape = (spec.layers, spec.hidden, spec.ffn, spec.heads, spec.kv_heads, spec.vocab)
     llama = spec.gated_mlp and not spec.positions and not spec.dropout and not spec.tied_embedding
     for other in sorted(models, key=lambda m: m != name):  # the same name first, if its sizes agree

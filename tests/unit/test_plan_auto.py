@@ -1,6 +1,8 @@
 """``pipert plan --auto``: ranking, memory pruning, extrapolation, JSON shape and flag errors
 (the printed command runs under pipert train: tests/multiproc/test_plan_auto_runs.py)."""
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -160,6 +162,23 @@ def test_profile_plans_with_measured_units_and_link(monkeypatch):
     assert cost.num_units == best.layout.units and all(cost.unit_time(u, "F") > 0 for u in range(cost.num_units))
     with pytest.raises(ValueError, match="not a pipert train model"):
         measure.measured_cluster("7b", ModelSpec.preset("7b"), Cluster(2, 1))
+
+
+PLAN_WITHOUT_TORCH = """
+import sys
+from pipert.cli import main
+rc = main(["plan", "--auto", "--model", "tiny", "--gpus-per-node", "2", "--batch", "4", "--seq", "16", "--jobs", "1"])
+print("torch imported:", "torch" in sys.modules, "rc:", rc)
+"""
+
+
+def test_plan_auto_imports_no_torch():
+    """The planner reads train's presets from ``pipert.presets`` (torch-free): planning a tiny
+    cluster, naming train's preset in its note, leaves torch unimported (``--profile`` imports it)."""
+    out = subprocess.run([sys.executable, "-c", PLAN_WITHOUT_TORCH], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "pipert train's preset 'tiny' is another model" in out.stdout
+    assert out.stdout.rstrip().endswith("torch imported: False rc: 0")
 
 
 def test_forked_workers_find_the_same_top():
