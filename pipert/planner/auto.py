@@ -386,7 +386,7 @@ def _runner(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cos
             builds: dict | None, sims: dict | None, zero: int = 0) -> tuple[Any, Any, Callable[[Layout], tuple]]:
     """(cost, links, run): ``run(shape)`` builds (for ZeRO stage ``zero``: :func:`_replica_options`)
     and simulates ``shape`` of ``lay`` (once: ``sims``)."""
-    from ..sim import simulate
+    from ..sim import simulate_once
     cost = cost_for(model, lay, recompute, lay.units, family_default(lay.family, "loss_in_backward", False))
     links, topo = lay.links(cluster), lay.topology()
     sims = {} if sims is None else sims
@@ -398,7 +398,7 @@ def _runner(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cos
         if (shape, key) not in sims:
             sched = _build(shape, cost, links, out.budget, recompute, builds, replicas)
             out.simulated += 1
-            sims[(shape, key)] = sched, simulate(sched, cost, links=links, topology=topo)
+            sims[(shape, key)] = sched, simulate_once(sched, cost, links, topo)   # zb-v's pick: simulated in its build
         return sims[(shape, key)]
     return cost, links, run
 

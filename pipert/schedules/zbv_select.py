@@ -88,7 +88,7 @@ class _Timed:
     def __init__(self, schedule: Schedule, cost: Any, links: Any, source: str) -> None:
         from ..sim import simulate
         r = simulate(schedule, cost, links)
-        self.schedule, self.source = schedule, source
+        self.schedule, self.source, self.result = schedule, source, r
         self.makespan, self.peak = r.makespan, max(r.peak_memory)
 
     def key(self) -> tuple[float, float]:
@@ -130,6 +130,8 @@ def select_zb_v(config: PipelineConfig, handcrafted: list[list[Action]], units: 
     if solver_time_limit is not None and order == "best":
         best = _improve_by_solver(config, best, cost, links, limit, solver_time_limit, build)
     best.schedule.meta.update(memory_limit=limit, predicted_makespan=best.makespan)
+    from ..sim import remember_simulation
+    remember_simulation(best.schedule, cost, links, best.result)
     return best.schedule
 
 

@@ -17,7 +17,7 @@ from .graph import Graph
 from .metrics import Event, comm_bytes, events, exposed_comm
 from .timing import Times
 
-__all__ = ["SimResult", "simulate"]
+__all__ = ["SimResult", "simulate", "remember_simulation", "simulate_once"]
 
 
 @dataclass
@@ -88,3 +88,21 @@ def simulate(schedule: Program | Schedule, cost: Any, links: Any = None, topolog
         bubble = 1.0 - sum(busy) / (P * makespan) if makespan > 0 else 0.0
         return SimResult(schedule, makespan, busy, [makespan - b for b in busy], bubble, list(g.peak_memory),
                          comm_bytes(g, topology), exposed_comm(g, t), g, t)
+
+
+def remember_simulation(schedule: Schedule, cost: Any, links: Any, result: SimResult) -> None:
+    """Record on ``schedule`` (an attribute, not a field: ``replace`` and files drop it) that
+    ``simulate(schedule, cost, links)`` gave ``result``: a generator that simulated its pick
+    (zb-v's selection) spares :func:`simulate_once` the same run."""
+    schedule._simulated = (cost, links, result)
+
+
+def simulate_once(schedule: Schedule, cost: Any, links: Any = None, topology: Any = None) -> SimResult:
+    """``simulate(schedule, cost, links, topology)``, or the result :func:`remember_simulation`
+    recorded for these very ``cost`` and ``links`` objects where ``topology`` is the links' own
+    (the default ``simulate`` takes then: the same run)."""
+    known = getattr(schedule, "_simulated", None)
+    if known is not None and known[0] is cost and known[1] is links and \
+            (topology is None or topology == getattr(links, "topology", None)):
+        return known[2]
+    return simulate(schedule, cost, links, topology)

@@ -194,3 +194,29 @@ def test_a_bound_is_borrowed_only_by_a_cost_model_with_no_earlier_times(name):
     assert all(b <= f * (1 + 1e-12) for b, f in zip(bound, finish_times(simulate(s, rec, links=links).graph, slow)))
     wider = auto.analytic_cost(cl)(dataclasses.replace(spec, hidden=2 * spec.hidden), lay, "none", lay.units)
     assert not no_earlier(s, wider, none)
+
+
+def test_plan_auto_reuses_the_zb_v_simulation_of_its_build(monkeypatch):
+    """zb-v's build simulates the order it picks (``remember_simulation``); the planner takes that
+    result instead of simulating the same schedule again: no ZB-V simulation of its own, and the
+    same rows as when it simulates every one itself."""
+    import sys
+
+    import pipert.sim
+    from pipert.cost.transformer import ModelSpec
+    from pipert.planner.auto import search
+    from pipert.planner.cluster import Cluster
+    engine = sys.modules["pipert.sim.simulate"]
+    calls: list = []
+    real = engine.simulate
+    monkeypatch.setattr(engine, "simulate", lambda s, *a, **k: calls.append(s.name) or real(s, *a, **k))
+
+    def rows() -> list:
+        res = search(ModelSpec.preset("tiny"), Cluster(4, 1), 16, families=("zb-v", "1f1b"), top=6)
+        assert any(c.layout.family == "zb-v" for c in res.ranked)
+        return [c.as_dict() for c in res.ranked]
+    reused = rows()
+    assert calls and not any("zb-v" in name for name in calls)   # the planner simulated only 1F1B itself
+    monkeypatch.setattr(pipert.sim, "remember_simulation", lambda *a: None)
+    calls.clear()
+    assert rows() == reused and any("zb-v" in name for name in calls)
