@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from ..cost.transformer import ModelSpec, TransformerCost, partition_helix, partition_layers
 from .cluster import Cluster
-from .layouts import FAMILIES, WEIGHT_PASSING, Layout, layouts
+from .layouts import FAMILIES, WEIGHT_PASSING, Layout, family_default, layouts
 from .runner import Outcome, run_in_order
 
 __all__ = ["Candidate", "Search", "search", "analytic_cost", "schedule_of", "STATE_BYTES"]
@@ -124,15 +124,6 @@ class Search:
 
 CostFor = Callable[[ModelSpec, Layout, str, int, bool], Any]
 """(model, layout, recompute, units, loss_in_backward) -> the cost model of one replica's units."""
-
-
-def family_default(name: str, option: str, fallback: Any) -> Any:
-    """The default of generator option ``option`` of family ``name`` (what its schedule records
-    unless told otherwise: helixpipe-2fold's paper defaults), else ``fallback``."""
-    import inspect
-    from ..schedules import family
-    param = inspect.signature(family(name).build).parameters.get(option)
-    return param.default if param is not None else fallback
 
 
 def analytic_cost(cluster: Cluster) -> CostFor:

@@ -179,6 +179,8 @@ def cmd_auto(args: argparse.Namespace) -> int:
           f"simulated, {res.pruned_bound} left out by the lower bound, {res.pruned_memory} by memory"
           + (f", {res.not_run} not reached in the time limit" if res.not_run else "")
           + (f", {sum(res.failed.values())} failed" if res.failed else ""))
+    for why, n in sorted(res.failed.items()):
+        print(f"failed: {why} ({n}x)")
     if res.not_run:
         print(f"stopped at the time limit ({args.time_limit or 25.0:g} s, --time-limit): the layouts not reached "
               f"have lower bounds from {format_duration(res.next_bound)}"

@@ -11,7 +11,8 @@ import shlex
 from dataclasses import replace
 from typing import Any
 
-from .auto import BUILD_OPTIONS, Candidate, family_default
+from .auto import BUILD_OPTIONS, Candidate
+from .layouts import family_default
 from .cluster import Cluster
 
 __all__ = ["train_argv", "not_runnable", "command_line", "runtime_models", "train_model"]

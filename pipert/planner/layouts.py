@@ -12,7 +12,7 @@ layer for every unit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from ..cost.tensor_parallel import tp_problem
 from ..cost.topology import Links, Topology
@@ -20,7 +20,8 @@ from ..scenario import LAYER_PER_CHUNK
 from ..scenario_flags import PAIR_LIMITS, MAX_PAIRS
 from .cluster import Cluster
 
-__all__ = ["Layout", "FAMILIES", "MICRO_BATCHES", "WEIGHT_PASSING", "PLAN_PAIR_LIMIT", "layouts", "divisors"]
+__all__ = ["Layout", "FAMILIES", "MICRO_BATCHES", "WEIGHT_PASSING", "PLAN_PAIR_LIMIT", "layouts", "divisors",
+           "family_default", "build_problem"]
 
 FAMILIES = ("1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "weipipe-interleave", "tawpipe", "helixpipe-2fold",
             "pipemesh", "crosspipe-greedy")
@@ -102,7 +103,6 @@ def layouts(cluster: Cluster, model: object, batch: int, families: tuple[str, ..
             micro_batch: int | None = None, skipped: dict | None = None) -> Iterator[Layout]:
     """Every layout of the module doc's invariants; ``tp``, ``stages``, ``dp``, ``micro_batch``
     fix that dimension. ``skipped`` (reason -> count) collects why a shape was left out."""
-    from ..schedules import PipelineConfig, family
     skipped = {} if skipped is None else skipped
 
     def skip(why: str) -> None:
@@ -137,16 +137,36 @@ def layouts(cluster: Cluster, model: object, batch: int, families: tuple[str, ..
                     for v in _chunks(name, p, layers):
                         lay = Layout(name, p, d, t, t_sp, v, m, b, min(p, per_node),
                                      p // per_dc if p > per_dc else 1)
-                        why = _problem(lay, layers)
-                        if why is None:
-                            try:
-                                family(name).validate(PipelineConfig(p, m, v))
-                            except ValueError as e:
-                                why = f"{name}: {str(e).splitlines()[0]}"
+                        why = _problem(lay, layers) or build_problem(name, p, m, v)
                         if why:
                             skip(why)
                             continue
                         yield lay
+
+
+def family_default(name: str, option: str, fallback: Any) -> Any:
+    """The default of generator option ``option`` of family ``name`` (what its schedule records
+    unless told otherwise: helixpipe-2fold's paper defaults), else ``fallback``."""
+    import inspect
+    from ..schedules import family
+    param = inspect.signature(family(name).build).parameters.get(option)
+    return param.default if param is not None else fallback
+
+
+def build_problem(name: str, stages: int, microbatches: int, chunks: int) -> str | None:
+    """Why the planner cannot build family ``name`` at (P, M, V) with the options it builds with
+    (None: it can): the family's constraints, and those of its default fold count (HelixPipe's
+    family check holds for every F, its build for its own)."""
+    from ..schedules import PipelineConfig, family
+    try:
+        family(name).validate(PipelineConfig(stages, microbatches, chunks))
+        folds = family_default(name, "folds", None)
+        if folds is not None:
+            from ..schedules.helixpipe import check_helixpipe
+            check_helixpipe(name, stages, microbatches, chunks, folds)
+    except ValueError as e:
+        return f"{name}: {str(e).splitlines()[0]}"
+    return None
 
 
 def _chunks(name: str, stages: int, layers: int) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from .layouts import PLAN_PAIR_LIMIT, PLAN_PAIRS, Layout
+from .layouts import PLAN_PAIR_LIMIT, PLAN_PAIRS, Layout, build_problem
 
 __all__ = ["Pipe", "simulate_pipe", "sim_microbatches", "finish_times", "STEADY", "PEAK_GROWS"]
 
@@ -53,14 +53,11 @@ def sim_microbatches(lay: Layout) -> tuple[int, ...]:
     """The micro-batch counts to simulate ``lay`` at: (M,) when it fits the planner's limit, else
     (m, m/2) to extrapolate from (the largest under the limit, else the smallest there is), else (M,)
     up to 4x the limit, else ()."""
-    from ..schedules import PipelineConfig, family
     limit = PLAN_PAIRS.get(lay.family, PLAN_PAIR_LIMIT)
     if lay.units * lay.microbatches <= limit:
         return (lay.microbatches,)
-    fam = family(lay.family)
-
     def ok(m: int) -> bool:
-        return fam.accepts(PipelineConfig(lay.stages, m, lay.chunks))
+        return build_problem(lay.family, lay.stages, m, lay.chunks) is None
     m, smallest = lay.microbatches, ()
     steady = lay.stages * STEADY.get(lay.family, 1)      # m/2 at least this
     while m % 2 == 0 and m // 4 >= steady:

@@ -1,6 +1,7 @@
 """``pipert plan --auto``: ranking, memory pruning, extrapolation, JSON shape and flag errors
 (the printed command runs under pipert train: tests/multiproc/test_plan_auto_runs.py)."""
 import json
+import re
 import subprocess
 import sys
 
@@ -193,6 +194,39 @@ def test_no_layout_names_the_reasons(capsys):
                        "--micro-batch-size", "4")
     assert rc == 1
     assert "no layout could be built; most common reasons:" in out and "helixpipe" in out
+
+
+TINY_PLAN = ("--model", "tiny", "--gpus-per-node", "2", "--batch", "4", "--seq", "16", "--jobs", "1")
+
+
+def test_a_fold_count_the_build_refuses_is_skipped_with_its_reason(capsys):
+    """helixpipe-2fold builds with F = 2: M = 2 at P = 2 passes its family check (any F) but not
+    its build, so the layout is skipped with the build's reason, not counted as failed."""
+    rc, out, _ = _plan(capsys, *TINY_PLAN, "--json")
+    found = json.loads(out)["search"]
+    assert rc == 0 and found["failed"] == {}
+    assert any("P*F = 2*2 = 4" in why and "got M=2" in why for why in found["skipped"])
+    assert all(lay.microbatches % (2 * lay.stages) == 0
+               for lay in layouts(Cluster(2, 1), TINY, 4, ("helixpipe-2fold",)))
+    rc, out, _ = _plan(capsys, *TINY_PLAN)
+    assert rc == 0 and "failed" not in out
+
+
+def test_a_failed_layout_shows_its_reason_in_text(capsys, monkeypatch):
+    """A layout whose evaluation raises is counted as failed, and the text names the family and the
+    first line of the message."""
+    from pipert.planner import auto
+    real = auto._evaluate
+
+    def refuse_zb_h1(model, cluster, lay, *rest):
+        if lay.family == "zb-h1":
+            raise ValueError("refused here\nsecond line")
+        return real(model, cluster, lay, *rest)
+    monkeypatch.setattr(auto, "_evaluate", refuse_zb_h1)
+    rc, out, _ = _plan(capsys, *TINY_PLAN, "--schedules", "1f1b,zb-h1")
+    failed = re.search(r", (\d+) failed", out)
+    assert rc == 0 and failed and int(failed[1]) >= 1
+    assert f"failed: zb-h1: refused here ({failed[1]}x)" in out and "second line" not in out
 
 
 @pytest.mark.parametrize("model, dc_bandwidth", [("tiny", 1.25e6), ("1b", 1.25e9)])
