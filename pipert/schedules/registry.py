@@ -19,7 +19,7 @@ from ..ir import Action, Op, Placement, Schedule, add_optimizer_steps, lower
 from ..ir.lowering import order_recvs_by_send
 
 __all__ = ["PipelineConfig", "Family", "register", "available", "family", "build_schedule", "assemble",
-           "require_chunks", "require_microbatches_at_least_stages", "order_recvs_by_send"]
+           "require_chunks", "require_microbatches_at_least_stages", "order_recvs_by_send", "check_dp_option"]
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -179,3 +179,10 @@ def assemble(family_name: str, config: PipelineConfig, unit_ranks: Sequence[int]
             "split_backward": split_backward, **meta}
     return lower(family_name, config.stages, len(unit_ranks), config.microbatches, placement, compute, info,
                  post_ahead=post_ahead)
+
+
+def check_dp_option(family: str, dp: Any) -> None:
+    """The ``dp`` option of a family that plans for its data-parallel replicas
+    (``pipert.compiler.replica_options``): an integer >= 1."""
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise ValueError(f"{family} option dp must be an integer >= 1, got {dp!r}")

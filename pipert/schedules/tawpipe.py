@@ -30,7 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..ir import Action, Op, Payload, Placement, Schedule
-from .registry import PipelineConfig, available, register
+from .registry import PipelineConfig, available, check_dp_option, register
 from .weipipe import COLL0, COLL1, COMPUTE, FREE_, SEND0, SlotProgram, opt_with_waits
 
 __all__ = ["TawPipeConfig", "TawPlan", "Step", "tawpipe_plan", "tawpipe_schedule", "tawpipe", "check_tawpipe",
@@ -201,7 +201,8 @@ def tawpipe_schedule(config: TawPipeConfig) -> Schedule:
             else:
                 arrivals[j].append(t)
     for j, slots in arrivals.items():
-        opt_with_waits(prog, owners[j], max(slots + [plan.turns] * config.opt_last), j, owner_sends[j])
+        last = max(slots + [plan.turns]) if config.opt_last else max(slots)
+        opt_with_waits(prog, owners[j], last, j, owner_sends[j])
     actions, starts = prog.build()
     turns = plan.turns
     meta = {"family": "tawpipe", "stages": P, "chunks": 1, "split_backward": False,
@@ -232,8 +233,7 @@ def tawpipe(config: PipelineConfig, *, ranks_per_node: int | None = None, stagge
     if ranks_per_node is None:
         raise ValueError("tawpipe groups ranks by node: give ranks_per_node (--ranks-per-node), a divisor of "
                          f"stages={config.stages}")
-    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
-        raise ValueError(f"tawpipe option dp must be an integer >= 1, got {dp!r}")
+    check_dp_option("tawpipe", dp)
     return tawpipe_schedule(TawPipeConfig(config.stages, config.microbatches, ranks_per_node, stagger, dp > 1))
 
 

@@ -37,7 +37,7 @@ from typing import Any, Sequence
 from ...cost.topology import Links, Topology
 from ...cost.uniform import UniformCost
 from ...ir import Op, Schedule
-from ..registry import PipelineConfig
+from ..registry import PipelineConfig, check_dp_option
 from .greedy import GreedyConfig, GreedyResult, Timed, greedy_best
 from .lowering import lower_crosspipe, place_receives
 from .model import CrossPipeProblem, pattern_chunks, pattern_units, problem_from_cost
@@ -84,8 +84,7 @@ def replica_dp_time(unit_ranks: Sequence[int], stages: int, dp: int, cost: Any, 
     d * P + s): :func:`reduction_times` on ``links`` over the P * D ranks; 0 with free links or one
     replica. The generator plans replica 0's pipeline (ranks 0..P-1), so every replica's pipeline
     must see the same links (ValueError otherwise, and when ``links`` spans other than P * D ranks)."""
-    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
-        raise ValueError(f"dp={dp!r}: give the data-parallel replicas, an integer >= 1")
+    check_dp_option("crosspipe", dp)
     if dp == 1 or links is None:
         return 0.0
     topo = getattr(links, "topology", None)
