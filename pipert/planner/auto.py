@@ -141,13 +141,12 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
            tp: int | None = None, sp: bool = False, stages: int | None = None, dp: int | None = None,
            micro_batch: int | None = None, top: int = 5, time_budget: float = 25.0,
            cost_for: CostFor | None = None, jobs: int = 1,
-           wanted: Callable[[Candidate], bool] = lambda c: True, meanwhile: Callable[[], Any] | None = None) -> Search:
+           wanted: Callable[[Candidate], bool] = lambda c: True) -> Search:
     """Rank the layouts of ``model`` on ``cluster`` for a global batch of ``batch`` sequences
     (module doc). The fixed dimensions (``tp``, ``stages``, ``dp``, ``micro_batch``) narrow it.
     ``jobs``: processes simulating at once (forked; 1 with a given ``cost_for``, which may hold
     torch, not safe to fork). ``wanted``: the time budget stops the search only once it found
-    one such candidate. ``meanwhile``: work this process does while forked workers simulate
-    (:func:`pipert.planner.runner.run_in_order`)."""
+    one such candidate."""
     t0 = time.perf_counter()
     measured = cost_for is not None
     cost_for = cost_for or analytic_cost(cluster)
@@ -214,7 +213,7 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
             failed[why] = failed.get(why, 0) + 1
             return None, mine.simulated, failed, False
     found, stats = run_in_order(bounded, evaluate, top, time_budget, t0, 1 if measured else jobs, wanted,
-                                cheap=lambda lay: lay.family in CHEAP_FIRST, meanwhile=meanwhile)
+                                cheap=lambda lay: lay.family in CHEAP_FIRST)
     out.next_bound = stats.pop("next_bound")
     for k, v in stats.items():
         if k == "failed":

@@ -45,14 +45,10 @@ def _call(i: int, cutoff: float) -> Outcome:
 
 def run_in_order(items: list, evaluate: Callable[[Any, float, float], Outcome], top: int, time_budget: float,
                  t0: float, jobs: int = 1, wanted: Callable[[Any], bool] = lambda c: True,
-                 cheap: Callable[[Any], bool] = lambda lay: False,
-                 meanwhile: Callable[[], Any] | None = None) -> tuple[list, dict[str, Any]]:
+                 cheap: Callable[[Any], bool] = lambda lay: False) -> tuple[list, dict[str, Any]]:
     """(candidates found, fastest first; counts: simulated, pruned_memory, pruned_bound, not_run,
     failed, and next_bound: the lowest bound of the layouts the time budget left out, None if none).
-    ``items``: (bound, layout) sorted by bound; ``cheap(layout)``: whether it goes first (module doc).
-    ``meanwhile``: run once in a thread of this process while the forked workers evaluate (started
-    after every fork: it may start threads or import torch; joined before this returns), not at
-    all with ``jobs <= 1``."""
+    ``items``: (bound, layout) sorted by bound; ``cheap(layout)``: whether it goes first (module doc)."""
     from .auto import _order
     found: list = []
     stats: dict[str, Any] = {"simulated": 0, "pruned_memory": 0, "pruned_bound": 0, "not_run": 0, "failed": {},
@@ -104,19 +100,18 @@ def run_in_order(items: list, evaluate: Callable[[Any, float, float], Outcome], 
             if k not in skipped:
                 merge(evaluate(items[order[k]][1], items[order[k]][0], cutoff()))
         return found, stats
-    _forked(items, order, evaluate, jobs, stop, skipped, merge, cutoff, meanwhile, len(first))
+    _forked(items, order, evaluate, jobs, stop, skipped, merge, cutoff, len(first))
     return found, stats
 
 
 def _forked(items: list, order: list[int], evaluate: Callable, jobs: int, stop: Callable[[int], bool],
             skipped: set[int], merge: Callable[[Outcome], None], cutoff: Callable[[], float],
-            meanwhile: Callable[[], Any] | None = None, cheap: int = 0) -> None:
+            cheap: int = 0) -> None:
     """Up to ``2 * jobs`` items of ``order`` at once; past the ``cheap`` first ones, an item is
     started only once the cutoff is finite or nothing else runs (as one process would reach it:
     an evaluation started with an infinite cutoff cannot prove its layout slower unsimulated)."""
     import gc
     import multiprocessing
-    import threading
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     global _JOB
     _JOB = (evaluate, items)
@@ -124,7 +119,6 @@ def _forked(items: list, order: list[int], evaluate: Callable, jobs: int, stop: 
     # dropped Pipeline in a reference cycle) is collected before the fork, or a worker's collector
     # would run its finalizers, which stop stream worker threads the worker does not have (a hang).
     gc.collect()
-    beside = None
     try:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
             pending: set = set()
@@ -141,14 +135,8 @@ def _forked(items: list, order: list[int], evaluate: Callable, jobs: int, stop: 
                     k += 1
                 if not pending:
                     break
-                if meanwhile is not None:   # a fork context starts every worker at the first submit
-                    beside = threading.Thread(target=meanwhile, daemon=True)   # results keep arriving
-                    beside.start()
-                    meanwhile = None
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for f in done:
                     merge(f.result())
     finally:
         _JOB = None
-        if beside is not None:
-            beside.join()
