@@ -211,7 +211,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def _add_simulate(sub: Any) -> None:
-    from .scenario_flags import add_helix_args, add_options_arg, add_scenario_args, add_tp_args
+    from .scenario_flags import add_dp_arg, add_helix_args, add_options_arg, add_scenario_args, add_tp_args
     s = sub.add_parser("simulate", help="simulate one schedule on one scenario")
     s.add_argument("schedule", help="registered schedule name, or a schedule file: pipert's .json, torch.pipelining's "
                    ".csv (_dump_csv) or its orders as .json; the file's shape (ranks, units, micro-batches) is kept")
@@ -219,10 +219,7 @@ def _add_simulate(sub: Any) -> None:
     add_tp_args(s)
     add_helix_args(s)
     add_options_arg(s)
-    s.add_argument("--dp", type=int, default=None, help="data-parallel replicas D of a schedule this command builds "
-                   "(pipert.compile(..., dp=D): replica d's stage s on rank d*P+s, each unit's gradients reduced "
-                   "over its replicas); -M counts every replica's micro-batches and --dcs splits the P*D ranks, as "
-                   "in train; CrossPipe's generators plan around the reductions on those links")
+    add_dp_arg(s)
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--trace", help="write a Chrome-trace JSON (open in Perfetto)")
     s.add_argument("--plot", help="write a PNG Gantt chart")

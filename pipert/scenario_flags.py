@@ -229,8 +229,16 @@ OPTIONS_HELP = ("generator options name=value;... (pipemesh: enqueue=4,4;dequeue
                 "crosspipe-*: recompute=full;memory_budget=static-max;dp_time=0.5)")
 
 
+def add_dp_arg(p: argparse.ArgumentParser) -> None:
+    """``--dp`` (simulate, emulate): replicas of a schedule the command builds (:func:`pipert.scenario._replicas`)."""
+    p.add_argument("--dp", type=int, default=None, help="data-parallel replicas D of a schedule this command builds "
+                   "(pipert.compile(..., dp=D): replica d's stage s on rank d*P+s, each unit's gradients reduced "
+                   "over its replicas); -M counts every replica's micro-batches and --dcs splits the P*D ranks, as "
+                   "in train; CrossPipe's generators plan around the reductions on those links")
+
+
 def add_options_arg(p: argparse.ArgumentParser) -> None:
-    """``--options`` (simulate, compare, export), parsed as ``train --options`` (:func:`parse_options`)."""
+    """``--options`` (simulate, emulate, compare, export), parsed as ``train --options`` (:func:`parse_options`)."""
     p.add_argument("--options", default=None, help=OPTIONS_HELP + "; compare gives each option to the schedules "
                    "that take it")
 

@@ -117,11 +117,13 @@ def _real(args: argparse.Namespace, sc, sched) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..scenario_flags import add_helix_args, add_scenario_args
+    from ..scenario_flags import add_dp_arg, add_helix_args, add_options_arg, add_scenario_args
     p = sub.add_parser("emulate", help="run a schedule in one process with calibrated compute and delayed links")
     p.add_argument("schedule", help="registered schedule name, or a schedule file (.json, torch's .csv)")
     add_scenario_args(p)
     add_helix_args(p)
+    add_options_arg(p)
+    add_dp_arg(p)
     p.add_argument("--time-unit", default=None,
                    help="wall time of one time unit of the costs: 2ms, or a bare number of seconds (default 2ms "
                         "for uniform costs, 1s for --model; not with --real)")
