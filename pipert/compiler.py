@@ -103,7 +103,8 @@ def replica_options(name: str, dp: int, zero: Any = 0, units: Sequence[Any] | No
     """Generator options telling a family that plans its replicas' gradient reductions (one that
     takes ``dp``: CrossPipe's, TawPipe's) that the program is replicated ``dp`` times, and to one that
     also takes ``dp_op`` (CrossPipe) the collective each unit's reduction will be (``ALLREDUCE``,
-    ``REDUCESCATTER`` under ZeRO, as ``replicate`` emits), which it prices on the links it is given.
+    ``REDUCESCATTER`` under ZeRO, as ``replicate`` emits), which it prices on the links it is given,
+    and ``zero``, the stage whose weight gathers it prices too (not for stages per parameter).
     Options given explicitly override these."""
     from .schedules import family
     accepted = family(name).options()
@@ -114,7 +115,10 @@ def replica_options(name: str, dp: int, zero: Any = 0, units: Sequence[Any] | No
     if "dp_op" not in accepted:
         return {"dp": dp}
     ops = ["allreduce" if not any(z if isinstance(z, tuple) else (z,)) else "reducescatter" for z in zeros]
-    return {"dp": dp, "dp_op": ops if units else ops[0]}
+    out = {"dp": dp, "dp_op": ops if units else ops[0]}
+    if "zero" in accepted and not any(isinstance(z, tuple) for z in zeros):   # per-parameter: not priced
+        out["zero"] = list(zeros) if units else zeros[0]
+    return out
 
 
 def _replicate(s: Schedule, o: CompileOptions, units: Sequence[Any] | None, made: list[str]) -> Schedule:

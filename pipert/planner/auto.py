@@ -195,7 +195,7 @@ def search(model: ModelSpec, cluster: Cluster, batch: int, *, families: tuple[st
 
     def evaluate(lay: Layout, bound: float, cutoff: float) -> Outcome:
         mine = Search([], out.budget)
-        sims: dict[tuple, Any] = {}   # (shape, recompute) -> (schedule, SimResult) of this layout
+        sims: dict[tuple, Any] = {}   # (shape, (recompute, dp_op, ZeRO-3)) -> (schedule, SimResult) of this layout
         bounds: dict[tuple, Any] = {}  # (shape, recompute) -> (schedule or None, bound per rank)
         try:
             if cutoff < math.inf and lay.family in PROVEN_SLOWER and \
@@ -320,11 +320,16 @@ def _simulate(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, b
 def _zero_builds(lay: Layout) -> list[tuple[int, ...]]:
     """The ZeRO stages tried, grouped by the schedule they share: one group, unless the family plans
     its replicas' gradient reductions (CrossPipe's ``dp``, ``pipert.compiler.replica_options``), whose
-    order is built for the collective: all-reduce under ZeRO-0, reduce-scatter from ZeRO-1 on."""
+    order is built for the collective (all-reduce under ZeRO-0, reduce-scatter from ZeRO-1 on) and,
+    where it takes ``zero``, for where the weight gathers go (after the optimizer step under ZeRO 1/2,
+    before the first forward under ZeRO 3)."""
     from ..compiler import replica_options
     if lay.dp == 1:
         return [(0,)]
-    return [(0,), (1, 2, 3)] if "dp_op" in replica_options(lay.family, lay.dp) else [(0, 1, 2, 3)]
+    opts = replica_options(lay.family, lay.dp, 1)
+    if "zero" in opts:
+        return [(0,), (1, 2), (3,)]
+    return [(0,), (1, 2, 3)] if "dp_op" in opts else [(0, 1, 2, 3)]
 
 
 def _replica_options(lay: Layout, cluster: Cluster, zero: int) -> dict:
@@ -382,7 +387,7 @@ def _runner(model: ModelSpec, cluster: Cluster, lay: Layout, recompute: str, cos
     sims = {} if sims is None else sims
 
     replicas = _replica_options(lay, cluster, zero)
-    key = (recompute, replicas.get("dp_op"))
+    key = (recompute, replicas.get("dp_op"), replicas.get("zero") == 3)
 
     def run(shape: Layout) -> tuple:
         if (shape, key) not in sims:
@@ -482,7 +487,7 @@ def _retimed_finish(shape: Layout, recompute: str, cost: Any, links: Any, budget
     there is none or its messages cost other bytes."""
     from ..sim.timing import retimed
     from .pipe import finish_times
-    for (done, (other, dp_op)), (sched, res) in list(sims.items()):
+    for (done, (other, dp_op, _)), (sched, res) in list(sims.items()):
         if done != shape or other == recompute or dp_op is not None:
             continue
         if _build(shape, cost, links, budget, recompute, builds) is not sched:

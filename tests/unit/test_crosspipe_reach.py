@@ -42,8 +42,8 @@ def test_compile_with_replicas_plans_around_the_reductions(name, extra):
 
 
 def test_replica_options_name_the_collective_replicate_emits():
-    assert replica_options("crosspipe-wave", 2) == {"dp": 2, "dp_op": "allreduce"}
-    assert replica_options("crosspipe-greedy", 3, zero="2") == {"dp": 3, "dp_op": "reducescatter"}
+    assert replica_options("crosspipe-wave", 2) == {"dp": 2, "dp_op": "allreduce", "zero": 0}
+    assert replica_options("crosspipe-greedy", 3, zero="2") == {"dp": 3, "dp_op": "reducescatter", "zero": 2}
     assert replica_options("crosspipe-greedy", 1) == {} and replica_options("1f1b", 2) == {}
 
 

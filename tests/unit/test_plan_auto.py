@@ -407,3 +407,12 @@ def test_tawpipe_with_replicas_runs_and_its_step_is_the_programs():
         cost = analytic_cost(cl)(spec, lay, cand.recompute, lay.units, False)
         got = simulate(program, cost, links=links, topology=links.topology).makespan
         assert got == pytest.approx(cand.step, rel=0.01), (lay, cand.zero)
+
+
+def test_layouts_priced_from_a_retimed_simulation_do_not_fail(capsys):
+    """On 32 GPUs in 2 DCs some weight-passing and TawPipe layouts are timed from a simulation of
+    the same schedule under another recomputation (its key holds the replica options too)."""
+    rc, out, _ = _plan(capsys, "--model", "1b", "--gpus-per-node", "8", "--nodes", "4", "--dcs", "2",
+                       "--jobs", "1", "--json")
+    found = json.loads(out)["search"]
+    assert rc == 0 and found["failed"] == {} and found["simulated"] > 0

@@ -28,7 +28,9 @@ RECOMPUTE actions, recomputation inside the units is the cost model's and the un
 replicas the program will be compiled into, ``compile(..., dp=D)`` passes it) with ``links`` over
 the P * D ranks and no ``dp_time`` prices the reductions itself (:func:`replica_dp_time`, the
 simulator's pricing); ``dp_op`` names the reduction (``allreduce``; ``reducescatter`` under ZeRO),
-one for every unit or one per unit.
+one for every unit or one per unit; ``zero`` (the ZeRO stage, once or per unit) adds each unit's
+weight all-gather the same way (:func:`replica_gathers`: after its optimizer step under ZeRO 1/2,
+before its first F under ZeRO 3).
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from .lowering import lower_crosspipe, place_receives
 from .model import CrossPipeProblem, pattern_chunks, pattern_units, problem_from_cost
 from .solver import SolverConfig, solve
 
-__all__ = ["RECOMPUTE", "reduction_times", "replica_dp_time", "COUNTERPART", "PAPER_COUNTERPART", "BUDGETS",
+__all__ = ["RECOMPUTE", "reduction_times", "replica_dp_time", "replica_gathers", "COUNTERPART", "PAPER_COUNTERPART", "BUDGETS",
            "default_memory_limit", "resolve_system", "make_problem", "schedule_as_hint", "best_hint", "build_greedy",
            "build_wave", "build_optimal"]
 
@@ -62,20 +64,51 @@ RECOMPUTE = ("none", "no_attention", "full")
 
 
 def reduction_times(unit_ranks: Sequence[int], stages: int, dp: int, cost: Any, links: Any,
-                    op: str | Sequence[str] = "allreduce") -> tuple[float, ...]:
+                    op: str | Sequence[str] = "allreduce", payload: str = "wgrad") -> tuple[float, ...]:
     """Per unit u (on rank ``unit_ranks[u]``) of a program replicated ``dp`` times, the time of its
-    gradient reduction over its rank's replicas (ranks r, r + P, ...) as the simulator prices it
-    (``links.collective`` of the cost model's WGRAD bytes); ``links`` spans ``stages * dp`` ranks.
-    ``op``: the collective of every unit, or one per unit."""
+    collective over its rank's replicas (ranks r, r + P, ...) as the simulator prices it
+    (``links.collective`` of the cost model's bytes of ``payload``: the gradient reduction's WGRAD,
+    or a ZeRO gather's WEIGHT); ``links`` spans ``stages * dp`` ranks. ``op``: the collective of
+    every unit, or one per unit (None: no collective, 0)."""
     from ...ir import Payload
     if dp < 1 or links is None:
         raise ValueError(f"reduction_times needs dp >= 1 and links over {stages} x {dp} ranks")
     ops = [op] * len(unit_ranks) if isinstance(op, str) else list(op)
     if len(ops) != len(unit_ranks):
         raise ValueError(f"dp_op: {len(ops)} collectives for {len(unit_ranks)} units; give one, or one per unit")
-    return tuple(float(links.collective(o, tuple(r + d * stages for d in range(dp)),
-                                        cost.message_bytes(Payload.WGRAD, u)))
+    return tuple(0.0 if o is None else float(links.collective(o, tuple(r + d * stages for d in range(dp)),
+                                                               cost.message_bytes(Payload(payload), u)))
                  for u, (r, o) in enumerate(zip(unit_ranks, ops)))
+
+
+def replica_gathers(unit_ranks: Sequence[int], stages: int, dp: int, cost: Any, links: Any,
+                    zero: Any = 0) -> tuple[tuple[float, ...], tuple[bool, ...]]:
+    """(gather_time, gather_first) of a program the generator plans for ``dp`` replicas under ZeRO
+    stage ``zero`` (once, or one per unit): each unit's weight all-gather over its replicas as
+    :func:`reduction_times` prices it (0 for ZeRO 0, with free links or one replica), and whether it
+    precedes the unit's first F (ZeRO 3) rather than following its optimizer step (ZeRO 1/2), as
+    ``pipert.schedules.data_parallel`` places them."""
+    n = len(unit_ranks)
+    zeros = _zero_stages(zero, n)
+    first = tuple(z == 3 for z in zeros)
+    if dp == 1 or links is None or not any(zeros):
+        return (0.0,) * n, first
+    return reduction_times(unit_ranks, stages, dp, cost, links, [None if z == 0 else "allgather" for z in zeros],
+                           "weight"), first
+
+
+def _zero_stages(zero: Any, units: int) -> list[int]:
+    """``zero`` as one stage 0-3 per unit (text from ``--options``: "3" or "1,3,...")."""
+    raw = zero.split(",") if isinstance(zero, str) else zero if isinstance(zero, (list, tuple)) else [zero]
+    try:
+        out = [int(z) for z in raw]
+    except (TypeError, ValueError):
+        out = []
+    if len(out) == 1:
+        out *= units
+    if len(out) != units or any(z not in (0, 1, 2, 3) for z in out):
+        raise ValueError(f"zero={zero!r}: give the ZeRO stage (0-3) of every unit, or one per unit ({units} units)")
+    return out
 
 
 def replica_dp_time(unit_ranks: Sequence[int], stages: int, dp: int, cost: Any, links: Any,
@@ -144,9 +177,10 @@ def resolve_system(stages: int, cost: Any = None, links: Any = None, topology: A
 def make_problem(config: PipelineConfig, pattern: str, cost: Any, links: Any,
                  memory_limit: float | Sequence[float] | None = None, memory_budget: str = "paper",
                  recompute: str = "none", dp_time: float | Sequence[float] | None = None, dp: int = 1,
-                 dp_op: str | Sequence[str] = "allreduce") -> CrossPipeProblem:
+                 dp_op: str | Sequence[str] = "allreduce", zero: Any = 0) -> CrossPipeProblem:
     """The problem of ``pattern`` on ``config`` (memory limit default: ``memory_budget``'s, module doc;
-    ``dp_time`` default: :func:`replica_dp_time` for ``dp`` replicas)."""
+    ``dp_time`` default: :func:`replica_dp_time` for ``dp`` replicas; ``zero``: their weight gathers,
+    :func:`replica_gathers`)."""
     p, m = config.stages, config.microbatches
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r} unknown; allowed: {', '.join(RECOMPUTE)} (full: a RECOMPUTE "
@@ -163,10 +197,13 @@ def make_problem(config: PipelineConfig, pattern: str, cost: Any, links: Any,
     meta = {"memory_limit": memory_limit, "pattern": pattern}
     if recompute == "full":
         meta["recompute_ops"] = recompute
+    unit_ranks = pattern_units(pattern, p, chunks)
     if dp_time is None:
-        dp_time = replica_dp_time(pattern_units(pattern, p, chunks), p, dp, cost, links, dp_op)
+        dp_time = replica_dp_time(unit_ranks, p, dp, cost, links, dp_op)
+    gather_time, gather_first = replica_gathers(unit_ranks, p, dp, cost, links, zero)
     return problem_from_cost(p, m, pattern, cost, links, chunks=chunks, memory_limit=memory_limit, meta=meta,
-                             recompute=recompute == "full", dp_time=_dp_time(dp_time))
+                             recompute=recompute == "full", dp_time=_dp_time(dp_time), gather_time=gather_time,
+                             gather_first=gather_first)
 
 
 def _dp_time(value: Any) -> float | tuple[float, ...]:
@@ -226,9 +263,10 @@ def best_hint(problem: CrossPipeProblem, cost: Any, links: Any, sub_blocks: int 
 
 
 def _greedy(config: PipelineConfig, pattern: str, name: str, sub_blocks: int, memory_limit: Any,
-            memory_budget: str, recompute: str, dp_time: Any, dp: int, dp_op: Any, **system: Any) -> Schedule:
+            memory_budget: str, recompute: str, dp_time: Any, dp: int, dp_op: Any, zero: Any,
+            **system: Any) -> Schedule:
     cost, links = resolve_system(config.stages, **system)
-    pr = make_problem(config, pattern, cost, links, memory_limit, memory_budget, recompute, dp_time, dp, dp_op)
+    pr = make_problem(config, pattern, cost, links, memory_limit, memory_budget, recompute, dp_time, dp, dp_op, zero)
     g = greedy_best(pr, GreedyConfig(sub_blocks=sub_blocks))
     meta = {"predicted_makespan": g.makespan, "greedy_s": round(g.runtime_s, 4), "sub_blocks": sub_blocks,
             **{k: pr.meta[k] for k in ("memory_limit", "recompute_ops") if k in pr.meta}}
@@ -238,20 +276,20 @@ def _greedy(config: PipelineConfig, pattern: str, name: str, sub_blocks: int, me
 def build_greedy(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
                  memory_limit: Any = None, memory_budget: str = "paper", sub_blocks: int = 4, dc_latency: float = 0.0,
                  dc_transfer: float = 0.0, num_dcs: int | None = None, recompute: str = "none",
-                 dp_time: Any = None, dp: int = 1, dp_op: Any = "allreduce") -> Schedule:
+                 dp_time: Any = None, dp: int = 1, dp_op: Any = "allreduce", zero: Any = 0) -> Schedule:
     """CrossUDSub: the greedy on the unidirectional placement (unit u on rank u)."""
     return _greedy(config, "ud", "crosspipe-greedy", sub_blocks, memory_budget=memory_budget, cost=cost, links=links, topology=topology,
-                   recompute=recompute, dp_time=dp_time, dp=dp, dp_op=dp_op, memory_limit=memory_limit,
+                   recompute=recompute, dp_time=dp_time, dp=dp, dp_op=dp_op, zero=zero, memory_limit=memory_limit,
                    dc_latency=dc_latency, dc_transfer=dc_transfer, num_dcs=num_dcs)
 
 
 def build_wave(config: PipelineConfig, *, cost: Any = None, links: Any = None, topology: Any = None,
                memory_limit: Any = None, memory_budget: str = "paper", sub_blocks: int = 4, dc_latency: float = 0.0,
                dc_transfer: float = 0.0, num_dcs: int | None = None, recompute: str = "none",
-               dp_time: Any = None, dp: int = 1, dp_op: Any = "allreduce") -> Schedule:
+               dp_time: Any = None, dp: int = 1, dp_op: Any = "allreduce", zero: Any = 0) -> Schedule:
     """CrossWave (greedy): the same greedy on the V-shape placement (2 chunks per rank)."""
     return _greedy(config, "wave", "crosspipe-wave", sub_blocks, memory_budget=memory_budget, cost=cost, links=links, topology=topology,
-                   recompute=recompute, dp_time=dp_time, dp=dp, dp_op=dp_op, memory_limit=memory_limit,
+                   recompute=recompute, dp_time=dp_time, dp=dp, dp_op=dp_op, zero=zero, memory_limit=memory_limit,
                    dc_latency=dc_latency, dc_transfer=dc_transfer, num_dcs=num_dcs)
 
 
@@ -260,7 +298,7 @@ def build_optimal(config: PipelineConfig, *, cost: Any = None, links: Any = None
                   dc_transfer: float = 0.0, num_dcs: int | None = None, pattern: str | None = None,
                   time_limit: float = 60.0, objective: str = "all", relative_gap: float = 0.0,
                   workers: int = 1, recompute: str = "none", dp_time: Any = None, dp: int = 1,
-                  dp_op: Any = "allreduce") -> Schedule:
+                  dp_op: Any = "allreduce", zero: Any = 0) -> Schedule:
     """CP-SAT optimum (paper §4.1), hinted and bounded by the greedy.
 
     ``pattern`` defaults to "ud" for chunks=1 and "wave" for chunks=2 ("loop" must be named).
@@ -272,7 +310,7 @@ def build_optimal(config: PipelineConfig, *, cost: Any = None, links: Any = None
     """
     pattern = pattern or ("ud" if config.chunks == 1 else "wave")
     cost, links = resolve_system(config.stages, cost, links, topology, dc_latency, dc_transfer, num_dcs)
-    pr = make_problem(config, pattern, cost, links, memory_limit, memory_budget, recompute, dp_time, dp, dp_op)
+    pr = make_problem(config, pattern, cost, links, memory_limit, memory_budget, recompute, dp_time, dp, dp_op, zero)
     hint = best_hint(pr, cost, links, sub_blocks)
     res = solve(pr, SolverConfig(time_limit_s=10 * time_limit, deterministic_limit=time_limit, workers=workers,
                                  sub_blocks=sub_blocks, objective=objective, relative_gap=relative_gap), hint=hint)

@@ -125,7 +125,7 @@ class GreedyResult:
     """``timeline[r]``: rank r's compute actions in order, with times."""
     makespan: float
     """Predicted makespan: max over ranks of :meth:`.model.CrossPipeProblem.finish` (the last compute
-    end or the last gradient reduction's, plus the optimizer steps)."""
+    end or the last gradient reduction's, plus the optimizer steps and ZeRO 1/2 gathers)."""
     runtime_s: float
     """Wall time the greedy took."""
     messages: dict[Key, tuple[float, float]] = field(default_factory=dict)
@@ -190,6 +190,8 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
     ready_d: list[list[tuple[float, int, int]]] = [[] for _ in range(P)]
     pend_w: list[deque] = [deque() for _ in range(P)]          # [unit, mb, next sub-block]
     end = [0.0] * P
+    queue_free = [0.0] * P                          # the rank's group queue, for ZeRO-3 gathers
+    gathered: list[set[int]] = [set() for _ in range(P)]
     last_fd: list[Op | None] = [None] * P
     timeline: list[list[Timed]] = [[] for _ in range(P)]
     # list-order memory: mem = level after the rank's last placed action; lo[r][i] / hi[r][i]
@@ -361,6 +363,11 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
                 # runs as soon as the rank is free), then D once its gradient is there
                 run(r, Action(Op.RECOMPUTE, u, m), end[r], end[r] + pr.tr[u], pr.rebuild(u), 0.0)
             start = max(end[r], a)
+            if op is Op.F and pr.gather_first[u] and u not in gathered[r]:
+                # ZeRO 3: the gather is posted right before this F, once the previous compute ended
+                gathered[r].add(u)
+                queue_free[r] = max(end[r], queue_free[r]) + pr.gather_time[u]
+                start = max(start, queue_free[r])
             fin = start + pr.duration(op, u)
             cons, kept, sent = io[(op, u)]
             run(r, Action(op, u, m), start, fin, pr.delta(op, u) - cons + kept, sent)

@@ -17,6 +17,11 @@ A :class:`CrossPipeProblem` is everything the greedy and the solver read (paper 
 - DP overlap (``dp_time[u] > 0``, paper §4.1 "DP Overlap Modeling"): unit u's gradient reduction
   takes ``dp_time[u]`` on its rank's group queue (FIFO), after the unit's last W, and the rank's
   optimizer steps wait for it (:meth:`CrossPipeProblem.finish`);
+- ZeRO's weight gathers (``gather_time[u] > 0``), on the same group queue, posted as
+  ``pipert.schedules.data_parallel`` writes them and the simulator times them (a collective starts
+  once the rank's previous compute ended and the queue is free): ZeRO 1/2 after the unit's
+  optimizer step (:meth:`CrossPipeProblem.after_compute`); ZeRO 3 (``gather_first[u]``) right
+  before the unit's first F, which waits for it (the greedy; the solver bounds it from below);
 - per-message ``(occupancy, latency)`` for the activation of unit u (rank(u) -> rank(u+1))
   and the gradient of unit u (rank(u+1) -> rank(u)); both are (0, 0) on one rank;
 - a per-rank memory limit (None = unlimited).
@@ -117,6 +122,11 @@ class CrossPipeProblem:
     """Memory F of unit u keeps for its RECOMPUTE (its boundary input); () = 0."""
     dp_time: tuple[float, ...] = ()
     """Time of unit u's gradient reduction on its rank's group queue (DP overlap); () = 0 (no DP)."""
+    gather_time: tuple[float, ...] = ()
+    """Time of the all-gather of unit u's weights over its replicas (ZeRO >= 1); () = 0."""
+    gather_first: tuple[bool, ...] = ()
+    """Whether unit u's gather precedes its first F (ZeRO 3) rather than following its optimizer
+    step (ZeRO 1/2); () = all False."""
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
     """Free-form facts for reports (delays, number of DCs, memory convention)."""
 
@@ -132,12 +142,14 @@ class CrossPipeProblem:
         for name in ("act_link", "grad_link"):
             if len(getattr(self, name)) != u - 1:
                 raise ValueError(f"{name} needs {u - 1} entries")
-        for name in ("act_buf", "grad_buf", "opt_time", "kept", "dp_time"):
+        for name in ("act_buf", "grad_buf", "opt_time", "kept", "dp_time", "gather_time"):
             if not getattr(self, name):
                 object.__setattr__(self, name, (0.0,) * u)
+        if not self.gather_first:
+            object.__setattr__(self, "gather_first", (False,) * u)
         if not self.tr:
             object.__setattr__(self, "tr", self.tf)
-        for name in ("tr", "kept", "dp_time", "opt_time", "act_buf", "grad_buf"):
+        for name in ("tr", "kept", "dp_time", "opt_time", "act_buf", "grad_buf", "gather_time", "gather_first"):
             if len(getattr(self, name)) != u:
                 raise ValueError(f"{name} needs {u} entries")
         if self.memory_limit is not None and len(self.memory_limit) != self.stages:
@@ -177,7 +189,17 @@ class CrossPipeProblem:
         for u in sorted(self.units_of(rank), key=lambda v: last_w_end.get(v, 0.0)):
             if self.dp_time[u] > 0:
                 t = max(t, last_w_end[u]) + self.dp_time[u]
-        return max(compute_end, t) + sum(self.opt_time[u] for u in self.units_of(rank))
+        return max(compute_end, t) + self.after_compute(rank)
+
+    def after_compute(self, rank: int) -> float:
+        """What follows ``rank``'s last compute and reduction: its optimizer steps in unit order,
+        each unit's ZeRO 1/2 weight gather on the group queue once its step ran (FIFO)."""
+        t = g = 0.0
+        for u in self.units_of(rank):
+            t += self.opt_time[u]
+            if self.gather_time[u] > 0 and not self.gather_first[u]:
+                g = max(g, t) + self.gather_time[u]
+        return max(t, g)
 
     def delta(self, op: Op, unit: int, sub: tuple[int, int] | None = None) -> float:
         """Change of the running memory sum after one compute action."""
@@ -253,13 +275,15 @@ class ChunkScaledCost:
 def problem_from_cost(stages: int, microbatches: int, pattern: str, cost: Any, links: Any = None, *,
                       chunks: int | None = None, memory_limit: float | Sequence[float] | None = None,
                       count_buffers: bool = True, meta: dict | None = None, recompute: bool = False,
-                      dp_time: float | Sequence[float] = 0.0) -> CrossPipeProblem:
+                      dp_time: float | Sequence[float] = 0.0, gather_time: Sequence[float] = (),
+                      gather_first: Sequence[bool] = ()) -> CrossPipeProblem:
     """Resolve a pipert CostModel and LinkModel into a :class:`CrossPipeProblem`.
 
     ``links=None`` makes every transfer free. ``count_buffers`` counts received
     activation/gradient buffers against the memory limit (the simulator does). ``recompute``:
     the recompute case, RECOMPUTE and the kept input priced as the simulator prices them;
-    ``dp_time``: each unit's gradient reduction time (scalar: the same for every unit).
+    ``dp_time``: each unit's gradient reduction time (scalar: the same for every unit);
+    ``gather_time``, ``gather_first``: each unit's ZeRO weight gather (() = none).
     """
     from ...sim.values import kept_size
     unit_ranks = pattern_units(pattern, stages, chunks)
@@ -288,4 +312,5 @@ def problem_from_cost(stages: int, microbatches: int, pattern: str, cost: Any, l
         tuple(float(cost.memory("stash_w", u)) for u in range(n)),
         act_link, grad_link, buf("act"), buf("grad"), lim, opt, recompute=recompute,
         tr=tuple(t(Op.RECOMPUTE, u) for u in range(n)), kept=tuple(float(kept_size(cost, u)) for u in range(n)),
-        dp_time=_per_unit("dp_time", dp_time, n), meta=dict(meta or {}))
+        dp_time=_per_unit("dp_time", dp_time, n), gather_time=tuple(gather_time),
+        gather_first=tuple(bool(x) for x in gather_first), meta=dict(meta or {}))

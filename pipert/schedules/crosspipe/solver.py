@@ -32,7 +32,9 @@ Mapping of the paper's model onto pipert's execution model (docs/semantics.md):
   only its input); it need not touch its D, so it may fill a wait for the gradient.
 - **DP overlap** (``problem.dp_time``): one interval per unit on its rank's group queue, after
   the unit's last W piece, the rank's reductions in the order of their last W (the list order
-  of the ``crosspipe-overlap`` policy); the rank's optimizer steps follow them.
+  of the ``crosspipe-overlap`` policy); the rank's optimizer steps and ZeRO 1/2 weight gathers
+  follow them (``problem.after_compute``). A ZeRO-3 unit's first F starts no earlier than its
+  gather takes (a bound: the greedy and the simulator post it after the rank's previous compute).
 - **Same-type order** (constraint 4): F, D, W (and messages) of one unit run in
   micro-batch order; the greedy satisfies it, so its solution is a valid hint.
 - **Objective**: ``"all"`` (default) minimises the makespan over all ranks -- what the
@@ -128,6 +130,7 @@ class _Model:
         self.n_sub = n
         ops = (Op.F, Op.D, Op.W) + ((Op.RECOMPUTE,) if pr.recompute else ())
         serial = sum(pr.duration(op, u) for op in ops for u in range(pr.units)) * pr.microbatches + sum(pr.dp_time)
+        serial += sum(pr.gather_time)
         serial += sum(o + l for o, l in pr.act_link + pr.grad_link) * pr.microbatches
         # rounding each duration to ticks may move the hint by up to a tick per op
         self.slack = 3 * pr.units * pr.microbatches * (2 + n)
@@ -194,6 +197,9 @@ class _Model:
                 self.memory(r)
         for r in range(pr.stages):
             self.reductions(r)
+        for u in range(U):     # ZeRO 3: a unit's first F follows its weight gather (a lower bound)
+            if pr.gather_first[u] and pr.gather_time[u] > 0:
+                m.add(self.start[("F", u, 0)] >= self.tk(pr.gather_time[u]))
 
     def reductions(self, r: int) -> None:
         """Rank r's gradient reductions: each after its unit's last W piece, one at a time on the
@@ -303,17 +309,17 @@ class _Model:
 
     def objective(self, upper: float | None) -> None:
         pr, m = self.pr, self.m
-        mk = m.new_int_var(0, self.H + self.tk(sum(pr.opt_time) + sum(pr.dp_time)), "makespan")
+        mk = m.new_int_var(0, self.H + self.tk(sum(pr.opt_time) + sum(pr.dp_time) + sum(pr.gather_time)), "makespan")
         n = self.n_sub
         lasts = [k for k in self.start if k[0] == "W" and k[3] == n - 1]
         if self.cfg.objective == "all":
             for k in lasts:
                 r = pr.unit_ranks[k[1]]
-                m.add(mk >= self.end(k) + self.tk(sum(pr.opt_time[u] for u in pr.units_of(r))))
+                m.add(mk >= self.end(k) + self.tk(pr.after_compute(r)))
             for u, e in self.reduce_end.items():
-                m.add(mk >= e + self.tk(sum(pr.opt_time[v] for v in pr.units_of(pr.unit_ranks[u]))))
+                m.add(mk >= e + self.tk(pr.after_compute(pr.unit_ranks[u])))
             for r in range(pr.stages):   # redundant: rank r's work all follows F of its first unit, mb 0
-                busy = sum(self.dur[k] for k in self.on[r]) + self.tk(sum(pr.opt_time[u] for u in pr.units_of(r)))
+                busy = sum(self.dur[k] for k in self.on[r]) + self.tk(pr.after_compute(r))
                 m.add(mk >= self.start[("F", min(pr.units_of(r)), 0)] + busy)
         elif self.cfg.objective == "device0":
             first = m.new_int_var(0, self.H, "first0")
@@ -321,7 +327,7 @@ class _Model:
                 m.add(first <= self.start[k])
             for k in lasts:
                 if pr.unit_ranks[k[1]] == 0:
-                    m.add(mk >= self.end(k) - first + self.tk(sum(pr.opt_time[u] for u in pr.units_of(0))))
+                    m.add(mk >= self.end(k) - first + self.tk(pr.after_compute(0)))
         else:
             raise ValueError(f"objective must be 'all' or 'device0' (got {self.cfg.objective!r})")
         if upper is not None:
@@ -406,7 +412,7 @@ def lower_bound(pr: CrossPipeProblem) -> float:
     for r in range(pr.stages):
         us = pr.units_of(r)
         busy = sum(pr.tf[u] + pr.td[u] + pr.tw[u] + (pr.tr[u] if pr.recompute else 0.0) for u in us) * pr.microbatches \
-            + sum(pr.opt_time[u] for u in us)
+            + pr.after_compute(r)
         best = max(best, est[min(us)] + busy)
     return best
 
