@@ -72,3 +72,19 @@ def test_the_planner_builds_one_crosspipe_order_per_gather_placement():
                       ranks_per_node=1, dcs=2)
     assert _zero_builds(lay("crosspipe-greedy")) == [(0,), (1, 2), (3,)]
     assert _zero_builds(lay("1f1b")) == [(0, 1, 2, 3)]
+
+
+def test_zero3_gathers_open_each_ranks_list_and_overlap_the_first_chunk():
+    from pipert.ir import Op
+    links = _links(4, 2, 4, 0.25, 2.0)
+    opts = {"cost": COST, "links": links}
+    prog = compile("crosspipe-wave", stages=4, microbatches=16, dp=2, zero=3, schedule_options=opts)
+    for r in range(prog.num_ranks):
+        acts = prog.actions[r]
+        gathers = [i for i, a in enumerate(acts) if a.op is Op.ALLGATHER]
+        computes = [i for i, a in enumerate(acts) if a.op in (Op.F, Op.D, Op.W)]
+        assert gathers == list(range(len(gathers))) and len(gathers) == 2 and gathers[-1] < computes[0]
+        assert [acts[i].unit for i in gathers] == sorted(acts[i].unit for i in gathers)
+    at_opt = compile("crosspipe-wave", stages=4, microbatches=16, dp=2, zero=3, replication="at-opt",
+                     schedule_options=opts)
+    assert simulate(prog, COST, links).makespan < simulate(at_opt, COST, links).makespan

@@ -7,6 +7,9 @@ unit's weight gradient -- the W (or B) of its last micro-batch --, so it runs on
 while the rank's remaining backward (its other chunks' D and W) computes; the optimizer steps and
 the ZeRO-1/2 weight gathers stay where ``at-opt`` puts them, at the end of the list. With one
 unit per rank (UD) that is ``at-opt``'s program; with Wave's or Loop's later chunks it overlaps.
+ZeRO-3's gathers (of the copy forward computes read) all open the rank's list, in the order of
+their units' first use, so a later chunk's gather runs while the first chunk computes; each unit's
+first F waits for its own (``CrossPipeProblem.gather_release``).
 
 The collectives are the IR's own ops, so validator, simulator, emulator and executor read them as
 every other replicated schedule's (``pipert.ir.semantics``); the simulator prices each on the
@@ -40,7 +43,10 @@ def overlap_reductions(rep: Replication, r: int, d: int) -> list[Action]:
     for i, a in enumerate(rest):
         out.append(a)
         out += after.get(i, [])
-    return out
+    first_opt = next((i for i, a in enumerate(out) if a.op is Op.OPT), len(out))
+    early = [i for i, a in enumerate(out[:first_opt])
+             if a.op is Op.ALLGATHER and a.payload is Payload.WEIGHT and a.side != "bwd"]
+    return [out[i] for i in early] + [a for i, a in enumerate(out) if i not in set(early)]
 
 
 register_policy("crosspipe-overlap", overlap_reductions, FAMILIES)

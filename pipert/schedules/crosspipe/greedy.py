@@ -190,8 +190,7 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
     ready_d: list[list[tuple[float, int, int]]] = [[] for _ in range(P)]
     pend_w: list[deque] = [deque() for _ in range(P)]          # [unit, mb, next sub-block]
     end = [0.0] * P
-    queue_free = [0.0] * P                          # the rank's group queue, for ZeRO-3 gathers
-    gathered: list[set[int]] = [set() for _ in range(P)]
+    release = [pr.gather_release(u) for u in range(U)]      # ZeRO 3: F waits for the unit's gather
     last_fd: list[Op | None] = [None] * P
     timeline: list[list[Timed]] = [[] for _ in range(P)]
     # list-order memory: mem = level after the rank's last placed action; lo[r][i] / hi[r][i]
@@ -362,12 +361,7 @@ def greedy_schedule(problem: CrossPipeProblem, config: GreedyConfig = GreedyConf
                 # the paper's B under recompute: RECOMPUTE (it reads only the kept input, so it
                 # runs as soon as the rank is free), then D once its gradient is there
                 run(r, Action(Op.RECOMPUTE, u, m), end[r], end[r] + pr.tr[u], pr.rebuild(u), 0.0)
-            start = max(end[r], a)
-            if op is Op.F and pr.gather_first[u] and u not in gathered[r]:
-                # ZeRO 3: the gather is posted right before this F, once the previous compute ended
-                gathered[r].add(u)
-                queue_free[r] = max(end[r], queue_free[r]) + pr.gather_time[u]
-                start = max(start, queue_free[r])
+            start = max(end[r], a, release[u] if op is Op.F else 0.0)
             fin = start + pr.duration(op, u)
             cons, kept, sent = io[(op, u)]
             run(r, Action(op, u, m), start, fin, pr.delta(op, u) - cons + kept, sent)

@@ -20,8 +20,10 @@ A :class:`CrossPipeProblem` is everything the greedy and the solver read (paper 
 - ZeRO's weight gathers (``gather_time[u] > 0``), on the same group queue, posted as
   ``pipert.schedules.data_parallel`` writes them and the simulator times them (a collective starts
   once the rank's previous compute ended and the queue is free): ZeRO 1/2 after the unit's
-  optimizer step (:meth:`CrossPipeProblem.after_compute`); ZeRO 3 (``gather_first[u]``) right
-  before the unit's first F, which waits for it (the greedy; the solver bounds it from below);
+  optimizer step (:meth:`CrossPipeProblem.after_compute`); ZeRO 3 (``gather_first[u]``) at the
+  start of the step, the rank's gathers one after another in unit order (the ``crosspipe-overlap``
+  policy posts them first), and the unit's first F waits for its own
+  (:meth:`CrossPipeProblem.gather_release`);
 - per-message ``(occupancy, latency)`` for the activation of unit u (rank(u) -> rank(u+1))
   and the gradient of unit u (rank(u+1) -> rank(u)); both are (0, 0) on one rank;
 - a per-rank memory limit (None = unlimited).
@@ -190,6 +192,14 @@ class CrossPipeProblem:
             if self.dp_time[u] > 0:
                 t = max(t, last_w_end[u]) + self.dp_time[u]
         return max(compute_end, t) + self.after_compute(rank)
+
+    def gather_release(self, unit: int) -> float:
+        """When ``unit``'s ZeRO-3 weight gather ends (0 without one): its rank's ZeRO-3 gathers run
+        from the step's start one after another in unit order (the order of first use)."""
+        if not (self.gather_first[unit] and self.gather_time[unit] > 0):
+            return 0.0
+        return sum(self.gather_time[u] for u in self.units_of(self.unit_ranks[unit])
+                   if u <= unit and self.gather_first[u])
 
     def after_compute(self, rank: int) -> float:
         """What follows ``rank``'s last compute and reduction: its optimizer steps in unit order,

@@ -33,8 +33,8 @@ Mapping of the paper's model onto pipert's execution model (docs/semantics.md):
 - **DP overlap** (``problem.dp_time``): one interval per unit on its rank's group queue, after
   the unit's last W piece, the rank's reductions in the order of their last W (the list order
   of the ``crosspipe-overlap`` policy); the rank's optimizer steps and ZeRO 1/2 weight gathers
-  follow them (``problem.after_compute``). A ZeRO-3 unit's first F starts no earlier than its
-  gather takes (a bound: the greedy and the simulator post it after the rank's previous compute).
+  follow them (``problem.after_compute``); a ZeRO-3 unit's first F follows its weight gather
+  (``problem.gather_release``).
 - **Same-type order** (constraint 4): F, D, W (and messages) of one unit run in
   micro-batch order; the greedy satisfies it, so its solution is a valid hint.
 - **Objective**: ``"all"`` (default) minimises the makespan over all ranks -- what the
@@ -197,9 +197,9 @@ class _Model:
                 self.memory(r)
         for r in range(pr.stages):
             self.reductions(r)
-        for u in range(U):     # ZeRO 3: a unit's first F follows its weight gather (a lower bound)
-            if pr.gather_first[u] and pr.gather_time[u] > 0:
-                m.add(self.start[("F", u, 0)] >= self.tk(pr.gather_time[u]))
+        for u in range(U):     # ZeRO 3: a unit's first F follows its weight gather
+            if pr.gather_release(u) > 0:
+                m.add(self.start[("F", u, 0)] >= self.tk(pr.gather_release(u)))
 
     def reductions(self, r: int) -> None:
         """Rank r's gradient reductions: each after its unit's last W piece, one at a time on the
