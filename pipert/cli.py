@@ -50,13 +50,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "schedule": sched.name, "stages": sched.num_ranks, "microbatches": sched.num_microbatches,
-            "units": sched.num_units, "dp": sc.dp, "tp": sc.tp, "sp": sc.sp, "makespan": res.makespan,
+            "units": sched.num_units, "dp": sc.dp, "zero": sc.zero, "tp": sc.tp, "sp": sc.sp, "makespan": res.makespan,
             "bubble_ratio": res.bubble_ratio,
             "peak_memory": list(res.peak_memory), "comm_bytes": dict(res.comm_bytes),
             "busy": list(res.busy), "exposed_comm": list(res.exposed_comm), "nic_bandwidth_Bps": sc.nic_bandwidth,
             **nccl}))
         return 0
-    ranks = f"P={sc.stages} x D={sc.dp} ranks" if sc.dp > 1 else f"P={sched.num_ranks}"
+    ranks = f"P={sc.stages} x D={sc.dp} ranks{f', ZeRO {sc.zero}' if sc.zero else ''}" if sc.dp > 1 \
+        else f"P={sched.num_ranks}"
     print(f"schedule      {sched.name}  ({ranks}, M={sched.num_microbatches}, units={sched.num_units})")
     if sc.tp > 1:
         print(f"tensor par.   T={sc.tp}{', SP' if sc.sp else ''}: {sched.num_ranks * sc.tp} devices; every time and "

@@ -62,6 +62,8 @@ class Scenario:
     """Data-parallel replicas (``simulate --dp``): every schedule is built for one replica's
     ``microbatches`` and compiled with ``dp`` (:func:`pipert.compile`: replica d's stage s on rank
     d * P + s); ``topology`` and ``links`` span the P * dp ranks."""
+    zero: int = 0
+    """ZeRO stage of every unit over the replicas (``simulate --zero``; 0 with ``dp`` = 1)."""
 
     def cost_for(self, schedule: Schedule) -> Any:
         """The cost model for ``schedule``'s units, with the recomputation and the loss placement its
@@ -108,7 +110,7 @@ class Scenario:
         if self.dp == 1:
             return sched
         from .compiler import compile
-        return compile(sched, dp=self.dp, check=False).to_schedule()
+        return compile(sched, dp=self.dp, zero=self.zero, check=False).to_schedule()
 
     def options_for(self, name: str, chunks: int = 1) -> dict:
         """Options ``name`` accepts; delay-aware generators get the costs of their own units."""
@@ -116,7 +118,7 @@ class Scenario:
         opts.update(cost=self.cost_for_units(self.stages * chunks), links=self.links, topology=self.topology,
                     memory_limit=self.memory_limit)
         from .compiler import replica_options
-        opts = {**replica_options(name, self.dp), **opts}
+        opts = {**replica_options(name, self.dp, self.zero), **opts}
         accepted = family(name).options()
         return opts if accepted is None else {k: v for k, v in opts.items() if k in accepted}
 
@@ -211,7 +213,7 @@ def scenario_from_args(args: argparse.Namespace, schedule: Schedule | None = Non
     options.update(given)
     return Scenario(stages, microbatches // dp, chunks, cost, topo, links, args.memory_limit, options,
                     layers=layers, tp=tp, sp=sp, recompute=getattr(args, "recompute", None) or "none",
-                    nic_bandwidth=nic, dp=dp)
+                    nic_bandwidth=nic, dp=dp, zero=_zero(args, dp))
 
 
 def _replicas(args: argparse.Namespace, schedule: Schedule | None, microbatches: int) -> int:
@@ -228,6 +230,19 @@ def _replicas(args: argparse.Namespace, schedule: Schedule | None, microbatches:
     if microbatches % dp:
         raise ValueError(f"--microbatches {microbatches} do not split over --dp {dp} replicas; use a multiple of {dp}")
     return dp
+
+
+def _zero(args: argparse.Namespace, dp: int) -> int:
+    """``--zero`` (0 when not given, or for a command without it): one ZeRO stage for every unit,
+    over the --dp replicas."""
+    zero = getattr(args, "zero", None)
+    if zero is None:
+        return 0
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"--zero must be a ZeRO stage 0, 1, 2 or 3 (every unit), got {zero}")
+    if zero and dp == 1:
+        raise ValueError(f"--zero {zero} shards over data-parallel replicas: give --dp > 1 too")
+    return zero
 
 
 def _analytic(args: argparse.Namespace, topo: Topology, tp: int = 1, sp: bool = False

@@ -230,17 +230,25 @@ OPTIONS_HELP = ("generator options name=value;... (pipemesh: enqueue=4,4;dequeue
 
 
 def add_dp_arg(p: argparse.ArgumentParser) -> None:
-    """``--dp`` (simulate, emulate): replicas of a schedule the command builds (:func:`pipert.scenario._replicas`)."""
+    """``--dp`` and ``--zero`` (simulate, emulate): replicas of a schedule the command builds and their
+    ZeRO stage (:func:`pipert.scenario._replicas`, :func:`pipert.scenario._zero`)."""
     p.add_argument("--dp", type=int, default=None, help="data-parallel replicas D of a schedule this command builds "
                    "(pipert.compile(..., dp=D): replica d's stage s on rank d*P+s, each unit's gradients reduced "
                    "over its replicas); -M counts every replica's micro-batches and --dcs splits the P*D ranks, as "
                    "in train; CrossPipe's generators plan around the reductions on those links")
+    p.add_argument("--zero", type=int, default=None, help="ZeRO stage 0-3 of every unit over the --dp replicas, as "
+                   "in train (compile(..., zero=Z): reduce-scatters and weight gathers; CrossPipe's generators "
+                   "price them too); default 0")
 
 
 def add_options_arg(p: argparse.ArgumentParser) -> None:
     """``--options`` (simulate, emulate, compare, export), parsed as ``train --options`` (:func:`parse_options`)."""
     p.add_argument("--options", default=None, help=OPTIONS_HELP + "; compare gives each option to the schedules "
                    "that take it")
+
+
+TOLD_BY_FLAGS = {"zero": "--zero (with --dp)"}
+"""Generator options a flag sets, so the generator plans the program the command runs."""
 
 
 def parse_options(text: str | None, flag: str = "--options") -> dict:
@@ -254,6 +262,9 @@ def parse_options(text: str | None, flag: str = "--options") -> dict:
         name, eq, value = pair.partition("=")
         if not eq or not name.strip():
             raise ValueError(f"{flag}: {pair!r} is not name=value (pairs separated by ';')")
+        if name.strip() in TOLD_BY_FLAGS:
+            raise ValueError(f"{flag}: {name.strip()}=... is told to the generator by {TOLD_BY_FLAGS[name.strip()]}; "
+                             f"give that flag instead")
         value = value.strip()
         out[name.strip().replace("-", "_")] = int(value) if value.lstrip("-").isdigit() else value
     return out

@@ -68,3 +68,25 @@ def test_emulate_dp_refusals_name_the_flag(capsys, tmp_path):
     assert "--microbatches 6 do not split over --dp 4 replicas" in capsys.readouterr().err
     assert main(["emulate", "1f1b", "--dp", "0"]) == 2
     assert "--dp must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_zero_builds_the_sharded_program_the_generator_planned(capsys):
+    """``--zero Z`` compiles the replicas with ZeRO Z (reduce-scatters, weight gathers) and tells
+    CrossPipe's generator, whose own makespan is then the simulated one."""
+    argv = [*CASES["crosspipe-wave"], "--dp", "2", "--json"]
+    zero3 = _json(capsys, ["simulate", *argv, "--zero", "3"])
+    zero0 = _json(capsys, ["simulate", *argv])
+    assert zero3["zero"] == 3 and zero0["zero"] == 0 and zero3["makespan"] != zero0["makespan"]
+    em = _json(capsys, ["emulate", *argv, "--zero", "3"])
+    assert em["predicted_makespan"] == zero3["makespan"]
+    assert em["ideal_makespan"] == pytest.approx(zero3["makespan"], rel=1e-6)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["simulate", "1f1b", "--zero", "2"], "--zero 2 shards over data-parallel replicas: give --dp > 1 too"),
+    (["emulate", "1f1b", "--dp", "2", "--zero", "4"], "--zero must be a ZeRO stage 0, 1, 2 or 3"),
+    (["simulate", "crosspipe-greedy", "--options", "zero=3"], "zero=... is told to the generator by --zero"),
+])
+def test_zero_refusals_name_the_flag(argv, needle, capsys):
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
