@@ -68,6 +68,9 @@ class StepResult:
     op_times: list[tuple[str, int | None, float, float]] = field(default_factory=list)
     """If traced: (op, unit, seconds, CPU seconds of the computing thread) of every compute per
     micro-batch and of OPT, the unit's work alone (waits for received values excluded)."""
+    compute_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """If traced: [wall, CPU] seconds this rank computed in the step, each piece of a split compute
+    counted once (``op_times`` scales a piece to its whole compute)."""
     messages: list[tuple] = field(default_factory=list)
     """If traced: every point-to-point message of the step, ("send", peer, k, bytes, ready at) on
     its sender (ready: the end of the compute-queue action the send waits for, where the link model
@@ -417,9 +420,11 @@ class RankExecutor:
 
     def _timed(self, op: Op, u: int | None, t: tuple[float, float], pieces: int = 1) -> None:
         """One ``op_times`` entry since clocks ``t``; a piece of a split compute counts for all of them."""
-        wall = time.perf_counter() - t[0]
+        wall, cpu = time.perf_counter() - t[0], time.thread_time() - t[1]
         self._accounted += wall
-        self.result.op_times.append((op.value, u, wall * pieces, (time.thread_time() - t[1]) * pieces))
+        self.result.compute_seconds[0] += wall
+        self.result.compute_seconds[1] += cpu
+        self.result.op_times.append((op.value, u, wall * pieces, cpu * pieces))
 
     def _compute(self, i: int, a: Action, rd: list, wr: list, flag: bool | str | None) -> None:
         op, u = a.op, a.unit

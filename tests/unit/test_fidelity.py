@@ -3,7 +3,8 @@ import pytest
 
 from pipert.cost import UniformCost
 from pipert.cost.topology import Links, LinkSpec, Topology
-from pipert.tools.fidelity import message_overhead, predict_step, predict_step_shared, profile_from_measurements
+from pipert.tools.fidelity import (local_measurements, message_overhead, predict_step, predict_step_shared,
+                                   profile_from_measurements)
 from pipert.compiler import compile
 from pipert.schedules import build_schedule
 from pipert.sim import simulate
@@ -19,7 +20,8 @@ def _parts(program, tf: float, tb: float, spread: float, cpu: float = 1.0, cores
                  for t in ((tf if a.op.value == "F" else tb) + d for d in (spread, -spread))]
         times += [("OPT", None, 0.2, 0.2 * cpu), ("OPT", None, 0.3, 0.3 * cpu)]
         parts.append({"times": times, "act": {u: 1000 for u in range(program.num_units)}, "weight": {r: 10},
-                      "ranks": [r], "host": "h", "cores": cores})
+                      "ranks": [r], "host": "h", "cores": cores,
+                      "computed": [sum(t[2] for t in times), sum(t[3] for t in times)]})
     return parts
 
 
@@ -176,3 +178,23 @@ def test_a_traced_step_measures_its_queue_overhead_and_edges_and_sends_from_thei
         producer = "F u0" if r == 0 else "B u1"
         for _, peer, k, _, ready in (m for m in res.messages if m[0] == "send"):
             assert ready == ends[f"{producer} m{k}"]  # the k-th message leaves when its value was made
+
+
+def test_the_busy_seconds_count_each_piece_of_a_split_compute_once():
+    """A W split into sub-blocks is timed per piece and each ``op_times`` entry scales its piece to
+    the whole W (for the mean), but what the ranks computed counts every piece once."""
+    from pipert.pipeline import Pipeline
+    from pipert.testing import make_batch, sgd, tiny_units
+    links = Links(Topology(2, num_dcs=2), {"inter_dc": LinkSpec(0.25, float("inf"), 0.5)})
+    program = compile("crosspipe-greedy", stages=2, microbatches=4, schedule_options={"cost": UniformCost(),
+                                                                                       "links": links})
+    assert any(a.sub for acts in program.actions for a in acts)
+    pipe = Pipeline(tiny_units(2, "float64"), program, optimizer=sgd, instrument=Instrumentation(trace=True))
+    pipe.step(*make_batch(4))
+    expected = 0.0
+    for r, res in pipe.last_results.items():
+        computes = [a for a in program.actions[r] if a.is_compute or a.op.value == "OPT"]
+        assert [(a.op.value, a.unit) for a in computes] == [(op, u) for op, u, _, _ in res.op_times]
+        expected += sum(wall / (a.sub[1] if a.sub else 1) for a, (_, _, wall, _) in zip(computes, res.op_times))
+    prof = profile_from_measurements([local_measurements(pipe)], program.num_units)
+    assert prof.busy == pytest.approx(expected, rel=1e-9)
