@@ -14,12 +14,13 @@ from pipert.schedules.crosspipe.model import pattern_units, problem_from_cost
 from pipert.sim import simulate
 
 COST = UniformCost(tf=0.5, tb=1.0, t_opt=0.25)
-# (P, D, DCs, latency, transfer): the replicas' groups cross the DC links
-SETUPS = [(2, 2, 2, 0.5, 1.0), (4, 2, 4, 0.25, 2.0)]
+INF = float("inf")
+# (P, D, DCs, latency, bandwidth, per-message transfer): the replicas' groups cross the DC links
+SETUPS = [(2, 2, 2, 0.5, INF, 1.0), (4, 2, 4, 0.25, INF, 2.0), (4, 2, 2, 0.5, 1.0, 0.0)]
 
 
-def _links(P: int, D: int, dcs: int, lat: float, tr: float) -> Links:
-    return Links(Topology(P * D, num_dcs=dcs), {"inter_dc": LinkSpec(lat, float("inf"), tr)})
+def _links(P: int, D: int, dcs: int, lat: float, bw: float, tr: float) -> Links:
+    return Links(Topology(P * D, num_dcs=dcs), {"inter_dc": LinkSpec(lat, bw, tr)})
 
 
 @pytest.mark.parametrize("setup", SETUPS)
@@ -36,7 +37,7 @@ def test_the_generators_makespan_is_the_simulated_programs(setup, name, zero):
 def test_a_gather_blind_plan_underestimates_the_wave_under_zero():
     """Without the gathers (dp_op only, as before ``zero`` reached the generator) the estimate
     misses the step's ZeRO tail: what the test above pins down."""
-    links = _links(2, 2, 2, 0.5, 1.0)
+    links = _links(2, 2, 2, 0.5, INF, 1.0)
     blind = compile("crosspipe-wave", stages=2, microbatches=8, dp=2, zero=1,
                     schedule_options={"cost": COST, "links": links, "zero": 0})
     assert blind.meta["predicted_makespan"] < simulate(blind, COST, links).makespan - 1.0
@@ -53,7 +54,7 @@ def test_gathers_follow_each_optimizer_step_in_unit_order():
 
 
 def test_replica_gathers_price_the_weight_allgather_of_each_zero_unit():
-    links = _links(2, 2, 2, 0.5, 1.0)
+    links = _links(2, 2, 2, 0.5, INF, 1.0)
     ranks = pattern_units("ud", 2)
     times, first = replica_gathers(ranks, 2, 2, COST, links, [0, 3])
     assert first == (False, True)
@@ -76,7 +77,7 @@ def test_the_planner_builds_one_crosspipe_order_per_gather_placement():
 
 def test_zero3_gathers_open_each_ranks_list_and_overlap_the_first_chunk():
     from pipert.ir import Op
-    links = _links(4, 2, 4, 0.25, 2.0)
+    links = _links(4, 2, 4, 0.25, INF, 2.0)
     opts = {"cost": COST, "links": links}
     prog = compile("crosspipe-wave", stages=4, microbatches=16, dp=2, zero=3, schedule_options=opts)
     for r in range(prog.num_ranks):
