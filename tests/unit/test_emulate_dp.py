@@ -12,6 +12,7 @@ CROSS = ["--dcs", "2", "--dc-latency", "0.5", "--dc-transfer", "1", "--tf", "0.5
 CASES = {
     "1f1b": ["1f1b", "-P", "2", "-M", "4", "--tf", "0.5", "--tb", "1"],
     "crosspipe-wave": ["crosspipe-wave", "-P", "2", "-M", "8", *CROSS],
+    "crosspipe-greedy": ["crosspipe-greedy", "-P", "2", "-M", "8", *CROSS],
     "tawpipe": ["tawpipe", "-P", "2", "-M", "4", "--ranks-per-node", "1", "--model", "tiny", "--seq", "64",
                 "--time-unit", "20"],
 }
@@ -86,6 +87,8 @@ def test_zero_builds_the_sharded_program_the_generator_planned(capsys):
     (["simulate", "1f1b", "--zero", "2"], "--zero 2 shards over data-parallel replicas: give --dp > 1 too"),
     (["emulate", "1f1b", "--dp", "2", "--zero", "4"], "--zero must be a ZeRO stage 0, 1, 2 or 3"),
     (["simulate", "crosspipe-greedy", "--options", "zero=3"], "zero=... is told to the generator by --zero"),
+    (["emulate", "crosspipe-greedy", "-P", "4", "--dp", "3", "--dcs", "2", "--dc-latency", "1", "-M", "9"],
+     "replica 1's stages 0 -> 2 (ranks 4 -> 6) cross other links than replica 0's"),
 ])
 def test_zero_refusals_name_the_flag(argv, needle, capsys):
     assert main(argv) == 2
