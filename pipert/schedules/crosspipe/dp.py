@@ -44,9 +44,9 @@ def overlap_reductions(rep: Replication, r: int, d: int) -> list[Action]:
         out.append(a)
         out += after.get(i, [])
     first_opt = next((i for i, a in enumerate(out) if a.op is Op.OPT), len(out))
-    early = [i for i, a in enumerate(out[:first_opt])
-             if a.op is Op.ALLGATHER and a.payload is Payload.WEIGHT and a.side != "bwd"]
-    return [out[i] for i in early] + [a for i, a in enumerate(out) if i not in set(early)]
+    early = {i for i, a in enumerate(out[:first_opt])
+             if a.op is Op.ALLGATHER and a.payload is Payload.WEIGHT and a.side != "bwd"}
+    return [out[i] for i in sorted(early)] + [a for i, a in enumerate(out) if i not in early]
 
 
 register_policy("crosspipe-overlap", overlap_reductions, FAMILIES)

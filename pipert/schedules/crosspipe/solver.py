@@ -198,8 +198,9 @@ class _Model:
         for r in range(pr.stages):
             self.reductions(r)
         for u in range(U):     # ZeRO 3: a unit's first F follows its weight gather
-            if pr.gather_release(u) > 0:
-                m.add(self.start[("F", u, 0)] >= self.tk(pr.gather_release(u)))
+            release = pr.gather_release(u)
+            if release > 0:
+                m.add(self.start[("F", u, 0)] >= self.tk(release))
 
     def reductions(self, r: int) -> None:
         """Rank r's gradient reductions: each after its unit's last W piece, one at a time on the
