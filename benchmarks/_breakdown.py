@@ -56,12 +56,12 @@ class Clock:
         return out
 
 
-def pipert_parts(op_times: Iterable[tuple[str, Any, float, float]]) -> dict[str, float]:
-    """Seconds per part and ``compute_cpu`` from one rank's ``StepResult.op_times`` (a program whose
-    computes are not split into sub-blocks: a split compute's entries each scale to the whole)."""
+def pipert_parts(op_times: Iterable[tuple]) -> dict[str, float]:
+    """Seconds per part and ``compute_cpu`` from one rank's ``StepResult.op_times`` (each piece of a
+    split compute its own seconds)."""
     out = dict.fromkeys(PARTS, 0.0)
     cpu = 0.0
-    for op, _, wall, thread_cpu in op_times:
+    for op, _, wall, thread_cpu, *_ in op_times:
         out[OP_PART[op]] += wall
         cpu += thread_cpu
     return {**out, "compute_cpu": cpu}

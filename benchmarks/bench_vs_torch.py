@@ -115,7 +115,7 @@ def _rows(key: dict, steps: dict[str, list]) -> list[dict]:
 
 
 def _no_split_computes(pipe) -> None:
-    """``op_times`` holds one entry per compute only where no compute is split into sub-blocks."""
+    """The breakdown compares whole computes with torch's: a program without sub-blocks."""
     if any(a.sub is not None for acts in pipe.program.actions for a in acts):
         raise ValueError("the breakdown needs a program without sub-blocks")
 

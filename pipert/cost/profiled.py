@@ -1,7 +1,9 @@
 """ProfiledCost: a cost model from measurements of the real units (``pipert.tools.profile``).
 
-Times are seconds per unit and micro-batch (a fold of k micro-batches takes k times as long, a
-sub-block ``sI/N`` 1/N of its op); sizes are bytes per micro-batch, measured as the executor
+Times are seconds per unit and micro-batch: a fold of k micro-batches takes k times as long; a
+sub-block ``sI/N`` takes its own measured time where the profile has one (key :func:`piece_key`),
+else 1/N of its op (``compute_time`` prices pieces itself: ``pipert.ir.semantics.action_time``).
+Sizes are bytes per micro-batch, measured as the executor
 accounts memory (docs/semantics.md, "Memory"). OPT takes its unit's "OPT" time where the profile
 has one (measured in a step: ``pipert.tools.fidelity``), else ``t_opt`` seconds.
 """
@@ -12,9 +14,14 @@ from typing import Any, Sequence
 from ..ir.action import Action, Op, Payload
 from ..ir.semantics import UNIT_COMPUTE_OPS
 
-__all__ = ["ProfiledCost"]
+__all__ = ["ProfiledCost", "piece_key"]
 
 _TIMED = {op: op.value for op in UNIT_COMPUTE_OPS}   # the profile's key of each unit compute
+
+
+def piece_key(op: str, piece: tuple[int, int]) -> str:
+    """The profile's key of sub-block ``piece = (j, n)`` of compute ``op`` ("W s1/4")."""
+    return f"{op} s{piece[0]}/{piece[1]}"
 
 
 class ProfiledCost:
@@ -33,7 +40,13 @@ class ProfiledCost:
         key = _TIMED.get(action.op)
         if key is None:
             return 0.0
-        return self.profiles[action.unit].times[key]
+        times = self.profiles[action.unit].times
+        if action.sub is None:
+            return times[key]
+        own = times.get(piece_key(key, action.sub))
+        return times[key] / action.sub[1] if own is None else own
+
+    compute_time.prices_pieces = True  # type: ignore[attr-defined]  # read by action_time
 
     def message_bytes(self, payload: Payload, unit: int, num_mbs: int = 1) -> float:
         sizes = self.profiles[unit].sizes

@@ -65,12 +65,12 @@ class StepResult:
     """Micro-batch -> the last unit's output, of an evaluation program run without targets."""
     sent_bytes: dict[str, int] = field(default_factory=dict)  # payload (or op:payload) -> bytes this rank sent
     trace: list[tuple[str, float, float]] = field(default_factory=list)  # (action, start, end) if traced
-    op_times: list[tuple[str, int | None, float, float]] = field(default_factory=list)
-    """If traced: (op, unit, seconds, CPU seconds of the computing thread) of every compute per
-    micro-batch and of OPT, the unit's work alone (waits for received values excluded)."""
+    op_times: list[tuple[str, int | None, float, float, tuple[int, int] | None]] = field(default_factory=list)
+    """If traced: (op, unit, seconds, CPU seconds of the computing thread, piece) of every compute
+    per micro-batch and of OPT, the unit's work alone (waits for received values excluded); piece
+    ``(j, n)`` for the j-th of n sub-blocks of a split compute (its own seconds), else None."""
     compute_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0])
-    """If traced: [wall, CPU] seconds this rank computed in the step, each piece of a split compute
-    counted once (``op_times`` scales a piece to its whole compute)."""
+    """If traced: [wall, CPU] seconds this rank computed in the step (the sums of ``op_times``)."""
     messages: list[tuple] = field(default_factory=list)
     """If traced: every point-to-point message of the step, ("send", peer, k, bytes, ready at) on
     its sender (ready: the end of the compute-queue action the send waits for, where the link model
@@ -418,13 +418,13 @@ class RankExecutor:
         """(wall, this thread's CPU) seconds now when tracing, else None (no clock is read)."""
         return (time.perf_counter(), time.thread_time()) if self.trace else None
 
-    def _timed(self, op: Op, u: int | None, t: tuple[float, float], pieces: int = 1) -> None:
-        """One ``op_times`` entry since clocks ``t``; a piece of a split compute counts for all of them."""
+    def _timed(self, op: Op, u: int | None, t: tuple[float, float], piece: tuple[int, int] | None = None) -> None:
+        """One ``op_times`` entry since clocks ``t`` (``piece``: the sub-block of a split compute)."""
         wall, cpu = time.perf_counter() - t[0], time.thread_time() - t[1]
         self._accounted += wall
         self.result.compute_seconds[0] += wall
         self.result.compute_seconds[1] += cpu
-        self.result.op_times.append((op.value, u, wall * pieces, cpu * pieces))
+        self.result.op_times.append((op.value, u, wall, cpu, piece))
 
     def _compute(self, i: int, a: Action, rd: list, wr: list, flag: bool | str | None) -> None:
         op, u = a.op, a.unit
@@ -453,7 +453,7 @@ class RankExecutor:
             t = self._clocks()
             out = self._run(runner, a, m, x, flag)
             if t is not None:
-                self._timed(op, u, t, a.sub[1] if a.sub else 1)
+                self._timed(op, u, t, a.sub)
             if self.record:
                 self.result.order.append((i, op.value, u, m, digest(x), digest(out)))
             key = writes_by_mb.get(m)

@@ -12,12 +12,12 @@ With every device's capacity at least its number of ranks the result equals the 
 from __future__ import annotations
 
 import heapq
-from typing import Any, Sequence
+from typing import Sequence
 
 from .graph import Graph
 from .timing import Times
 
-__all__ = ["shared_makespan", "shared_times", "shared_step"]
+__all__ = ["shared_makespan", "shared_times"]
 
 _EPS = 1e-12
 
@@ -99,14 +99,3 @@ def shared_times(g: Graph, resources: Sequence[tuple[int, ...]], capacity: Seque
     if done < N:
         raise ValueError("the graph has a cycle (the engine reports it as a deadlock)")
     return Times(start, end0, end1)
-
-
-def shared_step(program: Any, cost: Any, links: Any, device_of_rank: Sequence[int],
-                capacity: Sequence[float]) -> float:
-    """:func:`shared_makespan` of the simulator's DAG of ``program`` with ``cost`` and ``links``;
-    raises the first error of a program the simulator rejects."""
-    from .engine import analyze
-    an = analyze(program, cost, links)
-    if an.errors:
-        raise an.errors[0]
-    return shared_makespan(an.graph, device_of_rank, capacity)

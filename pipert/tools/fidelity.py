@@ -4,10 +4,13 @@ A traced step (``Instrumentation(trace=True)``, ``pipert.exec.instrument``) reco
 own (``StepResult.op_times``: the unit's work, waits for received values excluded). The mean
 per (op, unit) over the step's micro-batches (a path through the step is a sum of computes, and
 the mean of a sum is the sum of the means; on a shared machine the times are right-skewed, so a
-median would understate it), the message sizes of the units' boundaries and
+median would understate it); each piece of a split compute has its own mean (the pieces of a W
+are uneven and each pays a compute's fixed costs, so 1/N of the whole misprices them; an op
+that ran only in pieces takes the sum of their means as its whole), the message sizes of the units' boundaries and
 weights, and the same link model the run emulates (``pipert.cost.Links``) make a
-:class:`pipert.cost.profiled.ProfiledCost`; the simulator's makespan of the program the ranks
-ran is the predicted step time. Only times are measured here: memory sizes are left 0 (the
+:class:`pipert.cost.profiled.ProfiledCost`; the engine's makespan of the program the ranks
+ran, its DAG as the emulated links run it (``pipert.sim.eager``: a RECV posted late does not hold
+its message), is the predicted step time. Only times are measured here: memory sizes are left 0 (the
 makespan does not depend on them).
 
 Which prediction to read: :func:`predict_step`, with any number of ranks per core: its compute
@@ -64,6 +67,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ..cost.profiled import piece_key
 from ..cost.topology import LinkSpec
 from .profile import UnitProfile
 
@@ -148,9 +152,10 @@ def profile_from_measurements(parts: Iterable[dict], num_units: int) -> StepProf
     act: dict[int, int] = {}
     weight: dict[int, int] = {}
     for part in parts:
-        for op, u, s, c in part["times"]:
-            wall.setdefault((op, u), []).append(s)
-            cpu.setdefault((op, u), []).append(c)
+        for op, u, s, c, *piece in part["times"]:
+            key = piece_key(op, piece[0]) if piece and piece[0] else op
+            wall.setdefault((key, u), []).append(s)
+            cpu.setdefault((key, u), []).append(c)
         act.update({int(k): v for k, v in part["act"].items()})
         weight.update({int(k): v for k, v in part["weight"].items()})
 
@@ -158,6 +163,13 @@ def profile_from_measurements(parts: Iterable[dict], num_units: int) -> StepProf
         out = []
         for u in range(num_units):
             times = {op: statistics.fmean(v) for (op, unit), v in samples.items() if unit == u}
+            for key, t in list(times.items()):   # an op run only in pieces: its whole is their sum
+                op, _, piece = key.partition(" s")
+                if piece and op not in times:
+                    n = int(piece.split("/")[1])
+                    parts_of = [times.get(piece_key(op, (j, n))) for j in range(n)]
+                    if None not in parts_of:
+                        times[op] = sum(parts_of)
             sizes = {"act": act.get(u, 0), "grad": act.get(u, 0), "weight": weight.get(u, 0),
                      "wgrad": weight.get(u, 0)}
             sizes.update({k: 0 for k in _MEMORY_KINDS})
@@ -245,42 +257,54 @@ def _hosts(parts: list[dict]) -> tuple[list[str], list[int], list[int]]:
 
 
 class _QueueCost:
-    """A cost model whose computes on rank r take ``extra[r]`` seconds more (the queue's overhead)."""
+    """A cost model whose computes on rank r take ``extra[r]`` seconds more (the queue's overhead),
+    each piece of a split compute too (the queue measured each piece as a compute)."""
 
     def __init__(self, cost: Any, extra: list[float]) -> None:
         self.cost, self.extra = cost, extra
 
     def compute_time(self, action: Any, rank: int) -> float:
-        t = self.cost.compute_time(action, rank)
+        from ..ir.semantics import action_time
+        t = action_time(self.cost.compute_time, action, rank) if action.sub is not None else \
+            self.cost.compute_time(action, rank)
         return t + self.extra[rank] if t > 0 and rank < len(self.extra) else t
+
+    compute_time.prices_pieces = True  # type: ignore[attr-defined]  # read by action_time
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.cost, name)
 
 
 def predict_step(program: Any, profile: StepProfile, links: Any = None) -> float:
-    """The step time of ``program``, a core (or device) per rank: the simulator's makespan with the
-    measured costs, each rank's queue overhead on its computes, and ``links`` (a
+    """The step time of ``program``, a core (or device) per rank: the engine's times of its DAG
+    as the emulated links run it (``pipert.sim.eager``: a late RECV does not hold its transfer)
+    with the measured costs, each rank's queue overhead on its computes, and ``links`` (a
     ``pipert.cost.Links``; None: messages are free) each slower by the profile's
     :func:`message_overhead`; plus the host's work around the program (module doc)."""
     from ..cost.profiled import ProfiledCost
-    from ..sim import simulate
+    from ..sim.eager import eager_analysis
+    from ..sim.timing import run_timing
     links = _slower(links, message_overhead(profile.messages, links), program.num_ranks)
     cost = _QueueCost(ProfiledCost(profile.profiles, profile.t_opt), profile.queue_overhead)
-    return simulate(program, cost, links=links).makespan + profile.head + profile.tail
+    times, _, errors = run_timing(eager_analysis(program, cost, links))
+    if errors:
+        raise errors[0]
+    return times.makespan + profile.head + profile.tail
 
 
 def predict_step_shared(program: Any, profile: StepProfile, links: Any = None) -> float | None:
     """The step time of ``program`` when the ranks of one host share its cores (see the module
-    doc): the simulator's DAG with the measured CPU seconds and the action overhead, links as in
-    :func:`predict_step`, timed by processor sharing. None
-    when the ranks computed on GPUs (their CPU seconds are not their work)."""
+    doc): the DAG of :func:`predict_step` with the measured CPU seconds and the action overhead,
+    links as there, timed by processor sharing. None when the ranks computed on GPUs (their CPU
+    seconds are not their work)."""
     if not profile.host_of_rank:
         return None
     from ..cost.profiled import ProfiledCost
-    from ..sim.shared import shared_step
+    from ..sim.eager import eager_analysis
+    from ..sim.shared import shared_makespan
     extra = profile.action_overhead
     cpu = [UnitProfile({op: t + extra for op, t in p.times.items()}, p.sizes) for p in profile.cpu_profiles]
     links = _slower(links, message_overhead(profile.messages, links), program.num_ranks)
     cost = ProfiledCost(cpu, profile.cpu_opt + extra if profile.cpu_opt else 0.0)
-    return shared_step(program, cost, links, profile.host_of_rank, profile.cores) + profile.head + profile.tail
+    return shared_makespan(eager_analysis(program, cost, links), profile.host_of_rank, profile.cores) + \
+        profile.head + profile.tail

@@ -9,7 +9,8 @@ from pipert.cost.profiled import ProfiledCost
 from pipert.ir.semantics import action_time
 from pipert.schedules import build_schedule
 from pipert.sim import simulate
-from pipert.sim.shared import shared_step
+from pipert.sim.eager import eager_analysis
+from pipert.sim.shared import shared_makespan
 from pipert.tools.profile import UnitProfile
 
 P, M = 3, 5
@@ -26,8 +27,8 @@ def test_one_shared_device_does_all_the_work_in_turn(name):
     sched, cost = build_schedule(name, stages=P, microbatches=M), _cost()
     work = sum(action_time(cost.compute_time, a, r) for r, prog in enumerate(sched.actions) for a in prog)
     # free messages: some compute is always ready, so the one device is never idle
-    assert shared_step(sched, cost, None, [0] * P, [1.0]) == pytest.approx(work)
-    assert shared_step(sched, cost, None, [0] * P, [float(P)]) == pytest.approx(simulate(sched, cost).makespan)
+    assert shared_makespan(eager_analysis(sched, cost), [0] * P, [1.0]) == pytest.approx(work)
+    assert shared_makespan(eager_analysis(sched, cost), [0] * P, [float(P)]) == pytest.approx(simulate(sched, cost).makespan)
     assert simulate(sched, cost).makespan < work
 
 

@@ -70,10 +70,10 @@ def test_a_traced_step_records_wall_and_cpu_seconds_of_every_compute():
                     instrument=Instrumentation(trace=True))
     pipe.step(*make_batch(4))
     times = [t for r in pipe.last_results.values() for t in r.op_times]
-    assert sorted({(op, u) for op, u, _, _ in times}) == [("B", 0), ("B", 1), ("F", 0), ("F", 1), ("OPT", 0), ("OPT", 1)]
-    assert len(times) == 2 * 2 * 4 + 2
+    assert sorted({(op, u) for op, u, *_ in times}) == [("B", 0), ("B", 1), ("F", 0), ("F", 1), ("OPT", 0), ("OPT", 1)]
+    assert len(times) == 2 * 2 * 4 + 2 and all(piece is None for *_, piece in times)
     # a compute's CPU seconds are its thread's: never more than its wall time (clock granularity aside)
-    assert all(0 <= cpu <= wall + 1e-3 for _, _, wall, cpu in times)
+    assert all(0 <= cpu <= wall + 1e-3 for _, _, wall, cpu, _ in times)
 
 
 def test_message_overhead_counts_only_readers_that_waited():
@@ -180,9 +180,9 @@ def test_a_traced_step_measures_its_queue_overhead_and_edges_and_sends_from_thei
             assert ready == ends[f"{producer} m{k}"]  # the k-th message leaves when its value was made
 
 
-def test_the_busy_seconds_count_each_piece_of_a_split_compute_once():
-    """A W split into sub-blocks is timed per piece and each ``op_times`` entry scales its piece to
-    the whole W (for the mean), but what the ranks computed counts every piece once."""
+def test_each_piece_of_a_split_compute_is_timed_on_its_own_and_counted_once():
+    """A W split into sub-blocks gets one ``op_times`` entry per piece, with the piece's own seconds;
+    what the ranks computed counts every piece once."""
     from pipert.pipeline import Pipeline
     from pipert.testing import make_batch, sgd, tiny_units
     links = Links(Topology(2, num_dcs=2), {"inter_dc": LinkSpec(0.25, float("inf"), 0.5)})
@@ -194,7 +194,53 @@ def test_the_busy_seconds_count_each_piece_of_a_split_compute_once():
     expected = 0.0
     for r, res in pipe.last_results.items():
         computes = [a for a in program.actions[r] if a.is_compute or a.op.value == "OPT"]
-        assert [(a.op.value, a.unit) for a in computes] == [(op, u) for op, u, _, _ in res.op_times]
-        expected += sum(wall / (a.sub[1] if a.sub else 1) for a, (_, _, wall, _) in zip(computes, res.op_times))
+        assert [(a.op.value, a.unit, a.sub) for a in computes] == [(op, u, piece) for op, u, _, _, piece in res.op_times]
+        expected += sum(wall for _, _, wall, _, _ in res.op_times)
     prof = profile_from_measurements([local_measurements(pipe)], program.num_units)
     assert prof.busy == pytest.approx(expected, rel=1e-9)
+    split = {a.unit for acts in program.actions for a in acts if a.sub}
+    assert all(any(" s" in key for key in prof.profiles[u].times) for u in split)
+
+
+def _split_w_parts(whole: bool) -> tuple:
+    """A 1-rank program whose W of micro-batch 0 runs in 2 uneven pieces (0.75 and 0.25 s) and, with
+    ``whole``, micro-batch 1's W runs whole (0.5 s); the profile measured from it."""
+    from pipert.ir.action import Action, Op
+    from pipert.ir.schedule import Placement, Schedule
+    acts = [Action(Op.F, 0, (0,)), Action(Op.F, 0, (1,)), Action(Op.D, 0, (0,)), Action(Op.D, 0, (1,)),
+            Action(Op.W, 0, (0,), sub=(0, 2)), Action(Op.W, 0, (0,), sub=(1, 2)), Action(Op.W, 0, (1,)), Action(Op.OPT, 0)]
+    if not whole:
+        acts[6:7] = [Action(Op.W, 0, (1,), sub=(0, 2)), Action(Op.W, 0, (1,), sub=(1, 2))]
+    program = compile(Schedule("split", 1, 1, 2, Placement.by_unit([0]), [acts]))
+    times = [("F", 0, 1.0, 1.0, None)] * 2 + [("D", 0, 1.0, 1.0, None)] * 2 + [("OPT", 0, 0.1, 0.1, None)]
+    times += [("W", 0, 0.75, 0.75, (0, 2)), ("W", 0, 0.25, 0.25, (1, 2))]
+    times += [("W", 0, 0.5, 0.5, None)] if whole else [("W", 0, 0.75, 0.75, (0, 2)), ("W", 0, 0.25, 0.25, (1, 2))]
+    part = {"times": times, "act": {0: 8}, "weight": {0: 8}, "ranks": [0], "host": "h", "cores": 1,
+            "computed": [sum(t[2] for t in times), sum(t[3] for t in times)], "queue": {0: (0.0, 0)}}
+    return program, profile_from_measurements([part], 1)
+
+
+def test_split_pieces_are_priced_by_their_own_means_and_a_whole_by_whole_samples():
+    """The simulator takes each piece's measured mean (not 1/N of the whole W's) and the whole W the
+    mean of whole samples; an op measured only in pieces is their sum."""
+    program, prof = _split_w_parts(whole=True)
+    times = prof.profiles[0].times
+    assert times["W"] == pytest.approx(0.5) and times["W s0/2"] == pytest.approx(0.75)
+    res = simulate(program, _cost(prof))
+    durations = [e - s for r, q, a, s, e in res.events if q == "compute" and a.op.value == "W"]
+    assert durations == pytest.approx([0.75, 0.25, 0.5])
+    assert predict_step(program, prof) == pytest.approx(2 + 2 + 1.5 + 0.1)
+    _, only_pieces = _split_w_parts(whole=False)
+    assert only_pieces.profiles[0].times["W"] == pytest.approx(1.0)
+
+
+def test_queue_overhead_is_added_to_every_piece():
+    """The queue measured each piece as a compute: each takes the rank's overhead once."""
+    program, prof = _split_w_parts(whole=True)
+    prof.queue_overhead = [0.01]
+    assert predict_step(program, prof) == pytest.approx(2 + 2 + 1.5 + 0.1 + 8 * 0.01)
+
+
+def _cost(prof):
+    from pipert.cost.profiled import ProfiledCost
+    return ProfiledCost(prof.profiles, prof.t_opt)

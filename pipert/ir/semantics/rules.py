@@ -305,9 +305,11 @@ def recomputed(actions: list["Action"]) -> set[tuple[int, int]]:
 def action_time(price: Callable[["Action", int], float], a: "Action", rank: int) -> float:
     """Duration of compute ``a`` on ``rank``: a cost model prices one (op, unit, micro-batch)
     (``price``: its ``compute_time``); a fold takes the sum over its micro-batches, a sub-block
-    ``sI/N`` 1/N of the whole."""
+    ``sI/N`` 1/N of the whole, unless ``price`` prices sub-blocks itself (its ``prices_pieces``
+    attribute is true: a cost model that measured each piece, ``pipert.cost.profiled``)."""
     if a.sub is None and len(a.mb) <= 1:
         return price(a, rank)
     from dataclasses import replace
-    t = sum(price(replace(a, mb=(m,), sub=None), rank) for m in a.mb) if a.mb else price(replace(a, sub=None), rank)
-    return t / a.sub[1] if a.sub is not None else t
+    sub = a.sub if getattr(price, "prices_pieces", False) else None
+    t = sum(price(replace(a, mb=(m,), sub=sub), rank) for m in a.mb) if a.mb else price(replace(a, sub=sub), rank)
+    return t / a.sub[1] if a.sub is not None and sub is None else t
