@@ -130,8 +130,9 @@ def report(rows: list[dict], ctx: dict, rebuilt: bool = False) -> str:
     lines += ["",
               f"`pipert train --profile` on {P} gloo processes, M = {M}, the tiny model, {ctx['steps']} steps of which "
               f"the first {ctx['warmup']} are left out (medians of the rest). The prediction is the simulator's makespan "
-             f"of the program the ranks ran, with each (op, unit)'s mean compute time measured in that step and "
-             f"the emulated link model. The shared prediction times the same program with each compute's CPU "
+             f"of the program the ranks ran, with each (op, unit)'s mean compute time measured in that step (each "
+             f"piece of a split W its own) and the emulated link model, as the executor runs it (a RECV posted "
+             f"after its message arrived does not delay it: `pipert/sim/eager.py`). The shared prediction times the same program with each compute's CPU "
              f"seconds and the {P} ranks sharing the host's cores (processor sharing); the target, within "
              f"{TARGET:.0%}, is judged on the first (module doc).", "",
              "| schedule | link | measured s | predicted s | error | shared cores: predicted s | error | T_F s | "
