@@ -147,29 +147,27 @@ def _tp_rank(pipe) -> int:
 def profile_from_measurements(parts: Iterable[dict], num_units: int) -> StepProfile:
     """One :class:`StepProfile` from the :func:`local_measurements` of every process."""
     parts = list(parts)
-    wall: dict[tuple[str, int | None], list[float]] = {}
-    cpu: dict[tuple[str, int | None], list[float]] = {}
+    wall: dict[tuple[str, int | None, tuple | None], list[float]] = {}   # (op, unit, piece) -> samples
+    cpu: dict[tuple[str, int | None, tuple | None], list[float]] = {}
     act: dict[int, int] = {}
     weight: dict[int, int] = {}
     for part in parts:
         for op, u, s, c, *piece in part["times"]:
-            key = piece_key(op, piece[0]) if piece and piece[0] else op
-            wall.setdefault((key, u), []).append(s)
-            cpu.setdefault((key, u), []).append(c)
+            key = (op, u, tuple(piece[0]) if piece and piece[0] else None)
+            wall.setdefault(key, []).append(s)
+            cpu.setdefault(key, []).append(c)
         act.update({int(k): v for k, v in part["act"].items()})
         weight.update({int(k): v for k, v in part["weight"].items()})
 
     def units(samples: dict) -> list[UnitProfile]:
         out = []
         for u in range(num_units):
-            times = {op: statistics.fmean(v) for (op, unit), v in samples.items() if unit == u}
-            for key, t in list(times.items()):   # an op run only in pieces: its whole is their sum
-                op, _, piece = key.partition(" s")
-                if piece and op not in times:
-                    n = int(piece.split("/")[1])
-                    parts_of = [times.get(piece_key(op, (j, n))) for j in range(n)]
-                    if None not in parts_of:
-                        times[op] = sum(parts_of)
+            mean = {(op, piece): statistics.fmean(v) for (op, unit, piece), v in samples.items() if unit == u}
+            times = {op if piece is None else piece_key(op, piece): t for (op, piece), t in mean.items()}
+            for op, piece in mean:   # an op run only in pieces: its whole is the sum of their means
+                whole = [mean.get((op, (j, piece[1]))) for j in range(piece[1])] if piece else [None]
+                if op not in times and None not in whole:
+                    times[op] = sum(whole)
             sizes = {"act": act.get(u, 0), "grad": act.get(u, 0), "weight": weight.get(u, 0),
                      "wgrad": weight.get(u, 0)}
             sizes.update({k: 0 for k in _MEMORY_KINDS})
@@ -177,13 +175,13 @@ def profile_from_measurements(parts: Iterable[dict], num_units: int) -> StepProf
         return out
 
     def opt(samples: dict) -> float:
-        v = [s for (op, _), ss in samples.items() if op == "OPT" for s in ss]
+        v = [s for (op, _, _), ss in samples.items() if op == "OPT" for s in ss]
         return statistics.fmean(v) if v else 0.0
 
     _, cores, host_of = _hosts(parts)
     tp = max(p.get("tp", 1) for p in parts) if parts else 1
     cores = [c / tp for c in cores] if tp > 1 else cores
-    # what the ranks computed: each piece of a split compute once (``times`` scale it to its whole)
+    # what the ranks computed: each piece of a split compute once
     busy = sum(p["computed"][0] for p in parts)
     beyond = sum(max(0.0, p.get("process_cpu", 0.0) - p["computed"][1]) for p in parts)
     computes = sum(len(p["times"]) for p in parts)
