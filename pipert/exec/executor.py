@@ -69,8 +69,6 @@ class StepResult:
     """If traced: (op, unit, seconds, CPU seconds of the computing thread, piece) of every compute
     per micro-batch and of OPT, the unit's work alone (waits for received values excluded); piece
     ``(j, n)`` for the j-th of n sub-blocks of a split compute (its own seconds), else None."""
-    compute_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0])
-    """If traced: [wall, CPU] seconds this rank computed in the step (the sums of ``op_times``)."""
     messages: list[tuple] = field(default_factory=list)
     """If traced: every point-to-point message of the step, ("send", peer, k, bytes, ready at) on
     its sender (ready: the end of the compute-queue action the send waits for, where the link model
@@ -422,8 +420,6 @@ class RankExecutor:
         """One ``op_times`` entry since clocks ``t`` (``piece``: the sub-block of a split compute)."""
         wall, cpu = time.perf_counter() - t[0], time.thread_time() - t[1]
         self._accounted += wall
-        self.result.compute_seconds[0] += wall
-        self.result.compute_seconds[1] += cpu
         self.result.op_times.append((op.value, u, wall, cpu, piece))
 
     def _compute(self, i: int, a: Action, rd: list, wr: list, flag: bool | str | None) -> None:

@@ -42,7 +42,7 @@ def eager_graph(g: Graph) -> Graph:
         for x in kept:
             indeg[x >> 1] += 1
         succ.append(kept)
-    return replace(g, succ=succ, indeg=indeg, dur=list(g.dur), lat=list(g.lat))
+    return replace(g, succ=succ, indeg=indeg)
 
 
 def eager_analysis(program: Any, cost: Any, links: Any = None) -> Graph:

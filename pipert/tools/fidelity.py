@@ -128,8 +128,7 @@ def local_measurements(pipe: Any) -> dict:
     messages = [(r, *m) for r, res in pipe.last_results.items() for m in res.messages]
     tp = getattr(pipe, "tp", 1)
     queue = {r: (res.queue_overhead, res.queue_computes) for r, res in pipe.last_results.items()}
-    computed = [sum(res.compute_seconds[k] for res in pipe.last_results.values()) for k in (0, 1)]
-    return {"queue": queue, "edges": getattr(pipe, "last_edges", (0.0, 0.0)), "times": times, "computed": computed, "act": act, "weight": weight, "ranks": list(pipe.ranks), "tp": tp,
+    return {"queue": queue, "edges": getattr(pipe, "last_edges", (0.0, 0.0)), "times": times, "act": act, "weight": weight, "ranks": list(pipe.ranks), "tp": tp,
             "tp_rank": _tp_rank(pipe),
             "host": socket.gethostname() if on_cpu else None, "cores": len(os.sched_getaffinity(0)),
             "process_cpu": getattr(pipe, "last_process_cpu", 0.0), "messages": messages,
@@ -181,9 +180,8 @@ def profile_from_measurements(parts: Iterable[dict], num_units: int) -> StepProf
     _, cores, host_of = _hosts(parts)
     tp = max(p.get("tp", 1) for p in parts) if parts else 1
     cores = [c / tp for c in cores] if tp > 1 else cores
-    # what the ranks computed: each piece of a split compute once
-    busy = sum(p["computed"][0] for p in parts)
-    beyond = sum(max(0.0, p.get("process_cpu", 0.0) - p["computed"][1]) for p in parts)
+    busy = sum(t[2] for p in parts for t in p["times"])   # each piece of a split compute its own seconds
+    beyond = sum(max(0.0, p.get("process_cpu", 0.0) - sum(t[3] for t in p["times"])) for p in parts)
     computes = sum(len(p["times"]) for p in parts)
     overhead = beyond / computes if host_of and computes else 0.0
     clocks = {p.get("clock_host") for p in parts}
@@ -263,8 +261,7 @@ class _QueueCost:
 
     def compute_time(self, action: Any, rank: int) -> float:
         from ..ir.semantics import action_time
-        t = action_time(self.cost.compute_time, action, rank) if action.sub is not None else \
-            self.cost.compute_time(action, rank)
+        t = action_time(self.cost.compute_time, action, rank)
         return t + self.extra[rank] if t > 0 and rank < len(self.extra) else t
 
     compute_time.prices_pieces = True  # type: ignore[attr-defined]  # read by action_time

@@ -20,8 +20,7 @@ def _parts(program, tf: float, tb: float, spread: float, cpu: float = 1.0, cores
                  for t in ((tf if a.op.value == "F" else tb) + d for d in (spread, -spread))]
         times += [("OPT", None, 0.2, 0.2 * cpu), ("OPT", None, 0.3, 0.3 * cpu)]
         parts.append({"times": times, "act": {u: 1000 for u in range(program.num_units)}, "weight": {r: 10},
-                      "ranks": [r], "host": "h", "cores": cores,
-                      "computed": [sum(t[2] for t in times), sum(t[3] for t in times)]})
+                      "ranks": [r], "host": "h", "cores": cores})
     return parts
 
 
@@ -216,7 +215,7 @@ def _split_w_parts(whole: bool) -> tuple:
     times += [("W", 0, 0.75, 0.75, (0, 2)), ("W", 0, 0.25, 0.25, (1, 2))]
     times += [("W", 0, 0.5, 0.5, None)] if whole else [("W", 0, 0.75, 0.75, (0, 2)), ("W", 0, 0.25, 0.25, (1, 2))]
     part = {"times": times, "act": {0: 8}, "weight": {0: 8}, "ranks": [0], "host": "h", "cores": 1,
-            "computed": [sum(t[2] for t in times), sum(t[3] for t in times)], "queue": {0: (0.0, 0)}}
+            "queue": {0: (0.0, 0)}}
     return program, profile_from_measurements([part], 1)
 
 
